@@ -1,0 +1,216 @@
+//! `TenantCluster`: one team's virtual cluster, the user-facing contract of TenantPlane.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use kube::{CustomResource, KubeSchema};
+use serde::{Deserialize, Serialize};
+
+use crate::conditions::conditions_schema;
+use crate::string_enum;
+
+string_enum! {
+    /// How the tenant's control plane and workloads are placed on the host.
+    pub enum TenantMode ("mode", default = Shared) {
+        Shared = "shared",
+        Dedicated = "dedicated",
+        Private = "private",
+    }
+}
+
+string_enum! {
+    /// The tenant control plane's datastore. Only sqlite is implemented so far.
+    pub enum DatastoreType ("controlPlane.datastore.type", default = Sqlite) {
+        Sqlite = "sqlite",
+    }
+}
+
+string_enum! {
+    /// What the tenant's pods may reach outside their namespace.
+    pub enum EgressPolicy ("networking.egressPolicy", default = DenyByDefault) {
+        DenyByDefault = "deny-by-default",
+        AllowAll = "allow-all",
+    }
+}
+
+string_enum! {
+    /// Where a TenantCluster stands, as one word.
+    pub enum Phase ("status.phase", default = Pending) {
+        Pending = "Pending",
+        Provisioning = "Provisioning",
+        Ready = "Ready",
+        Degraded = "Degraded",
+    }
+}
+
+/// The desired state of one virtual cluster.
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[kube(
+    group = "tenantplane.io",
+    version = "v1alpha1",
+    kind = "TenantCluster",
+    plural = "tenantclusters",
+    shortname = "tc",
+    namespaced,
+    status = "TenantClusterStatus",
+    derive = "PartialEq",
+    doc = "A virtual Kubernetes cluster for one team, inside one namespace of the host cluster.",
+    printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase"}"#,
+    printcolumn = r#"{"name":"Mode","type":"string","jsonPath":".spec.mode"}"#,
+    printcolumn = r#"{"name":"Version","type":"string","jsonPath":".spec.kubernetesVersion"}"#,
+    printcolumn = r#"{"name":"Endpoint","type":"string","jsonPath":".status.endpoint"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[x_kube(validation = crate::rules::mode_change_allowed())]
+#[serde(rename_all = "camelCase")]
+pub struct TenantClusterSpec {
+    /// `shared`, `dedicated` or `private`. Only `shared` is implemented; the other modes are
+    /// accepted and reconciled as shared, with the ModeSupported condition saying so.
+    #[serde(default)]
+    pub mode: TenantMode,
+
+    /// The tenant's Kubernetes version, such as `v1.30.4`. It may move up one minor version at a
+    /// time and never down.
+    #[schemars(length(max = 32))]
+    #[x_kube(validation = crate::rules::version_format())]
+    #[x_kube(validation = crate::rules::version_no_downgrade())]
+    #[x_kube(validation = crate::rules::version_one_minor_at_a_time())]
+    pub kubernetes_version: String,
+
+    /// The IsolationProfile (cluster-scoped) put around this tenant's namespace.
+    #[serde(default = "PolicyRef::restricted")]
+    pub isolation_profile_ref: PolicyRef,
+
+    /// The SyncPolicy (cluster-scoped) that says which resources move between tenant and host.
+    #[serde(default = "PolicyRef::default_sync")]
+    pub sync_policy_ref: PolicyRef,
+
+    /// How the tenant's control plane runs.
+    #[serde(default)]
+    pub control_plane: ControlPlane,
+
+    /// Network isolation of the tenant's workloads.
+    #[serde(default)]
+    pub networking: Networking,
+
+    /// What may change after creation.
+    #[serde(default)]
+    pub migration: Migration,
+
+    /// Caps for the control plane and, when the IsolationProfile enforces quota, for the tenant's
+    /// ResourceQuota.
+    #[serde(default)]
+    pub resources: TenantResources,
+}
+
+/// A reference by name to a cluster-scoped policy object.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
+pub struct PolicyRef {
+    /// Name of the policy object.
+    #[schemars(length(min = 1, max = 253))]
+    #[x_kube(validation = crate::rules::object_name("policy name"))]
+    pub name: String,
+}
+
+impl PolicyRef {
+    pub fn named(name: impl Into<String>) -> Self {
+        Self { name: name.into() }
+    }
+    fn restricted() -> Self {
+        Self::named("restricted")
+    }
+    fn default_sync() -> Self {
+        Self::named("default")
+    }
+}
+
+/// The tenant's control plane.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[x_kube(validation = crate::rules::sqlite_single_replica())]
+#[serde(rename_all = "camelCase")]
+pub struct ControlPlane {
+    /// Control-plane replicas. The current milestone supports a single replica.
+    #[serde(default = "one")]
+    #[x_kube(validation = crate::rules::at_least_one("controlPlane.replicas"))]
+    pub replicas: i32,
+
+    /// Datastore backend of the control plane.
+    #[serde(default)]
+    pub datastore: Datastore,
+}
+
+fn one() -> i32 {
+    1
+}
+
+impl Default for ControlPlane {
+    fn default() -> Self {
+        Self {
+            replicas: 1,
+            datastore: Datastore::default(),
+        }
+    }
+}
+
+/// The control plane's datastore.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
+pub struct Datastore {
+    /// Datastore backend. Only `sqlite` is implemented.
+    #[serde(default, rename = "type")]
+    pub type_: DatastoreType,
+}
+
+/// Network isolation of the tenant.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct Networking {
+    /// `deny-by-default` lets the tenant's pods reach only DNS, their own namespace and the
+    /// tenant's control plane (plus the profile's allowed CIDRs); `allow-all` lifts egress limits.
+    #[serde(default)]
+    pub egress_policy: EgressPolicy,
+}
+
+/// What may change after creation.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct Migration {
+    /// Allow `spec.mode` to change. Without it a change of mode is refused.
+    #[serde(default)]
+    pub allow_mode_change: bool,
+}
+
+/// Resource caps of the tenant.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
+pub struct TenantResources {
+    /// CPU cap, a quantity such as `2` or `500m`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 64))]
+    #[x_kube(validation = crate::rules::positive_quantity("resources.cpu", "2 or 500m"))]
+    pub cpu: Option<String>,
+
+    /// Memory cap, a quantity such as `2Gi`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 64))]
+    #[x_kube(validation = crate::rules::positive_quantity("resources.memory", "2Gi or 512Mi"))]
+    pub memory: Option<String>,
+}
+
+/// What the controller observed, for people and tools.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct TenantClusterStatus {
+    /// Pending, Provisioning, Ready or Degraded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<Phase>,
+
+    /// The in-cluster HTTPS address of the tenant API server, once Ready.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub endpoint: Option<String>,
+
+    /// The spec generation this status describes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+
+    /// Ready, Synced and ModeSupported, each with a reason and a message.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "conditions_schema")]
+    pub conditions: Vec<Condition>,
+}
