@@ -1,0 +1,76 @@
+//! Finding the control-plane binaries that `make testenv` builds into the cache.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use crate::{Error, Result};
+
+/// The binaries every control plane needs.
+pub const COMPONENTS: &[&str] = &[
+    "etcd",
+    "kube-apiserver",
+    "kube-controller-manager",
+    "kube-scheduler",
+    "kubectl",
+    "kwok",
+];
+
+/// The folder holding the built binaries.
+#[derive(Clone, Debug)]
+pub struct Binaries {
+    dir: PathBuf,
+}
+
+fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+impl Binaries {
+    /// `$TENANTPLANE_TESTENV_BIN` when set, else the folder `testenv/build.sh --bin-dir` names.
+    /// Every component must be there; otherwise the error says how to build them.
+    pub fn locate() -> Result<Self> {
+        let dir = match std::env::var_os("TENANTPLANE_TESTENV_BIN") {
+            Some(dir) => PathBuf::from(dir),
+            None => {
+                let script = workspace_root().join("testenv/build.sh");
+                let out = Command::new("bash")
+                    .arg(&script)
+                    .arg("--bin-dir")
+                    .output()
+                    .map_err(|e| {
+                        Error::NotBuilt(format!("cannot run {}: {e}", script.display()))
+                    })?;
+                if !out.status.success() {
+                    return Err(Error::NotBuilt(format!(
+                        "{} --bin-dir failed: {}",
+                        script.display(),
+                        String::from_utf8_lossy(&out.stderr).trim()
+                    )));
+                }
+                PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
+            }
+        };
+        let missing: Vec<&str> = COMPONENTS
+            .iter()
+            .copied()
+            .filter(|name| !dir.join(name).is_file())
+            .collect();
+        if !missing.is_empty() {
+            return Err(Error::NotBuilt(format!(
+                "{} missing from {}",
+                missing.join(", "),
+                dir.display()
+            )));
+        }
+        Ok(Self { dir })
+    }
+
+    /// The path of one binary.
+    pub fn path(&self, name: &str) -> PathBuf {
+        self.dir.join(name)
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+}

@@ -1,0 +1,551 @@
+//! The test control plane: etcd, kube-apiserver, kube-controller-manager, kube-scheduler and kwok,
+//! real binaries on free loopback ports with a PKI of their own.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use tenantplane_pki::{CertificateAuthority, Leaf};
+
+use crate::binaries::Binaries;
+use crate::process::{self, Handle};
+use crate::{Error, Result, kubeconfig};
+
+/// The host cluster's service CIDR. Tenants must use the same one (DESIGN.md).
+pub const SERVICE_CIDR: &str = "10.96.0.0/16";
+
+/// The simulated node that kwok keeps Ready and whose pods it drives to Running.
+pub const KWOK_NODE: &str = "kwok-node-0";
+
+const KWOK_NODE_YAML: &str = include_str!("../../../testenv/kwok/node.yaml");
+const KWOK_STAGES: &[(&str, &str)] = &[
+    (
+        "node-initialize.yaml",
+        include_str!("../../../testenv/kwok/stages/node-initialize.yaml"),
+    ),
+    (
+        "node-heartbeat.yaml",
+        include_str!("../../../testenv/kwok/stages/node-heartbeat.yaml"),
+    ),
+    (
+        "pod-ready.yaml",
+        include_str!("../../../testenv/kwok/stages/pod-ready.yaml"),
+    ),
+    (
+        "pod-complete.yaml",
+        include_str!("../../../testenv/kwok/stages/pod-complete.yaml"),
+    ),
+    (
+        "pod-delete.yaml",
+        include_str!("../../../testenv/kwok/stages/pod-delete.yaml"),
+    ),
+];
+
+/// How long each component may take to answer before we give up and show its log.
+const READY_TIMEOUT: Duration = Duration::from_secs(90);
+
+/// A running control plane. Its processes stop when [`ControlPlane::stop`] is called or the
+/// process that started them exits.
+#[derive(Debug)]
+pub struct ControlPlane {
+    dir: PathBuf,
+    server: String,
+    kubeconfig: PathBuf,
+    binaries: Binaries,
+    processes: Vec<Handle>,
+    keep_dir: bool,
+}
+
+/// Options for starting a control plane.
+#[derive(Clone, Debug, Default)]
+pub struct Options {
+    /// Folder for data, PKI and logs; a fresh temporary folder (removed on stop) when `None`.
+    pub dir: Option<PathBuf>,
+    /// Print a line per step on stderr.
+    pub progress: bool,
+}
+
+/// A free loopback port below the kernel's ephemeral range, so an outgoing connection cannot take
+/// it between our check and the component's bind.
+pub fn free_port() -> Result<u16> {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let seed = std::process::id().wrapping_mul(7919)
+        ^ std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.subsec_nanos())
+            .unwrap_or(0);
+    for _ in 0..1000 {
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let port = 20000 + (seed.wrapping_add(n.wrapping_mul(2654435761)) % 12000) as u16;
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return Ok(port);
+        }
+    }
+    Err(Error::Io(
+        "no free loopback port between 20000 and 32000".into(),
+    ))
+}
+
+fn write(path: &Path, contents: &str) -> Result<()> {
+    std::fs::write(path, contents)
+        .map_err(|e| Error::Io(format!("writing {}: {e}", path.display())))
+}
+
+fn args(list: &[(&str, String)]) -> Vec<String> {
+    list.iter().map(|(k, v)| format!("--{k}={v}")).collect()
+}
+
+/// The files of a control plane's PKI, as the components read them.
+struct Pki {
+    ca_crt: PathBuf,
+    ca_key: PathBuf,
+    serving_crt: PathBuf,
+    serving_key: PathBuf,
+    sa_key: PathBuf,
+    sa_pub: PathBuf,
+    front_proxy_ca: PathBuf,
+    front_proxy_crt: PathBuf,
+    front_proxy_key: PathBuf,
+}
+
+fn write_pki(dir: &Path) -> Result<(Pki, CertificateAuthority)> {
+    let ca = CertificateAuthority::generate("tenantplane-testenv-ca")?;
+    let serving = ca.issue(&Leaf::server(
+        "kube-apiserver",
+        &[
+            "127.0.0.1",
+            "localhost",
+            "kubernetes",
+            "kubernetes.default",
+            "kubernetes.default.svc",
+            "10.96.0.1",
+        ],
+    ))?;
+    let pki = Pki {
+        ca_crt: dir.join("ca.crt"),
+        ca_key: dir.join("ca.key"),
+        serving_crt: dir.join("apiserver.crt"),
+        serving_key: dir.join("apiserver.key"),
+        sa_key: dir.join("service-account.key"),
+        sa_pub: dir.join("service-account.pub"),
+        front_proxy_ca: dir.join("front-proxy-ca.crt"),
+        front_proxy_crt: dir.join("front-proxy-client.crt"),
+        front_proxy_key: dir.join("front-proxy-client.key"),
+    };
+    // The aggregation layer's CA: without it the controller manager and scheduler log a missing
+    // request-header CA bundle forever.
+    let front_proxy_ca = CertificateAuthority::generate("tenantplane-testenv-front-proxy-ca")?;
+    let front_proxy = front_proxy_ca.issue(&Leaf::client("front-proxy-client", &[]))?;
+    write(&pki.front_proxy_ca, front_proxy_ca.cert_pem())?;
+    write(&pki.front_proxy_crt, &front_proxy.cert_pem)?;
+    write(&pki.front_proxy_key, &front_proxy.key_pem)?;
+    write(&pki.ca_crt, ca.cert_pem())?;
+    write(&pki.ca_key, ca.key_pem())?;
+    write(&pki.serving_crt, &serving.cert_pem)?;
+    write(&pki.serving_key, &serving.key_pem)?;
+    let sa = tenantplane_pki::signing_key()?;
+    write(&pki.sa_key, &sa.private_pem)?;
+    write(&pki.sa_pub, &sa.public_pem)?;
+    Ok((pki, ca))
+}
+
+impl ControlPlane {
+    /// Start every component and wait until the API server is ready, the simulated node is Ready
+    /// and the `default` namespace has its service account.
+    pub fn start(options: Options) -> Result<Self> {
+        let started = Instant::now();
+        let say = |what: &str| {
+            if options.progress {
+                eprintln!("testenv: {what} ({:.1}s)", started.elapsed().as_secs_f64());
+            }
+        };
+        let binaries = Binaries::locate()?;
+        let (dir, keep_dir) = match &options.dir {
+            Some(d) => (d.clone(), true),
+            None => (
+                std::env::temp_dir().join(format!(
+                    "tenantplane-testenv-{}-{}",
+                    std::process::id(),
+                    free_port()?
+                )),
+                std::env::var_os("TENANTPLANE_TESTENV_KEEP").is_some(),
+            ),
+        };
+        std::fs::create_dir_all(dir.join("logs"))?;
+        std::fs::create_dir_all(dir.join("kwok"))?;
+
+        say("writing the PKI");
+        let (pki, ca) = write_pki(&dir)?;
+        let admin = ca.issue(&Leaf::client(
+            "tenantplane-testenv-admin",
+            &["system:masters"],
+        ))?;
+
+        let etcd_client = free_port()?;
+        let etcd_peer = free_port()?;
+        let apiserver_port = free_port()?;
+        let server = format!("https://127.0.0.1:{apiserver_port}");
+        let kubeconfig_path = dir.join("kubeconfig");
+        write(
+            &kubeconfig_path,
+            &kubeconfig::render(
+                "testenv",
+                &server,
+                ca.cert_pem(),
+                &admin.cert_pem,
+                &admin.key_pem,
+            )?,
+        )?;
+
+        let mut plane = ControlPlane {
+            dir: dir.clone(),
+            server: server.clone(),
+            kubeconfig: kubeconfig_path.clone(),
+            binaries,
+            processes: Vec::new(),
+            keep_dir,
+        };
+
+        say("starting etcd");
+        let etcd_peer_url = format!("http://127.0.0.1:{etcd_peer}");
+        let etcd_url = format!("http://127.0.0.1:{etcd_client}");
+        plane.spawn(
+            "etcd",
+            args(&[
+                ("name", "testenv".into()),
+                ("data-dir", dir.join("etcd").display().to_string()),
+                ("listen-client-urls", etcd_url.clone()),
+                ("advertise-client-urls", etcd_url.clone()),
+                ("listen-peer-urls", etcd_peer_url.clone()),
+                ("initial-advertise-peer-urls", etcd_peer_url.clone()),
+                ("initial-cluster", format!("testenv={etcd_peer_url}")),
+                ("initial-cluster-state", "new".into()),
+                ("unsafe-no-fsync", "true".into()),
+                ("log-level", "warn".into()),
+            ]),
+            &[],
+        )?;
+
+        say("starting kube-apiserver");
+        plane.spawn(
+            "kube-apiserver",
+            apiserver_args(&ApiServerConfig {
+                etcd: etcd_url,
+                etcd_prefix: "/registry".into(),
+                port: apiserver_port,
+                cert_dir: dir.join("apiserver-certs"),
+                ca_crt: pki.ca_crt.clone(),
+                serving_crt: pki.serving_crt.clone(),
+                serving_key: pki.serving_key.clone(),
+                sa_key: pki.sa_key.clone(),
+                sa_pub: pki.sa_pub.clone(),
+                front_proxy: Some(FrontProxy {
+                    ca: pki.front_proxy_ca.clone(),
+                    client_crt: pki.front_proxy_crt.clone(),
+                    client_key: pki.front_proxy_key.clone(),
+                }),
+            }),
+            &[],
+        )?;
+        plane.wait_for_api_server()?;
+        say("kube-apiserver is ready");
+
+        let kc = kubeconfig_path.display().to_string();
+        // Flags every client component shares: who it is, where it serves its health endpoint.
+        let client_args = |cert_dir: &str| -> Result<Vec<(&'static str, String)>> {
+            Ok(vec![
+                ("kubeconfig", kc.clone()),
+                ("authentication-kubeconfig", kc.clone()),
+                ("authorization-kubeconfig", kc.clone()),
+                ("bind-address", "127.0.0.1".into()),
+                ("secure-port", free_port()?.to_string()),
+                ("leader-elect", "false".into()),
+                ("profiling", "false".into()),
+                ("cert-dir", dir.join(cert_dir).display().to_string()),
+            ])
+        };
+
+        say("starting kube-controller-manager and kube-scheduler");
+        let mut kcm = client_args("kcm-certs")?;
+        kcm.extend([
+            ("controllers", "*".into()),
+            ("use-service-account-credentials", "true".into()),
+            (
+                "service-account-private-key-file",
+                pki.sa_key.display().to_string(),
+            ),
+            ("root-ca-file", pki.ca_crt.display().to_string()),
+            (
+                "cluster-signing-cert-file",
+                pki.ca_crt.display().to_string(),
+            ),
+            ("cluster-signing-key-file", pki.ca_key.display().to_string()),
+            ("service-cluster-ip-range", SERVICE_CIDR.into()),
+        ]);
+        plane.spawn("kube-controller-manager", args(&kcm), &[])?;
+        plane.spawn(
+            "kube-scheduler",
+            args(&client_args("scheduler-certs")?),
+            &[],
+        )?;
+
+        say("starting kwok with one simulated node");
+        let kwok_dir = dir.join("kwok");
+        let mut config_args = Vec::new();
+        for (name, body) in KWOK_STAGES {
+            let path = kwok_dir.join(name);
+            write(&path, body)?;
+            config_args.push(format!("--config={}", path.display()));
+        }
+        // The node's address is loopback so the API server's calls to "its kubelet" stay on this
+        // machine; pod IPs come from a CIDR that nothing here ever connects to.
+        let kwok_port = free_port()?;
+        let mut kwok_args = args(&[
+            ("kubeconfig", kc.clone()),
+            ("manage-all-nodes", "false".into()),
+            (
+                "manage-nodes-with-annotation-selector",
+                "kwok.x-k8s.io/node=fake".into(),
+            ),
+            ("server-address", format!("127.0.0.1:{kwok_port}")),
+            ("node-port", kwok_port.to_string()),
+            ("node-ip", "127.0.0.1".into()),
+            ("cidr", "10.244.0.0/16".into()),
+            ("node-lease-duration-seconds", "40".into()),
+        ]);
+        kwok_args.extend(config_args);
+        // A work dir of its own, so kwok never reads a user's ~/.kwok configuration.
+        let kwok_work = kwok_dir.display().to_string();
+        plane.spawn("kwok", kwok_args, &[("KWOK_WORKDIR", kwok_work.as_str())])?;
+        let node_path = kwok_dir.join("node.yaml");
+        write(&node_path, KWOK_NODE_YAML)?;
+        plane.kubectl_ok(&["apply", "-f", &node_path.display().to_string()])?;
+        plane.wait_until("the simulated node to be Ready", || {
+            let out = plane.kubectl_output(&[
+                "get",
+                "node",
+                KWOK_NODE,
+                "-o",
+                "jsonpath={.status.conditions[?(@.type==\"Ready\")].status}",
+            ]);
+            Ok(out.is_ok_and(|s| s.trim() == "True"))
+        })?;
+        plane.wait_until("the default service account", || {
+            Ok(plane
+                .kubectl_output(&["get", "serviceaccount", "default", "-n", "default"])
+                .is_ok())
+        })?;
+        say("control plane is ready");
+        Ok(plane)
+    }
+
+    fn spawn(&mut self, name: &str, args: Vec<String>, env: &[(&str, &str)]) -> Result<()> {
+        let program = self.binaries.path(name);
+        let log = self.log_path(name);
+        let handle = process::spawn(name, &program, &args, env, &log)
+            .map_err(|e| Error::Io(format!("starting {}: {e}", program.display())))?;
+        self.processes.push(handle);
+        Ok(())
+    }
+
+    fn log_path(&self, name: &str) -> PathBuf {
+        self.dir.join("logs").join(format!("{name}.log"))
+    }
+
+    /// Wait for `check` to say yes, failing early (with the log) if a component died.
+    fn wait_until(&self, what: &str, mut check: impl FnMut() -> Result<bool>) -> Result<()> {
+        let deadline = Instant::now() + READY_TIMEOUT;
+        loop {
+            if check()? {
+                return Ok(());
+            }
+            for handle in &self.processes {
+                if let Some(status) = process::exited(handle) {
+                    return Err(Error::Component {
+                        name: handle.name.clone(),
+                        detail: format!("exited ({status}) while waiting for {what}"),
+                        log: tail(&self.log_path(&handle.name), 40),
+                    });
+                }
+            }
+            if Instant::now() > deadline {
+                return Err(Error::Component {
+                    name: "control plane".into(),
+                    detail: format!("timed out after {READY_TIMEOUT:?} waiting for {what}"),
+                    log: self.logs_tail(20),
+                });
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    fn wait_for_api_server(&self) -> Result<()> {
+        self.wait_until("kube-apiserver /readyz", || {
+            Ok(self
+                .kubectl_output(&["get", "--raw", "/readyz"])
+                .is_ok_and(|s| s.trim() == "ok"))
+        })
+    }
+
+    /// A `kubectl` command for this control plane.
+    pub fn kubectl(&self) -> Command {
+        let mut cmd = Command::new(self.binaries.path("kubectl"));
+        cmd.arg(format!("--kubeconfig={}", self.kubeconfig.display()));
+        cmd
+    }
+
+    fn kubectl_output(&self, args: &[&str]) -> Result<String> {
+        let out = self.kubectl().args(args).output()?;
+        if out.status.success() {
+            Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+        } else {
+            Err(Error::Kubectl(
+                String::from_utf8_lossy(&out.stderr).trim().to_string(),
+            ))
+        }
+    }
+
+    fn kubectl_ok(&self, args: &[&str]) -> Result<()> {
+        self.kubectl_output(args).map(|_| ())
+    }
+
+    /// The API server's address, `https://127.0.0.1:<port>`.
+    pub fn server(&self) -> &str {
+        &self.server
+    }
+
+    /// An admin kubeconfig file for this control plane.
+    pub fn kubeconfig_path(&self) -> &Path {
+        &self.kubeconfig
+    }
+
+    /// The folder with the data, PKI and logs.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Where the built binaries (kubectl among them) are.
+    pub fn binaries(&self) -> &Binaries {
+        &self.binaries
+    }
+
+    /// A client with admin rights, bound to the calling tokio runtime.
+    pub async fn client(&self) -> Result<kube::Client> {
+        kubeconfig::client(&self.kubeconfig).await
+    }
+
+    /// The last `lines` lines of every component's log.
+    pub fn logs_tail(&self, lines: usize) -> String {
+        self.processes
+            .iter()
+            .map(|h| {
+                format!(
+                    "----- {} -----\n{}",
+                    h.name,
+                    tail(&self.log_path(&h.name), lines)
+                )
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
+    /// Stop every component and remove the folder unless it was given or kept.
+    pub fn stop(&mut self) {
+        for handle in self.processes.drain(..).rev() {
+            process::stop(&handle);
+        }
+        if !self.keep_dir {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+}
+
+/// What a kube-apiserver needs; the local runtime starts tenant API servers with the same flags.
+#[derive(Clone, Debug)]
+pub struct ApiServerConfig {
+    pub etcd: String,
+    pub etcd_prefix: String,
+    pub port: u16,
+    pub cert_dir: PathBuf,
+    pub ca_crt: PathBuf,
+    pub serving_crt: PathBuf,
+    pub serving_key: PathBuf,
+    pub sa_key: PathBuf,
+    pub sa_pub: PathBuf,
+    pub front_proxy: Option<FrontProxy>,
+}
+
+/// The request-header (aggregation) CA and the API server's client certificate under it.
+#[derive(Clone, Debug)]
+pub struct FrontProxy {
+    pub ca: PathBuf,
+    pub client_crt: PathBuf,
+    pub client_key: PathBuf,
+}
+
+/// Flags for a kube-apiserver on loopback, authenticating clients by certificate and signing
+/// service-account tokens.
+pub fn apiserver_args(c: &ApiServerConfig) -> Vec<String> {
+    let mut list = args(&[
+        ("etcd-servers", c.etcd.clone()),
+        ("etcd-prefix", c.etcd_prefix.clone()),
+        ("bind-address", "127.0.0.1".into()),
+        ("advertise-address", "127.0.0.1".into()),
+        ("secure-port", c.port.to_string()),
+        ("cert-dir", c.cert_dir.display().to_string()),
+        ("tls-cert-file", c.serving_crt.display().to_string()),
+        ("tls-private-key-file", c.serving_key.display().to_string()),
+        ("client-ca-file", c.ca_crt.display().to_string()),
+        (
+            "service-account-issuer",
+            "https://kubernetes.default.svc.cluster.local".into(),
+        ),
+        ("service-account-key-file", c.sa_pub.display().to_string()),
+        (
+            "service-account-signing-key-file",
+            c.sa_key.display().to_string(),
+        ),
+        ("service-cluster-ip-range", SERVICE_CIDR.into()),
+        ("authorization-mode", "Node,RBAC".into()),
+        ("allow-privileged", "true".into()),
+        ("profiling", "false".into()),
+        // Endpoints may not hold loopback addresses, and ours is 127.0.0.1.
+        ("endpoint-reconciler-type", "none".into()),
+    ]);
+    if let Some(fp) = &c.front_proxy {
+        list.extend(args(&[
+            ("requestheader-client-ca-file", fp.ca.display().to_string()),
+            ("requestheader-allowed-names", "front-proxy-client".into()),
+            ("requestheader-username-headers", "X-Remote-User".into()),
+            ("requestheader-group-headers", "X-Remote-Group".into()),
+            (
+                "requestheader-extra-headers-prefix",
+                "X-Remote-Extra-".into(),
+            ),
+            (
+                "proxy-client-cert-file",
+                fp.client_crt.display().to_string(),
+            ),
+            ("proxy-client-key-file", fp.client_key.display().to_string()),
+        ]));
+    }
+    list
+}
+
+impl Drop for ControlPlane {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// The last `lines` lines of a file, or a note that it could not be read.
+pub fn tail(path: &Path, lines: usize) -> String {
+    match std::fs::read_to_string(path) {
+        Ok(text) => {
+            let all: Vec<&str> = text.lines().collect();
+            all[all.len().saturating_sub(lines)..].join("\n")
+        }
+        Err(e) => format!("(cannot read {}: {e})", path.display()),
+    }
+}

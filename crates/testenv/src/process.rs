@@ -1,0 +1,165 @@
+//! Child processes that never outlive the test binary: they are spawned from one thread that
+//! lives as long as the process (so `PR_SET_PDEATHSIG` only fires when the process dies), and a
+//! normal exit stops them through an `atexit` hook.
+
+use std::fs::File;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+type SpawnRequest = (Command, mpsc::Sender<std::io::Result<Child>>);
+
+static SPAWNER: OnceLock<Mutex<mpsc::Sender<SpawnRequest>>> = OnceLock::new();
+static CHILDREN: Mutex<Vec<Child>> = Mutex::new(Vec::new());
+static REMOVE_AT_EXIT: Mutex<Vec<std::path::PathBuf>> = Mutex::new(Vec::new());
+
+/// Remove `dir` when the process exits normally, after its processes have stopped, unless
+/// `TENANTPLANE_TESTENV_KEEP` is set.
+pub fn remove_at_exit(dir: &Path) {
+    spawner();
+    if std::env::var_os("TENANTPLANE_TESTENV_KEEP").is_none()
+        && let Ok(mut dirs) = REMOVE_AT_EXIT.lock()
+    {
+        dirs.push(dir.to_path_buf());
+    }
+}
+
+fn spawner() -> &'static Mutex<mpsc::Sender<SpawnRequest>> {
+    SPAWNER.get_or_init(|| {
+        let (tx, rx) = mpsc::channel::<SpawnRequest>();
+        std::thread::Builder::new()
+            .name("testenv-spawner".into())
+            .spawn(move || {
+                for (mut cmd, reply) in rx {
+                    let _ = reply.send(cmd.spawn());
+                }
+                // Keep this thread (the children's parent thread) alive until the process ends.
+                loop {
+                    std::thread::park();
+                }
+            })
+            .expect("a thread can be started");
+        // SAFETY: registering a plain extern "C" function with no captured state.
+        unsafe {
+            libc::atexit(stop_all_at_exit);
+        }
+        Mutex::new(tx)
+    })
+}
+
+extern "C" fn stop_all_at_exit() {
+    stop_all();
+    if let Ok(dirs) = REMOVE_AT_EXIT.lock() {
+        for dir in dirs.iter() {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
+}
+
+/// A process of ours, by pid, and the log file it writes.
+#[derive(Clone, Debug)]
+pub struct Handle {
+    pub name: String,
+    pub pid: u32,
+}
+
+/// Start `program` with `args`, its stdout and stderr going to `log`.
+pub fn spawn(
+    name: &str,
+    program: &Path,
+    args: &[String],
+    env: &[(&str, &str)],
+    log: &Path,
+) -> std::io::Result<Handle> {
+    let out = File::create(log)?;
+    let err = out.try_clone()?;
+    let mut cmd = Command::new(program);
+    cmd.args(args)
+        .envs(env.iter().copied())
+        .stdin(Stdio::null())
+        .stdout(Stdio::from(out))
+        .stderr(Stdio::from(err));
+    // SAFETY: prctl is async-signal-safe; nothing else runs between fork and exec.
+    unsafe {
+        use std::os::unix::process::CommandExt;
+        cmd.pre_exec(|| {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let (tx, rx) = mpsc::channel();
+    spawner()
+        .lock()
+        .map_err(|_| std::io::Error::other("spawner lock poisoned"))?
+        .send((cmd, tx))
+        .map_err(|_| std::io::Error::other("spawner thread is gone"))?;
+    let child = rx
+        .recv()
+        .map_err(|_| std::io::Error::other("spawner thread is gone"))??;
+    let handle = Handle {
+        name: name.to_string(),
+        pid: child.id(),
+    };
+    CHILDREN
+        .lock()
+        .map_err(|_| std::io::Error::other("children lock poisoned"))?
+        .push(child);
+    Ok(handle)
+}
+
+/// Has this process exited? Returns its exit status text when it has.
+pub fn exited(handle: &Handle) -> Option<String> {
+    let mut children = CHILDREN.lock().ok()?;
+    let child = children.iter_mut().find(|c| c.id() == handle.pid)?;
+    match child.try_wait() {
+        Ok(Some(status)) => Some(status.to_string()),
+        _ => None,
+    }
+}
+
+/// Stop one process: SIGTERM, then SIGKILL if it lingers.
+pub fn stop(handle: &Handle) {
+    let Ok(mut children) = CHILDREN.lock() else {
+        return;
+    };
+    if let Some(pos) = children.iter().position(|c| c.id() == handle.pid) {
+        let mut child = children.remove(pos);
+        terminate(&mut child);
+    }
+}
+
+/// Stop every process started here, newest first: clients before the API server, the API server
+/// before etcd (an API server whose etcd went first hangs in shutdown).
+pub fn stop_all() {
+    let children: Vec<Child> = match CHILDREN.lock() {
+        Ok(mut c) => c.drain(..).collect(),
+        Err(_) => return,
+    };
+    for mut child in children.into_iter().rev() {
+        terminate(&mut child);
+    }
+}
+
+fn terminate(child: &mut Child) {
+    // SAFETY: as above.
+    unsafe {
+        libc::kill(child.id() as libc::pid_t, libc::SIGTERM);
+    }
+    wait_or_kill(child, Duration::from_secs(5));
+}
+
+fn wait_or_kill(child: &mut Child, grace: Duration) {
+    let deadline = Instant::now() + grace;
+    while Instant::now() < deadline {
+        if let Ok(Some(_)) = child.try_wait() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+}
