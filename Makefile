@@ -1,0 +1,31 @@
+# TenantPlane. `make test` builds what it needs (the test control plane once, then cached) and
+# runs every test; `make testenv` builds only the control plane. Caches live outside the checkout.
+
+CACHE ?= $(HOME)/.cache/tenantplane
+export TENANTPLANE_CACHE := $(CACHE)
+export CARGO_TARGET_DIR ?= $(CACHE)/target
+export GOTOOLCHAIN := local
+CARGO ?= cargo
+
+.PHONY: test testenv lint crds build
+
+## test: every test, unit and against the real control plane (builds the control plane if missing)
+test: testenv
+	$(CARGO) test --workspace --locked
+
+## testenv: build etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubectl and kwok
+testenv:
+	@bash testenv/build.sh >/dev/null
+
+## lint: rustfmt and clippy, warnings as errors
+lint:
+	$(CARGO) fmt --all -- --check
+	$(CARGO) clippy --workspace --all-targets --locked -- -D warnings
+
+## crds: regenerate deploy/crds from the Rust types
+crds:
+	$(CARGO) run -q -p tenantplane --locked -- crds --out deploy/crds
+
+## build: the tenantplane binary
+build:
+	$(CARGO) build -p tenantplane --locked
