@@ -22,6 +22,10 @@ pub enum Error {
     },
     #[error("{0:?} is neither a DNS name nor an IP address")]
     Name(String),
+    #[error("encoding a key failed: {0}")]
+    Encode(String),
+    #[error("{0}")]
+    Invalid(String),
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -238,11 +242,116 @@ pub struct SigningKey {
     pub public_pem: String,
 }
 
+/// The private half is SEC1 (`EC PRIVATE KEY`) with the curve named: Kubernetes reads public
+/// keys out of that form but not out of PKCS#8, Go refuses SEC1 without the curve, and k3s hands
+/// `service.key` to both the signing and the verifying flag.
 pub fn signing_key() -> Result<SigningKey> {
+    use base64::Engine;
+    use p256::pkcs8::DecodePrivateKey;
     let key = KeyPair::generate()?;
+    let secret = p256::SecretKey::from_pkcs8_der(&key.serialize_der())
+        .map_err(|e| Error::Encode(e.to_string()))?;
+    let der = secret
+        .to_sec1_der()
+        .map_err(|e| Error::Encode(e.to_string()))?;
+    let der = with_named_curve(&der)?;
+    let body = base64::engine::general_purpose::STANDARD.encode(der);
+    let mut pem = String::from("-----BEGIN EC PRIVATE KEY-----\n");
+    for line in body.as_bytes().chunks(64) {
+        pem.push_str(&String::from_utf8_lossy(line));
+        pem.push('\n');
+    }
+    pem.push_str("-----END EC PRIVATE KEY-----\n");
     Ok(SigningKey {
-        private_pem: key.serialize_pem(),
+        private_pem: pem,
         public_pem: key.public_key_pem(),
+    })
+}
+
+/// Insert `[0] { prime256v1 }` after the private key octets of a SEC1 `ECPrivateKey` that lacks it.
+fn with_named_curve(der: &[u8]) -> Result<Vec<u8>> {
+    // SEQUENCE(len) INTEGER(1) OCTET STRING(32) [0]? [1]
+    const PRIME256V1: [u8; 12] = [
+        0xa0, 0x0a, 0x06, 0x08, 0x2a, 0x86, 0x48, 0xce, 0x3d, 0x03, 0x01, 0x07,
+    ];
+    let bad = || Error::Encode("unexpected SEC1 layout".into());
+    if der.len() < 39
+        || der[0] != 0x30
+        || der[1] as usize != der.len() - 2
+        || der[5] != 0x04
+        || der[6] != 32
+    {
+        return Err(bad());
+    }
+    if der.get(39) == Some(&0xa0) {
+        return Ok(der.to_vec());
+    }
+    let len = der.len() - 2 + PRIME256V1.len();
+    if len > 127 {
+        return Err(bad());
+    }
+    let mut out = vec![0x30, len as u8];
+    out.extend_from_slice(&der[2..39]);
+    out.extend_from_slice(&PRIME256V1);
+    out.extend_from_slice(&der[39..]);
+    Ok(out)
+}
+
+/// Does the private key in `key_pem` belong to the certificate in `cert_pem`?
+pub fn key_matches_certificate(key_pem: &str, cert_pem: &str) -> bool {
+    let Ok(key) = KeyPair::from_pem(key_pem) else {
+        return false;
+    };
+    let Ok(der) = parse_pem_cert(cert_pem) else {
+        return false;
+    };
+    let Ok((_, cert)) = x509_parser::parse_x509_certificate(&der) else {
+        return false;
+    };
+    use rcgen::PublicKeyData;
+    cert.public_key().raw == key.subject_public_key_info().as_slice()
+}
+
+/// What a certificate says about itself, for checks before trusting a stored one.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CertificateInfo {
+    pub common_name: String,
+    pub organizations: Vec<String>,
+    /// Seconds since the Unix epoch.
+    pub not_after: i64,
+}
+
+fn parse_pem_cert(pem_text: &str) -> Result<Vec<u8>> {
+    let (_, pem) = x509_parser::pem::parse_x509_pem(pem_text.as_bytes())
+        .map_err(|e| Error::Invalid(format!("not a PEM certificate: {e}")))?;
+    Ok(pem.contents)
+}
+
+/// Parse `cert_pem` and check that `ca_pem` signed it.
+pub fn verify_signed_by(cert_pem: &str, ca_pem: &str) -> Result<CertificateInfo> {
+    let cert_der = parse_pem_cert(cert_pem)?;
+    let ca_der = parse_pem_cert(ca_pem)?;
+    let (_, cert) = x509_parser::parse_x509_certificate(&cert_der)
+        .map_err(|e| Error::Invalid(format!("certificate does not parse: {e}")))?;
+    let (_, ca) = x509_parser::parse_x509_certificate(&ca_der)
+        .map_err(|e| Error::Invalid(format!("CA certificate does not parse: {e}")))?;
+    cert.verify_signature(Some(ca.public_key()))
+        .map_err(|_| Error::Invalid("certificate is not signed by the CA".into()))?;
+    let subject = cert.subject();
+    let common_name = subject
+        .iter_common_name()
+        .next()
+        .and_then(|cn| cn.as_str().ok())
+        .unwrap_or_default()
+        .to_string();
+    let organizations = subject
+        .iter_organization()
+        .filter_map(|o| o.as_str().ok().map(str::to_string))
+        .collect();
+    Ok(CertificateInfo {
+        common_name,
+        organizations,
+        not_after: cert.validity().not_after.timestamp(),
     })
 }
 
@@ -277,6 +386,37 @@ mod tests {
                 .starts_with("the CA private key is not usable"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn verification_tells_signed_from_foreign_certificates() {
+        let ca = CertificateAuthority::generate("ca").unwrap();
+        let other = CertificateAuthority::generate("other").unwrap();
+        let leaf = ca
+            .issue(&Leaf::client("admin", &["system:masters"]))
+            .unwrap();
+        let info = verify_signed_by(&leaf.cert_pem, ca.cert_pem()).unwrap();
+        assert_eq!(info.common_name, "admin");
+        assert_eq!(info.organizations, ["system:masters"]);
+        let err = verify_signed_by(&leaf.cert_pem, other.cert_pem()).unwrap_err();
+        assert!(err.to_string().contains("not signed by the CA"), "{err}");
+        assert!(verify_signed_by("junk", ca.cert_pem()).is_err());
+        assert!(key_matches_certificate(&leaf.key_pem, &leaf.cert_pem));
+        let other_leaf = ca.issue(&Leaf::client("x", &[])).unwrap();
+        assert!(!key_matches_certificate(
+            &other_leaf.key_pem,
+            &leaf.cert_pem
+        ));
+    }
+
+    #[test]
+    fn signing_keys_are_sec1_with_a_public_half() {
+        let key = signing_key().unwrap();
+        assert!(
+            key.private_pem
+                .starts_with("-----BEGIN EC PRIVATE KEY-----")
+        );
+        assert!(key.public_pem.starts_with("-----BEGIN PUBLIC KEY-----"));
     }
 
     #[test]
