@@ -1,2 +1,41 @@
 //! The TenantCluster controller: dereference → validate → build → apply → observe → status.
-//! It grows here in the controller milestone; the resource types live in `tenantplane-api`.
+//!
+//! `build` holds the pure functions that decide what should exist; `reconcile` is the I/O around
+//! them; `status` turns what was observed into a phase and conditions.
+
+pub mod apply;
+pub mod build;
+pub mod connector;
+pub mod names;
+pub mod reconcile;
+pub mod status;
+pub mod tenant_pki;
+
+pub use build::BuildOptions;
+pub use connector::Connector;
+pub use reconcile::{ControllerOptions, run};
+
+/// Everything that can go wrong in a reconcile. Each variant carries what a person needs to act.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("Kubernetes API: {0}")]
+    Kube(#[from] kube::Error),
+    #[error("{0}")]
+    Build(String),
+    #[error("finalizer: {0}")]
+    Finalizer(String),
+    #[error("the tenant PKI: {0}")]
+    Pki(#[from] tenant_pki::PkiError),
+}
+
+impl Error {
+    /// A short CamelCase category for Events and logs.
+    pub fn category(&self) -> &'static str {
+        match self {
+            Error::Kube(_) => "KubernetesApiError",
+            Error::Build(_) => "BuildError",
+            Error::Finalizer(_) => "FinalizerError",
+            Error::Pki(_) => "PkiError",
+        }
+    }
+}

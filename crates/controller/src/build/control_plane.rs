@@ -1,0 +1,313 @@
+//! The tenant's control plane: k3s as an agentless server in a StatefulSet, its headless Service
+//! and its PKI Secret. This is the one place that knows what a k3s control plane looks like.
+
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::core::v1::{Secret, Service};
+use serde_json::json;
+use tenantplane_api::TenantCluster;
+
+use super::{BuildOptions, identity, owner_reference, typed};
+use crate::tenant_pki::TenantPki;
+use crate::{Error, names};
+
+/// k3s keeps its state here, on the volume.
+pub const DATA_DIR: &str = "/var/lib/rancher/k3s";
+/// The PKI Secret is mounted here and copied into `<data-dir>/server/tls/`, because k3s writes
+/// further files into that folder.
+pub const PKI_MOUNT: &str = "/etc/tenantplane/pki";
+/// Size of the sqlite volume.
+pub const DATA_VOLUME_SIZE: &str = "2Gi";
+/// k3s runs as this unprivileged user; without an agent it needs no root.
+pub const RUN_AS_USER: i64 = 10001;
+
+/// Controllers k3s must not run with no nodes of its own: the syncer owns nodes and volumes.
+const DISABLED_CONTROLLERS: &[&str] = &[
+    "nodeipam",
+    "nodelifecycle",
+    "persistentvolume-binder",
+    "attachdetach",
+    "persistentvolume-expander",
+    "cloud-node-lifecycle",
+    "ttl",
+];
+
+/// The arguments of `k3s server` for an agentless tenant control plane.
+pub fn k3s_args(tenant: &str, namespace: &str, options: &BuildOptions) -> Vec<String> {
+    let controllers = std::iter::once("*".to_string())
+        .chain(DISABLED_CONTROLLERS.iter().map(|c| format!("-{c}")))
+        .collect::<Vec<_>>()
+        .join(",");
+    let mut args = vec![
+        "server".to_string(),
+        "--disable-agent".into(),
+        "--disable-scheduler".into(),
+        "--disable=traefik,servicelb,metrics-server,local-storage".into(),
+        "--flannel-backend=none".into(),
+        "--disable-network-policy".into(),
+        "--disable-cloud-controller".into(),
+        "--egress-selector-mode=disabled".into(),
+        format!("--data-dir={DATA_DIR}"),
+        format!("--write-kubeconfig={DATA_DIR}/kubeconfig.yaml"),
+        format!("--https-listen-port={}", names::API_PORT),
+        format!("--service-cidr={}", options.service_cidr),
+        "--kube-apiserver-arg=endpoint-reconciler-type=none".into(),
+        format!("--kube-controller-manager-arg=controllers={controllers}"),
+    ];
+    args.extend(
+        names::service_dns_names(tenant, namespace)
+            .into_iter()
+            .map(|n| format!("--tls-san={n}")),
+    );
+    args
+}
+
+/// The headless Service that gives the tenant API server its in-cluster name.
+pub fn desired_service(tc: &TenantCluster) -> Result<Service, Error> {
+    let (tenant, ns) = identity(tc)?;
+    typed(
+        "the control-plane Service",
+        json!({
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": {
+                "name": names::service(&tenant),
+                "namespace": ns,
+                "labels": names::labels(&tenant),
+                "ownerReferences": [owner_reference(tc)?],
+            },
+            "spec": {
+                "clusterIP": "None",
+                "publishNotReadyAddresses": false,
+                "selector": names::control_plane_selector(&tenant),
+                "ports": [{"name": "https", "port": names::API_PORT, "targetPort": names::API_PORT, "protocol": "TCP"}],
+            },
+        }),
+    )
+}
+
+/// The StatefulSet running k3s. It passes Pod Security `restricted`: non-root, no privilege
+/// escalation, no capabilities, RuntimeDefault seccomp, no service-account token.
+pub fn desired_statefulset(
+    tc: &TenantCluster,
+    options: &BuildOptions,
+) -> Result<StatefulSet, Error> {
+    let (tenant, ns) = identity(tc)?;
+    let image = names::k3s_image(&options.k3s_repository, &tc.spec.kubernetes_version);
+    let mut pod_labels = names::labels(&tenant);
+    pod_labels.extend(names::control_plane_selector(&tenant));
+    if options.local_runtime {
+        pod_labels.insert(names::LABEL_RUNTIME.into(), names::RUNTIME_LOCAL.into());
+    }
+    let mut resources = serde_json::Map::new();
+    let mut quantities = serde_json::Map::new();
+    if let Some(cpu) = &tc.spec.resources.cpu {
+        quantities.insert("cpu".into(), json!(cpu));
+    }
+    if let Some(memory) = &tc.spec.resources.memory {
+        quantities.insert("memory".into(), json!(memory));
+    }
+    if !quantities.is_empty() {
+        resources.insert("requests".into(), json!(quantities));
+        resources.insert("limits".into(), json!(quantities));
+    }
+    let security = json!({
+        "runAsNonRoot": true,
+        "runAsUser": RUN_AS_USER,
+        "runAsGroup": RUN_AS_USER,
+        "allowPrivilegeEscalation": false,
+        "readOnlyRootFilesystem": false,
+        "capabilities": {"drop": ["ALL"]},
+        "seccompProfile": {"type": "RuntimeDefault"},
+    });
+    let tls_dir = format!("{DATA_DIR}/server/tls");
+    let copy_pki =
+        format!("mkdir -p {tls_dir} && cp {PKI_MOUNT}/* {tls_dir}/ && chmod 600 {tls_dir}/*.key");
+    typed(
+        "the control-plane StatefulSet",
+        json!({
+            "apiVersion": "apps/v1",
+            "kind": "StatefulSet",
+            "metadata": {
+                "name": names::statefulset(&tenant),
+                "namespace": ns,
+                "labels": names::labels(&tenant),
+                "ownerReferences": [owner_reference(tc)?],
+            },
+            "spec": {
+                "serviceName": names::service(&tenant),
+                "replicas": tc.spec.control_plane.replicas,
+                "podManagementPolicy": "Parallel",
+                "selector": {"matchLabels": names::control_plane_selector(&tenant)},
+                "template": {
+                    "metadata": {"labels": pod_labels},
+                    "spec": {
+                        "automountServiceAccountToken": false,
+                        "enableServiceLinks": false,
+                        "securityContext": {
+                            "runAsNonRoot": true,
+                            "runAsUser": RUN_AS_USER,
+                            "runAsGroup": RUN_AS_USER,
+                            "fsGroup": RUN_AS_USER,
+                            "seccompProfile": {"type": "RuntimeDefault"},
+                        },
+                        "initContainers": [{
+                            "name": "pki",
+                            "image": image,
+                            "command": ["/bin/sh", "-c", copy_pki],
+                            "securityContext": security,
+                            "volumeMounts": [
+                                {"name": "pki", "mountPath": PKI_MOUNT, "readOnly": true},
+                                {"name": "data", "mountPath": DATA_DIR},
+                            ],
+                        }],
+                        "containers": [{
+                            "name": "k3s",
+                            "image": image,
+                            "command": ["/bin/k3s"],
+                            "args": k3s_args(&tenant, &ns, options),
+                            "ports": [{"name": "https", "containerPort": names::API_PORT, "protocol": "TCP"}],
+                            "readinessProbe": {
+                                "exec": {"command": [
+                                    "/bin/k3s", "kubectl", "--kubeconfig", format!("{DATA_DIR}/kubeconfig.yaml"),
+                                    "get", "--raw", "/readyz",
+                                ]},
+                                "initialDelaySeconds": 5,
+                                "periodSeconds": 5,
+                                "timeoutSeconds": 5,
+                                "failureThreshold": 3,
+                            },
+                            "resources": resources,
+                            "securityContext": security,
+                            "volumeMounts": [{"name": "data", "mountPath": DATA_DIR}],
+                        }],
+                        "volumes": [{"name": "pki", "secret": {"secretName": names::pki_secret(&tenant), "defaultMode": 0o400}}],
+                    },
+                },
+                "volumeClaimTemplates": [{
+                    "metadata": {"name": "data"},
+                    "spec": {
+                        "accessModes": ["ReadWriteOnce"],
+                        "resources": {"requests": {"storage": DATA_VOLUME_SIZE}},
+                    },
+                }],
+            },
+        }),
+    )
+}
+
+/// The PKI Secret for a freshly generated PKI. Created once, never overwritten.
+pub fn pki_secret(tc: &TenantCluster, pki: &TenantPki) -> Result<Secret, Error> {
+    let (tenant, ns) = identity(tc)?;
+    let mut secret: Secret = typed(
+        "the PKI Secret",
+        json!({
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {
+                "name": names::pki_secret(&tenant),
+                "namespace": ns,
+                "labels": names::labels(&tenant),
+                "ownerReferences": [owner_reference(tc)?],
+            },
+            "type": "Opaque",
+        }),
+    )?;
+    secret.data = Some(pki.to_secret_data());
+    Ok(secret)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::build::tests::tenant;
+
+    #[test]
+    fn the_version_picks_the_k3s_image() {
+        let sts = desired_statefulset(&tenant(), &BuildOptions::default()).unwrap();
+        let spec = sts.spec.unwrap().template.spec.unwrap();
+        assert_eq!(
+            spec.containers[0].image.as_deref(),
+            Some("rancher/k3s:v1.30.4-k3s1")
+        );
+        let options = BuildOptions {
+            k3s_repository: "mirror.example/k3s".into(),
+            ..Default::default()
+        };
+        let sts = desired_statefulset(&tenant(), &options).unwrap();
+        let spec = sts.spec.unwrap().template.spec.unwrap();
+        assert_eq!(
+            spec.containers[0].image.as_deref(),
+            Some("mirror.example/k3s:v1.30.4-k3s1")
+        );
+        assert_eq!(
+            spec.init_containers.unwrap()[0].image.as_deref(),
+            Some("mirror.example/k3s:v1.30.4-k3s1")
+        );
+    }
+
+    #[test]
+    fn k3s_runs_agentless_without_add_ons() {
+        let args = k3s_args("dev", "team-dev", &BuildOptions::default());
+        for wanted in [
+            "--disable-agent",
+            "--disable-scheduler",
+            "--flannel-backend=none",
+            "--disable-network-policy",
+            "--disable-cloud-controller",
+            "--egress-selector-mode=disabled",
+            "--tls-san=dev.team-dev.svc",
+            "--service-cidr=10.96.0.0/12",
+        ] {
+            assert!(
+                args.iter().any(|a| a == wanted),
+                "missing {wanted} in {args:?}"
+            );
+        }
+        let controllers = args.iter().find(|a| a.contains("controllers=")).unwrap();
+        assert!(controllers.contains("-nodelifecycle") && controllers.contains("-attachdetach"));
+    }
+
+    #[test]
+    fn resources_become_requests_and_limits() {
+        let sts = desired_statefulset(&tenant(), &BuildOptions::default()).unwrap();
+        let c = &sts.spec.unwrap().template.spec.unwrap().containers[0];
+        let r = c.resources.as_ref().unwrap();
+        assert_eq!(r.limits.as_ref().unwrap()["cpu"].0, "2");
+        assert_eq!(r.requests.as_ref().unwrap()["memory"].0, "2Gi");
+    }
+
+    #[test]
+    fn the_pod_meets_restricted_pod_security() {
+        let sts = desired_statefulset(&tenant(), &BuildOptions::default()).unwrap();
+        let spec = sts.spec.unwrap().template.spec.unwrap();
+        assert_eq!(spec.automount_service_account_token, Some(false));
+        for c in spec
+            .containers
+            .iter()
+            .chain(spec.init_containers.iter().flatten())
+        {
+            let sc = c.security_context.as_ref().unwrap();
+            assert_eq!(sc.allow_privilege_escalation, Some(false));
+            assert_eq!(sc.run_as_non_root, Some(true));
+            assert_eq!(
+                sc.capabilities.as_ref().unwrap().drop.as_ref().unwrap(),
+                &["ALL"]
+            );
+            assert_eq!(sc.seccomp_profile.as_ref().unwrap().type_, "RuntimeDefault");
+        }
+    }
+
+    #[test]
+    fn only_the_local_runtime_gets_its_label() {
+        let sts = desired_statefulset(&tenant(), &BuildOptions::default()).unwrap();
+        let labels = sts.spec.unwrap().template.metadata.unwrap().labels.unwrap();
+        assert!(!labels.contains_key(names::LABEL_RUNTIME));
+        let options = BuildOptions {
+            local_runtime: true,
+            ..Default::default()
+        };
+        let sts = desired_statefulset(&tenant(), &options).unwrap();
+        let labels = sts.spec.unwrap().template.metadata.unwrap().labels.unwrap();
+        assert_eq!(labels[names::LABEL_RUNTIME], names::RUNTIME_LOCAL);
+    }
+}

@@ -1,0 +1,244 @@
+//! The tenant's admin kubeconfig, kept in Secret `<name>-kubeconfig` under key `value` (the Cluster
+//! API convention), and the check that a stored one is still sound.
+
+use std::collections::BTreeMap;
+
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD;
+use k8s_openapi::ByteString;
+use k8s_openapi::api::core::v1::Secret;
+use serde_json::json;
+use tenantplane_api::TenantCluster;
+use tenantplane_pki::KeyAndCert;
+
+use super::{identity, owner_reference, typed};
+use crate::tenant_pki::{ADMIN_GROUP, TenantPki};
+use crate::{Error, names};
+
+/// Renew the admin certificate when less than this is left of it.
+pub const RENEW_BEFORE_SECS: i64 = 30 * 24 * 3600;
+
+/// A kubeconfig for `server` with the tenant's server CA and a client certificate.
+pub fn render(context: &str, server: &str, ca_pem: &str, client: &KeyAndCert) -> String {
+    let doc = json!({
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": context, "cluster": {
+            "server": server,
+            "certificate-authority-data": STANDARD.encode(ca_pem),
+        }}],
+        "users": [{"name": context, "user": {
+            "client-certificate-data": STANDARD.encode(&client.cert_pem),
+            "client-key-data": STANDARD.encode(&client.key_pem),
+        }}],
+        "contexts": [{"name": context, "context": {"cluster": context, "user": context}}],
+        "current-context": context,
+    });
+    serde_yaml::to_string(&doc).unwrap_or_default()
+}
+
+/// The kubeconfig Secret for a freshly issued admin certificate.
+pub fn kubeconfig_secret(
+    tc: &TenantCluster,
+    pki: &TenantPki,
+    client: &KeyAndCert,
+) -> Result<Secret, Error> {
+    let (tenant, ns) = identity(tc)?;
+    let mut labels = names::labels(&tenant);
+    labels.insert("cluster.x-k8s.io/cluster-name".into(), tenant.clone());
+    let mut secret: Secret = typed(
+        "the kubeconfig Secret",
+        json!({
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {
+                "name": names::kubeconfig_secret(&tenant),
+                "namespace": ns,
+                "labels": labels,
+                "ownerReferences": [owner_reference(tc)?],
+            },
+            "type": "cluster.x-k8s.io/secret",
+        }),
+    )?;
+    let value = render(
+        &tenant,
+        &names::endpoint(&tenant, &ns),
+        pki.server_ca.cert_pem(),
+        client,
+    );
+    secret.data = Some(BTreeMap::from([(
+        names::KUBECONFIG_KEY.to_string(),
+        ByteString(value.into_bytes()),
+    )]));
+    Ok(secret)
+}
+
+/// The parts of a kubeconfig the operator relies on.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ParsedKubeconfig {
+    pub server: String,
+    pub ca_pem: String,
+    pub client: KeyAndCert,
+}
+
+/// Read back a kubeconfig written by [`render`].
+pub fn parse(text: &str) -> Result<ParsedKubeconfig, String> {
+    let doc: serde_json::Value =
+        serde_yaml::from_str(text).map_err(|e| format!("not YAML: {e}"))?;
+    let field = |path: &[&str]| -> Result<String, String> {
+        let mut v = &doc;
+        for p in path {
+            v = match p.parse::<usize>() {
+                Ok(i) => &v[i],
+                Err(_) => &v[*p],
+            };
+        }
+        v.as_str()
+            .map(str::to_string)
+            .ok_or_else(|| format!("{} is missing", path.join(".")))
+    };
+    let decode = |path: &[&str]| -> Result<String, String> {
+        let b64 = field(path)?;
+        let bytes = STANDARD
+            .decode(b64.trim())
+            .map_err(|_| format!("{} is not base64", path.join(".")))?;
+        String::from_utf8(bytes).map_err(|_| format!("{} is not PEM text", path.join(".")))
+    };
+    Ok(ParsedKubeconfig {
+        server: field(&["clusters", "0", "cluster", "server"])?,
+        ca_pem: decode(&["clusters", "0", "cluster", "certificate-authority-data"])?,
+        client: KeyAndCert {
+            cert_pem: decode(&["users", "0", "user", "client-certificate-data"])?,
+            key_pem: decode(&["users", "0", "user", "client-key-data"])?,
+        },
+    })
+}
+
+/// Why a stored kubeconfig Secret must be rewritten, or `None` when it is sound: the right
+/// endpoint, the tenant's server CA, an admin certificate from the tenant's client CA whose key
+/// matches and that does not expire within [`RENEW_BEFORE_SECS`] of `now`.
+pub fn needs_rewrite(
+    secret: &Secret,
+    tc: &TenantCluster,
+    pki: &TenantPki,
+    now: i64,
+) -> Option<String> {
+    let (tenant, ns) = identity(tc).ok()?;
+    let Some(value) = secret
+        .data
+        .as_ref()
+        .and_then(|d| d.get(names::KUBECONFIG_KEY))
+    else {
+        return Some(format!("key {} is missing", names::KUBECONFIG_KEY));
+    };
+    let text = match std::str::from_utf8(&value.0) {
+        Ok(t) => t,
+        Err(_) => return Some("the kubeconfig is not text".into()),
+    };
+    let parsed = match parse(text) {
+        Ok(p) => p,
+        Err(e) => return Some(format!("the kubeconfig does not parse: {e}")),
+    };
+    let endpoint = names::endpoint(&tenant, &ns);
+    if parsed.server != endpoint {
+        return Some(format!(
+            "its server is {} instead of {endpoint}",
+            parsed.server
+        ));
+    }
+    if parsed.ca_pem.trim() != pki.server_ca.cert_pem().trim() {
+        return Some("its certificate authority is not the tenant's server CA".into());
+    }
+    let info = match tenantplane_pki::verify_signed_by(
+        &parsed.client.cert_pem,
+        pki.client_ca.cert_pem(),
+    ) {
+        Ok(info) => info,
+        Err(e) => return Some(format!("its client certificate is not usable: {e}")),
+    };
+    if !info.organizations.iter().any(|o| o == ADMIN_GROUP) {
+        return Some("its client certificate is not an admin certificate".into());
+    }
+    if !tenantplane_pki::key_matches_certificate(&parsed.client.key_pem, &parsed.client.cert_pem) {
+        return Some("its client key does not match its certificate".into());
+    }
+    if info.not_after - now < RENEW_BEFORE_SECS {
+        return Some("its client certificate expires within 30 days".into());
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::build::tests::tenant;
+
+    fn now() -> i64 {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs() as i64
+    }
+
+    #[test]
+    fn a_fresh_kubeconfig_is_sound_and_reads_back() {
+        let tc = tenant();
+        let pki = TenantPki::generate("dev").unwrap();
+        let admin = pki.issue_admin().unwrap();
+        let secret = kubeconfig_secret(&tc, &pki, &admin).unwrap();
+        assert_eq!(secret.metadata.name.as_deref(), Some("dev-kubeconfig"));
+        assert_eq!(needs_rewrite(&secret, &tc, &pki, now()), None);
+        let text = String::from_utf8(secret.data.unwrap()["value"].0.clone()).unwrap();
+        let parsed = parse(&text).unwrap();
+        assert_eq!(parsed.server, "https://dev.team-dev.svc:6443");
+        assert_eq!(parsed.client, admin);
+    }
+
+    #[test]
+    fn tampered_kubeconfigs_are_caught() {
+        let tc = tenant();
+        let pki = TenantPki::generate("dev").unwrap();
+        let other = TenantPki::generate("other").unwrap();
+        let good = kubeconfig_secret(&tc, &pki, &pki.issue_admin().unwrap()).unwrap();
+
+        let foreign = kubeconfig_secret(&tc, &pki, &other.issue_admin().unwrap()).unwrap();
+        assert!(
+            needs_rewrite(&foreign, &tc, &pki, now())
+                .unwrap()
+                .contains("not signed by the CA")
+        );
+
+        let mut garbage = good.clone();
+        garbage.data = Some(BTreeMap::from([(
+            "value".into(),
+            ByteString(b"nope: [".to_vec()),
+        )]));
+        assert!(
+            needs_rewrite(&garbage, &tc, &pki, now())
+                .unwrap()
+                .contains("does not parse")
+        );
+
+        let mut empty = good.clone();
+        empty.data = None;
+        assert_eq!(
+            needs_rewrite(&empty, &tc, &pki, now()).unwrap(),
+            "key value is missing"
+        );
+
+        let mut moved = tc.clone();
+        moved.metadata.namespace = Some("elsewhere".into());
+        assert!(
+            needs_rewrite(&good, &moved, &pki, now())
+                .unwrap()
+                .contains("instead of")
+        );
+
+        let a_year_on = now() + 360 * 24 * 3600;
+        assert!(
+            needs_rewrite(&good, &tc, &pki, a_year_on)
+                .unwrap()
+                .contains("expires")
+        );
+    }
+}

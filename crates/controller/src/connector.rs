@@ -1,0 +1,69 @@
+//! How the operator reaches a tenant API server: through the in-cluster Service address in a
+//! real cluster, or through the address the local runtime announces (tests, `tenantplane dev`).
+//! Nothing else in the operator knows the difference.
+
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::config::{KubeConfigOptions, Kubeconfig};
+
+use crate::names;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Connector {
+    /// `https://<name>.<namespace>.svc:6443`, as written in the kubeconfig Secret.
+    #[default]
+    InCluster,
+    /// The address in the control-plane pod's `tenantplane.io/local-endpoint` annotation.
+    Local,
+}
+
+impl Connector {
+    /// Is this the local runtime's connector?
+    pub fn is_local(&self) -> bool {
+        matches!(self, Connector::Local)
+    }
+
+    /// The address to dial, or why there is none yet.
+    pub fn server(&self, tenant: &str, namespace: &str, pod: &Pod) -> Result<String, String> {
+        match self {
+            Connector::InCluster => Ok(names::endpoint(tenant, namespace)),
+            Connector::Local => pod
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(names::ANNOTATION_LOCAL_ENDPOINT))
+                .cloned()
+                .ok_or_else(|| {
+                    format!(
+                        "pod {} has no {} annotation yet",
+                        names::control_plane_pod(tenant),
+                        names::ANNOTATION_LOCAL_ENDPOINT
+                    )
+                }),
+        }
+    }
+
+    /// A client for the tenant from its kubeconfig, dialling `server`. The serving certificate
+    /// carries the in-cluster names, so TLS checks the Service's name whatever address we dial.
+    pub async fn client(
+        &self,
+        kubeconfig: &str,
+        tenant: &str,
+        namespace: &str,
+        server: &str,
+    ) -> Result<kube::Client, String> {
+        let kc = Kubeconfig::from_yaml(kubeconfig)
+            .map_err(|e| format!("the kubeconfig does not parse: {e}"))?;
+        let mut config = kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
+            .await
+            .map_err(|e| format!("the kubeconfig is not usable: {e}"))?;
+        config.cluster_url = server
+            .parse()
+            .map_err(|e| format!("{server} is not a URL: {e}"))?;
+        config.tls_server_name = Some(format!("{}.{namespace}.svc", names::service(tenant)));
+        config.connect_timeout = Some(Duration::from_secs(5));
+        config.read_timeout = Some(Duration::from_secs(15));
+        kube::Client::try_from(config).map_err(|e| format!("cannot build a client: {e}"))
+    }
+}

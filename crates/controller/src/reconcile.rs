@@ -1,0 +1,598 @@
+//! The reconcile loop: dereference the policies, build the desired objects, apply them, observe
+//! the control plane, write the kubeconfig, reach the tenant, and report it all in status.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::core::v1::{LimitRange, Namespace, Pod, ResourceQuota, Secret, Service};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::runtime::controller::Action;
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::finalizer::{Event as FinalizerEvent, finalizer};
+use kube::runtime::reflector::ObjectRef;
+use kube::runtime::{Controller, watcher};
+use kube::{Client, Resource, ResourceExt};
+use serde_json::json;
+use tenantplane_api::{IsolationProfile, SyncPolicy, TenantCluster};
+use tracing::{info, warn};
+
+use crate::Error;
+use crate::apply::{self, Outcome};
+use crate::build::{self, BuildOptions};
+use crate::connector::Connector;
+use crate::names::{self, FIELD_MANAGER, FINALIZER};
+use crate::status::{self, Progress};
+use crate::tenant_pki::TenantPki;
+
+/// How long a control plane may take to become Ready before the tenant counts as Degraded.
+pub const PROVISION_TIMEOUT: Duration = Duration::from_secs(10 * 60);
+
+/// How the operator runs.
+#[derive(Clone, Debug, Default)]
+pub struct ControllerOptions {
+    pub build: BuildOptions,
+    pub connector: Connector,
+    /// Watch TenantClusters in this namespace only; all namespaces when `None`.
+    pub namespace: Option<String>,
+    /// How often a Ready tenant is checked for reachability.
+    pub health_interval: Option<Duration>,
+}
+
+/// What every reconcile shares.
+pub struct Context {
+    pub client: Client,
+    pub options: ControllerOptions,
+    pub recorder: Recorder,
+}
+
+fn now() -> Time {
+    Time(Timestamp::now())
+}
+
+/// Run the controller until `shutdown` resolves.
+pub async fn run(
+    client: Client,
+    options: ControllerOptions,
+    shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
+) {
+    let tenants: Api<TenantCluster> = match &options.namespace {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    };
+    let owned = watcher::Config::default().labels(&format!(
+        "{}={}",
+        names::LABEL_MANAGED_BY,
+        names::MANAGED_BY
+    ));
+    fn scoped<K>(client: &Client, ns: &Option<String>) -> Api<K>
+    where
+        K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>,
+    {
+        match ns {
+            Some(ns) => Api::namespaced(client.clone(), ns),
+            None => Api::all(client.clone()),
+        }
+    }
+    let ns = options.namespace.clone();
+    let controller = Controller::new(tenants, watcher::Config::default());
+    let store = controller.store();
+    let store_for_policies = store.clone();
+    let profile_mapper = move |profile: IsolationProfile| {
+        let name = profile.name_any();
+        store_for_policies
+            .state()
+            .into_iter()
+            .filter(|tc| tc.spec.isolation_profile_ref.name == name)
+            .map(|tc| ObjectRef::from_obj(&*tc))
+            .collect::<Vec<_>>()
+    };
+    let sync_mapper = move |policy: SyncPolicy| {
+        let name = policy.name_any();
+        store
+            .state()
+            .into_iter()
+            .filter(|tc| tc.spec.sync_policy_ref.name == name)
+            .map(|tc| ObjectRef::from_obj(&*tc))
+            .collect::<Vec<_>>()
+    };
+    let context = Arc::new(Context {
+        recorder: Recorder::new(
+            client.clone(),
+            Reporter {
+                controller: FIELD_MANAGER.into(),
+                instance: std::env::var("POD_NAME").ok(),
+            },
+        ),
+        client: client.clone(),
+        options,
+    });
+    controller
+        .owns(scoped::<StatefulSet>(&client, &ns), owned.clone())
+        .owns(scoped::<Service>(&client, &ns), owned.clone())
+        .owns(scoped::<Secret>(&client, &ns), owned.clone())
+        .owns(scoped::<NetworkPolicy>(&client, &ns), owned.clone())
+        .owns(scoped::<ResourceQuota>(&client, &ns), owned.clone())
+        .owns(scoped::<LimitRange>(&client, &ns), owned)
+        .watches(
+            Api::<IsolationProfile>::all(client.clone()),
+            watcher::Config::default(),
+            profile_mapper,
+        )
+        .watches(
+            Api::<SyncPolicy>::all(client.clone()),
+            watcher::Config::default(),
+            sync_mapper,
+        )
+        .graceful_shutdown_on(shutdown)
+        .run(reconcile, error_policy, context)
+        .for_each(|result| async move {
+            if let Err(e) = result {
+                warn!(error = %e, "reconcile failed");
+            }
+        })
+        .await;
+}
+
+fn error_policy(tc: Arc<TenantCluster>, error: &Error, _: Arc<Context>) -> Action {
+    warn!(tenant = %tc.name_any(), namespace = ?tc.namespace(), category = error.category(), error = %error, "reconcile error; retrying");
+    Action::requeue(Duration::from_secs(5))
+}
+
+/// One reconcile, wrapped in the finalizer that cleans the namespace labels on deletion.
+pub async fn reconcile(tc: Arc<TenantCluster>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let ns = tc.namespace().unwrap_or_default();
+    let api: Api<TenantCluster> = Api::namespaced(ctx.client.clone(), &ns);
+    finalizer(&api, FINALIZER, tc, |event| async {
+        match event {
+            FinalizerEvent::Apply(tc) => apply_tenant(&tc, &ctx).await,
+            FinalizerEvent::Cleanup(tc) => cleanup(&tc, &ctx).await,
+        }
+    })
+    .await
+    .map_err(|e| Error::Finalizer(e.to_string()))
+}
+
+async fn publish(ctx: &Context, tc: &TenantCluster, type_: EventType, reason: &str, note: String) {
+    let event = Event {
+        type_,
+        reason: reason.into(),
+        note: Some(note),
+        action: "Reconcile".into(),
+        secondary: None,
+    };
+    if let Err(e) = ctx.recorder.publish(&event, &tc.object_ref(&())).await {
+        warn!(error = %e, "publishing an event failed");
+    }
+}
+
+/// Write the status when it differs from what is stored, and an Event per changed condition.
+async fn report(ctx: &Context, tc: &TenantCluster, progress: &Progress) -> Result<(), Error> {
+    let (tenant, ns) = build::identity(tc)?;
+    let desired = status::desired_status(tc, progress, &names::endpoint(&tenant, &ns), &now());
+    let current = tc.status.clone().unwrap_or_default();
+    if desired == current {
+        return Ok(());
+    }
+    let api: Api<TenantCluster> = Api::namespaced(ctx.client.clone(), &ns);
+    api.patch_status(
+        &tenant,
+        &PatchParams::default(),
+        &Patch::Merge(json!({"status": desired})),
+    )
+    .await?;
+    for condition in status::changed_conditions(&current, &desired) {
+        let type_ = if condition.status == "True"
+            || condition.type_ == tenantplane_api::conditions::MODE_SUPPORTED
+        {
+            EventType::Normal
+        } else {
+            EventType::Warning
+        };
+        publish(
+            ctx,
+            tc,
+            type_,
+            &condition.reason,
+            format!("{}: {}", condition.type_, condition.message),
+        )
+        .await;
+    }
+    if current.phase != desired.phase
+        && let Some(phase) = desired.phase
+    {
+        info!(tenant = %tenant, namespace = %ns, phase = %phase, "phase changed");
+    }
+    Ok(())
+}
+
+/// Record progress and decide when to look again.
+async fn finish(ctx: &Context, tc: &TenantCluster, progress: Progress) -> Result<Action, Error> {
+    report(ctx, tc, &progress).await?;
+    let health = ctx
+        .options
+        .health_interval
+        .unwrap_or(Duration::from_secs(60));
+    Ok(match progress {
+        // Policy watches bring the tenant back when the policy appears.
+        Progress::PolicyMissing { .. } | Progress::PkiDamaged(_) => {
+            Action::requeue(Duration::from_secs(300))
+        }
+        Progress::Synced { .. } => Action::requeue(health),
+        _ => Action::requeue(Duration::from_secs(5)),
+    })
+}
+
+async fn apply_tenant(tc: &TenantCluster, ctx: &Context) -> Result<Action, Error> {
+    let (tenant, ns) = build::identity(tc)?;
+    let client = &ctx.client;
+    let mut tc = tc.clone();
+    if tc.status.is_none() {
+        report(ctx, &tc, &Progress::Accepted).await?;
+        tc.status = Some(status::desired_status(
+            &tc,
+            &Progress::Accepted,
+            &names::endpoint(&tenant, &ns),
+            &now(),
+        ));
+    }
+
+    // Dereference.
+    let profile_name = &tc.spec.isolation_profile_ref.name;
+    let Some(profile) = Api::<IsolationProfile>::all(client.clone())
+        .get_opt(profile_name)
+        .await?
+    else {
+        return finish(
+            ctx,
+            &tc,
+            Progress::PolicyMissing {
+                kind: "IsolationProfile",
+                name: profile_name.clone(),
+            },
+        )
+        .await;
+    };
+    let policy_name = &tc.spec.sync_policy_ref.name;
+    if Api::<SyncPolicy>::all(client.clone())
+        .get_opt(policy_name)
+        .await?
+        .is_none()
+    {
+        return finish(
+            ctx,
+            &tc,
+            Progress::PolicyMissing {
+                kind: "SyncPolicy",
+                name: policy_name.clone(),
+            },
+        )
+        .await;
+    }
+
+    // Isolate the namespace.
+    let options = &ctx.options.build;
+    let wanted_labels = build::isolation::namespace_labels(&profile);
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    let live_labels = namespaces
+        .get(&ns)
+        .await?
+        .metadata
+        .labels
+        .unwrap_or_default();
+    if wanted_labels
+        .iter()
+        .any(|(k, v)| live_labels.get(k) != Some(v))
+    {
+        set_namespace_labels(&namespaces, &ns, &wanted_labels).await?;
+    }
+    let policies: Api<NetworkPolicy> = Api::namespaced(client.clone(), &ns);
+    let desired_policies = build::isolation::network_policies(&tc, &profile, options)?;
+    for policy in &desired_policies {
+        apply::ensure(&policies, policy).await?;
+    }
+    if desired_policies.is_empty() {
+        for name in [
+            names::isolation_policy(&tenant),
+            names::control_plane_policy(&tenant),
+        ] {
+            apply::ensure_absent(&policies, &name).await?;
+        }
+    }
+    let quotas: Api<ResourceQuota> = Api::namespaced(client.clone(), &ns);
+    match build::isolation::resource_quota(&tc, &profile)? {
+        Some(quota) => drop(apply::ensure(&quotas, &quota).await?),
+        None => drop(apply::ensure_absent(&quotas, &names::resource_quota(&tenant)).await?),
+    }
+    let limits: Api<LimitRange> = Api::namespaced(client.clone(), &ns);
+    match build::isolation::limit_range(&tc, &profile)? {
+        Some(lr) => drop(apply::ensure(&limits, &lr).await?),
+        None => drop(apply::ensure_absent(&limits, &names::limit_range(&tenant)).await?),
+    }
+
+    // Control plane: PKI (created once, never regenerated), Service, StatefulSet.
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), &ns);
+    let pki = match ensure_pki(ctx, &tc, &secrets).await? {
+        Ok(pki) => pki,
+        Err(detail) => return finish(ctx, &tc, Progress::PkiDamaged(detail)).await,
+    };
+    apply::ensure(
+        &Api::<Service>::namespaced(client.clone(), &ns),
+        &build::control_plane::desired_service(&tc)?,
+    )
+    .await?;
+    let sts_outcome = apply::ensure(
+        &Api::<StatefulSet>::namespaced(client.clone(), &ns),
+        &build::control_plane::desired_statefulset(&tc, options)?,
+    )
+    .await?;
+    if sts_outcome == Outcome::Created {
+        publish(
+            ctx,
+            &tc,
+            EventType::Normal,
+            "ControlPlaneCreated",
+            format!(
+                "created StatefulSet {tenant} running {}",
+                names::k3s_image(&options.k3s_repository, &tc.spec.kubernetes_version)
+            ),
+        )
+        .await;
+    }
+
+    // Observe the control-plane pod.
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    let pod_name = names::control_plane_pod(&tenant);
+    let pod = pods.get_opt(&pod_name).await?;
+    let was_ready = tc.status.as_ref().is_some_and(|s| s.endpoint.is_some());
+    let Some(pod) = pod.filter(pod_is_ready) else {
+        let detail = match pods.get_opt(&pod_name).await? {
+            Some(p) => format!(
+                "waiting for pod {pod_name} to become Ready ({})",
+                pod_summary(&p)
+            ),
+            None => format!("waiting for the StatefulSet to create pod {pod_name}"),
+        };
+        let age = tc
+            .metadata
+            .creation_timestamp
+            .as_ref()
+            .map(|t| Timestamp::now().duration_since(t.0).as_secs())
+            .unwrap_or(0);
+        let stuck = was_ready || age > PROVISION_TIMEOUT.as_secs() as i64;
+        return finish(ctx, &tc, Progress::ControlPlaneNotReady { detail, stuck }).await;
+    };
+
+    // Kubeconfig.
+    let kubeconfig = ensure_kubeconfig(ctx, &tc, &secrets, &pki).await?;
+
+    // Reach the tenant and run the sync pass.
+    let server = match ctx.options.connector.server(&tenant, &ns, &pod) {
+        Ok(s) => s,
+        Err(detail) => return finish(ctx, &tc, Progress::Unreachable(detail)).await,
+    };
+    let tenant_client = match ctx
+        .options
+        .connector
+        .client(&kubeconfig, &tenant, &ns, &server)
+        .await
+    {
+        Ok(c) => c,
+        Err(detail) => return finish(ctx, &tc, Progress::Unreachable(detail)).await,
+    };
+    let version = match tenant_client.apiserver_version().await {
+        Ok(info) => info.git_version,
+        Err(e) => return finish(ctx, &tc, Progress::Unreachable(format!("{server}: {e}"))).await,
+    };
+    let progress = match sync_pass(&tenant_client).await {
+        Ok(summary) => Progress::Synced { version, summary },
+        Err(error) => Progress::SyncFailed { version, error },
+    };
+    finish(ctx, &tc, progress).await
+}
+
+/// The sync pass that exists so far: read the tenant's namespaces, proving that the operator's
+/// credentials work end to end. The syncer makes it whole.
+async fn sync_pass(tenant: &Client) -> Result<String, String> {
+    let namespaces: Api<Namespace> = Api::all(tenant.clone());
+    let list = namespaces
+        .list_metadata(&Default::default())
+        .await
+        .map_err(|e| format!("listing the tenant's namespaces failed: {e}"))?;
+    Ok(format!(
+        "sync pass succeeded: the tenant has {} namespaces",
+        list.items.len()
+    ))
+}
+
+fn pod_is_ready(pod: &Pod) -> bool {
+    pod.metadata.deletion_timestamp.is_none()
+        && pod
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+/// A line about why a pod is not Ready: its phase and the first condition or container state
+/// that says something.
+fn pod_summary(pod: &Pod) -> String {
+    let status = pod.status.clone().unwrap_or_default();
+    let phase = status.phase.unwrap_or_else(|| "Unknown".into());
+    if pod.metadata.deletion_timestamp.is_some() {
+        return format!("{phase}, terminating");
+    }
+    let waiting = status
+        .container_statuses
+        .iter()
+        .flatten()
+        .find_map(|c| c.state.as_ref()?.waiting.as_ref())
+        .map(|w| {
+            format!(
+                "{}: {}",
+                w.reason.clone().unwrap_or_default(),
+                w.message.clone().unwrap_or_default()
+            )
+        });
+    let condition = status
+        .conditions
+        .iter()
+        .flatten()
+        .find(|c| c.status != "True" && c.message.is_some())
+        .map(|c| {
+            format!(
+                "{}: {}",
+                c.reason.clone().unwrap_or_else(|| c.type_.clone()),
+                c.message.clone().unwrap_or_default()
+            )
+        });
+    match waiting.or(condition) {
+        Some(detail) => format!("{phase}, {detail}"),
+        None => phase,
+    }
+}
+
+/// Load the tenant's PKI, creating it on first sight. `Ok(Err(..))`: the Secret is damaged and
+/// must not be replaced silently.
+async fn ensure_pki(
+    ctx: &Context,
+    tc: &TenantCluster,
+    secrets: &Api<Secret>,
+) -> Result<Result<TenantPki, String>, Error> {
+    let (tenant, _) = build::identity(tc)?;
+    let name = names::pki_secret(&tenant);
+    if let Some(secret) = secrets.get_opt(&name).await? {
+        return Ok(
+            TenantPki::from_secret_data(&secret.data.unwrap_or_default())
+                .map_err(|e| format!("Secret {name}: {e}")),
+        );
+    }
+    let pki = TenantPki::generate(&tenant)?;
+    match secrets
+        .create(
+            &PostParams {
+                field_manager: Some(FIELD_MANAGER.into()),
+                ..Default::default()
+            },
+            &build::control_plane::pki_secret(tc, &pki)?,
+        )
+        .await
+    {
+        Ok(_) => {
+            publish(
+                ctx,
+                tc,
+                EventType::Normal,
+                "PKICreated",
+                format!("generated the tenant's certificate authorities in Secret {name}"),
+            )
+            .await;
+            Ok(Ok(pki))
+        }
+        // Another reconcile (or operator replica) won the race: use its PKI, never ours.
+        Err(kube::Error::Api(e)) if e.code == 409 => {
+            let secret = secrets.get(&name).await?;
+            Ok(
+                TenantPki::from_secret_data(&secret.data.unwrap_or_default())
+                    .map_err(|e| format!("Secret {name}: {e}")),
+            )
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Make sure `<name>-kubeconfig` holds a sound admin kubeconfig; returns its text.
+async fn ensure_kubeconfig(
+    ctx: &Context,
+    tc: &TenantCluster,
+    secrets: &Api<Secret>,
+    pki: &TenantPki,
+) -> Result<String, Error> {
+    let (tenant, _) = build::identity(tc)?;
+    let name = names::kubeconfig_secret(&tenant);
+    let existing = secrets.get_opt(&name).await?;
+    let now_secs = Timestamp::now().as_second();
+    let why = match &existing {
+        None => None,
+        Some(secret) => match build::kubeconfig::needs_rewrite(secret, tc, pki, now_secs) {
+            None => {
+                let value = secret
+                    .data
+                    .as_ref()
+                    .and_then(|d| d.get(names::KUBECONFIG_KEY));
+                return Ok(value
+                    .map(|v| String::from_utf8_lossy(&v.0).into_owned())
+                    .unwrap_or_default());
+            }
+            Some(why) => Some(why),
+        },
+    };
+    let admin = pki.issue_admin()?;
+    let secret = build::kubeconfig::kubeconfig_secret(tc, pki, &admin)?;
+    secrets
+        .patch(
+            &name,
+            &PatchParams::apply(FIELD_MANAGER).force(),
+            &Patch::Apply(&secret),
+        )
+        .await?;
+    let (reason, note) = match why {
+        None => (
+            "KubeconfigWritten",
+            format!("wrote the admin kubeconfig to Secret {name}"),
+        ),
+        Some(why) => (
+            "KubeconfigRewritten",
+            format!("rewrote Secret {name}: {why}"),
+        ),
+    };
+    publish(ctx, tc, EventType::Normal, reason, note).await;
+    let value = secret
+        .data
+        .as_ref()
+        .and_then(|d| d.get(names::KUBECONFIG_KEY));
+    Ok(value
+        .map(|v| String::from_utf8_lossy(&v.0).into_owned())
+        .unwrap_or_default())
+}
+
+/// Server-side apply of the namespace's Pod Security labels under our field manager; applying an
+/// empty set removes them again.
+async fn set_namespace_labels(
+    namespaces: &Api<Namespace>,
+    ns: &str,
+    labels: &BTreeMap<String, String>,
+) -> Result<(), Error> {
+    let patch = json!({
+        "apiVersion": "v1",
+        "kind": "Namespace",
+        "metadata": {"name": ns, "labels": labels},
+    });
+    namespaces
+        .patch(
+            ns,
+            &PatchParams::apply(FIELD_MANAGER).force(),
+            &Patch::Apply(&patch),
+        )
+        .await?;
+    Ok(())
+}
+
+/// Deletion: owned objects go with the garbage collector; the namespace labels are ours to remove.
+async fn cleanup(tc: &TenantCluster, ctx: &Context) -> Result<Action, Error> {
+    let (tenant, ns) = build::identity(tc)?;
+    let namespaces: Api<Namespace> = Api::all(ctx.client.clone());
+    match namespaces.get_opt(&ns).await? {
+        Some(n) if n.metadata.deletion_timestamp.is_none() => {
+            set_namespace_labels(&namespaces, &ns, &BTreeMap::new()).await?;
+        }
+        _ => {}
+    }
+    info!(tenant = %tenant, namespace = %ns, "tenant deleted; namespace labels removed");
+    Ok(Action::await_change())
+}

@@ -1,0 +1,315 @@
+//! Status: from what a reconcile observed to a phase, conditions and an endpoint. Pure.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use tenantplane_api::conditions::{self, ConditionSpec, MODE_SUPPORTED, READY, SYNCED};
+use tenantplane_api::{Phase, TenantCluster, TenantClusterStatus, TenantMode};
+
+/// Where a reconcile got to, and why it stopped there.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Progress {
+    /// Just accepted; nothing built yet.
+    Accepted,
+    /// A referenced policy does not exist.
+    PolicyMissing { kind: &'static str, name: String },
+    /// The PKI Secret exists but cannot be used.
+    PkiDamaged(String),
+    /// Objects could not be applied.
+    ApplyFailed(String),
+    /// The control-plane pod is not Ready. `stuck` when it has been so for too long, or it was
+    /// Ready before.
+    ControlPlaneNotReady { detail: String, stuck: bool },
+    /// The pod is Ready but the tenant API server does not answer.
+    Unreachable(String),
+    /// The tenant answered but the sync pass failed.
+    SyncFailed { version: String, error: String },
+    /// Everything is up and the sync pass succeeded.
+    Synced { version: String, summary: String },
+}
+
+fn mode_condition(tc: &TenantCluster) -> ConditionSpec {
+    match tc.spec.mode {
+        TenantMode::Shared => ConditionSpec::new(
+            MODE_SUPPORTED,
+            true,
+            "Shared",
+            "the tenant runs in shared mode",
+        ),
+        other => ConditionSpec::new(
+            MODE_SUPPORTED,
+            false,
+            "ModeNotImplemented",
+            format!("mode {other} is not implemented yet; this tenant runs as shared"),
+        ),
+    }
+}
+
+/// The status a reconcile should leave, keeping transition times of unchanged conditions.
+pub fn desired_status(
+    tc: &TenantCluster,
+    progress: &Progress,
+    endpoint: &str,
+    now: &Time,
+) -> TenantClusterStatus {
+    let previous = tc.status.clone().unwrap_or_default();
+    let generation = tc.metadata.generation;
+    let waiting = |reason: &str, message: &str| ConditionSpec::new(SYNCED, false, reason, message);
+    let (phase, ready, synced) = match progress {
+        Progress::Accepted => (
+            Phase::Pending,
+            ConditionSpec::new(
+                READY,
+                false,
+                "Pending",
+                "accepted; resolving the IsolationProfile and SyncPolicy",
+            ),
+            waiting("Pending", "nothing to sync before the control plane is up"),
+        ),
+        Progress::PolicyMissing { kind, name } => {
+            let message = format!(
+                "{kind} {name:?} not found: create it (deploy/policies has ready-made ones) or reference an existing {kind}"
+            );
+            let reason = format!("{kind}NotFound");
+            (
+                Phase::Degraded,
+                ConditionSpec::new(READY, false, reason.clone(), message.clone()),
+                waiting(&reason, &message),
+            )
+        }
+        Progress::PkiDamaged(detail) => {
+            let message = format!(
+                "the PKI Secret is damaged ({detail}); restore it from a backup, or delete it to generate a new CA (every existing kubeconfig of this tenant stops working)"
+            );
+            (
+                Phase::Degraded,
+                ConditionSpec::new(READY, false, "PKIInvalid", message.clone()),
+                waiting("PKIInvalid", &message),
+            )
+        }
+        Progress::ApplyFailed(detail) => (
+            Phase::Degraded,
+            ConditionSpec::new(READY, false, "ApplyFailed", detail.clone()),
+            waiting("ApplyFailed", detail),
+        ),
+        Progress::ControlPlaneNotReady { detail, stuck } => (
+            if *stuck {
+                Phase::Degraded
+            } else {
+                Phase::Provisioning
+            },
+            ConditionSpec::new(READY, false, "ControlPlaneNotReady", detail.clone()),
+            waiting(
+                "ControlPlaneNotReady",
+                "waiting for the control plane before syncing",
+            ),
+        ),
+        Progress::Unreachable(detail) => {
+            let message = format!("the tenant API server does not answer: {detail}");
+            (
+                Phase::Degraded,
+                ConditionSpec::new(READY, false, "TenantUnreachable", message.clone()),
+                waiting("TenantUnreachable", &message),
+            )
+        }
+        Progress::SyncFailed { version, error } => (
+            Phase::Degraded,
+            ConditionSpec::new(
+                READY,
+                true,
+                "ControlPlaneReady",
+                format!("the tenant API server answers at {endpoint} (Kubernetes {version})"),
+            ),
+            ConditionSpec::new(SYNCED, false, "SyncFailed", error.clone()),
+        ),
+        Progress::Synced { version, summary } => (
+            Phase::Ready,
+            ConditionSpec::new(
+                READY,
+                true,
+                "ControlPlaneReady",
+                format!("the tenant API server answers at {endpoint} (Kubernetes {version})"),
+            ),
+            ConditionSpec::new(SYNCED, true, "SyncSucceeded", summary.clone()),
+        ),
+    };
+    let mut list = previous.conditions.clone();
+    for condition in [&ready, &synced, &mode_condition(tc)] {
+        conditions::set(&mut list, condition, generation, now);
+    }
+    let reached_ready = matches!(
+        progress,
+        Progress::Synced { .. } | Progress::SyncFailed { .. }
+    );
+    TenantClusterStatus {
+        phase: Some(phase),
+        // The address is published once the control plane has been Ready, and kept.
+        endpoint: if reached_ready {
+            Some(endpoint.to_string())
+        } else {
+            previous.endpoint.clone()
+        },
+        observed_generation: generation,
+        conditions: list,
+    }
+}
+
+/// Conditions whose status or reason changed, for Events.
+pub fn changed_conditions<'a>(
+    before: &TenantClusterStatus,
+    after: &'a TenantClusterStatus,
+) -> Vec<&'a k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition> {
+    after
+        .conditions
+        .iter()
+        .filter(|c| {
+            conditions::find(&before.conditions, &c.type_)
+                .is_none_or(|b| b.status != c.status || b.reason != c.reason)
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::build::tests::tenant;
+    use k8s_openapi::jiff::Timestamp;
+
+    fn at(s: i64) -> Time {
+        Time(Timestamp::from_second(s).unwrap())
+    }
+
+    const EP: &str = "https://dev.team-dev.svc:6443";
+
+    #[test]
+    fn phases_follow_progress() {
+        let tc = tenant();
+        let cases = [
+            (Progress::Accepted, Phase::Pending),
+            (
+                Progress::PolicyMissing {
+                    kind: "SyncPolicy",
+                    name: "default".into(),
+                },
+                Phase::Degraded,
+            ),
+            (
+                Progress::ControlPlaneNotReady {
+                    detail: "x".into(),
+                    stuck: false,
+                },
+                Phase::Provisioning,
+            ),
+            (
+                Progress::ControlPlaneNotReady {
+                    detail: "x".into(),
+                    stuck: true,
+                },
+                Phase::Degraded,
+            ),
+            (Progress::Unreachable("refused".into()), Phase::Degraded),
+            (
+                Progress::SyncFailed {
+                    version: "v1".into(),
+                    error: "e".into(),
+                },
+                Phase::Degraded,
+            ),
+            (
+                Progress::Synced {
+                    version: "v1".into(),
+                    summary: "ok".into(),
+                },
+                Phase::Ready,
+            ),
+        ];
+        for (progress, phase) in cases {
+            assert_eq!(
+                desired_status(&tc, &progress, EP, &at(1)).phase,
+                Some(phase),
+                "{progress:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_missing_policy_is_named_in_reason_and_message() {
+        let status = desired_status(
+            &tenant(),
+            &Progress::PolicyMissing {
+                kind: "IsolationProfile",
+                name: "restricted".into(),
+            },
+            EP,
+            &at(1),
+        );
+        let ready = conditions::find(&status.conditions, READY).unwrap();
+        assert_eq!(ready.reason, "IsolationProfileNotFound");
+        assert!(
+            ready
+                .message
+                .starts_with("IsolationProfile \"restricted\" not found"),
+            "{}",
+            ready.message
+        );
+        assert_eq!(status.endpoint, None);
+    }
+
+    #[test]
+    fn other_modes_run_as_shared_and_say_so() {
+        let mut tc = tenant();
+        tc.spec.mode = TenantMode::Dedicated;
+        let status = desired_status(&tc, &Progress::Accepted, EP, &at(1));
+        let mode = conditions::find(&status.conditions, MODE_SUPPORTED).unwrap();
+        assert_eq!(
+            (mode.status.as_str(), mode.reason.as_str()),
+            ("False", "ModeNotImplemented")
+        );
+        assert_eq!(
+            mode.message,
+            "mode dedicated is not implemented yet; this tenant runs as shared"
+        );
+    }
+
+    #[test]
+    fn the_same_progress_twice_gives_the_same_status() {
+        let mut tc = tenant();
+        tc.metadata.generation = Some(3);
+        let progress = Progress::Synced {
+            version: "v1.30.4".into(),
+            summary: "ok".into(),
+        };
+        let first = desired_status(&tc, &progress, EP, &at(1));
+        tc.status = Some(first.clone());
+        let second = desired_status(&tc, &progress, EP, &at(99));
+        assert_eq!(first, second, "nothing changed, so nothing to write");
+        assert!(changed_conditions(&first, &second).is_empty());
+        assert!(
+            second
+                .conditions
+                .iter()
+                .all(|c| c.observed_generation == Some(3))
+        );
+        assert_eq!(second.endpoint.as_deref(), Some(EP));
+    }
+
+    #[test]
+    fn the_endpoint_stays_once_published() {
+        let mut tc = tenant();
+        let up = desired_status(
+            &tc,
+            &Progress::Synced {
+                version: "v".into(),
+                summary: "ok".into(),
+            },
+            EP,
+            &at(1),
+        );
+        tc.status = Some(up.clone());
+        let down = desired_status(&tc, &Progress::Unreachable("gone".into()), EP, &at(2));
+        assert_eq!(down.endpoint.as_deref(), Some(EP));
+        let changed: Vec<&str> = changed_conditions(&up, &down)
+            .iter()
+            .map(|c| c.type_.as_str())
+            .collect();
+        assert_eq!(changed, [READY, SYNCED]);
+    }
+}
