@@ -2,8 +2,6 @@
 //! rules say, and the host's own controllers (StatefulSet, scheduler + kwok, garbage collector)
 //! do their part.
 
-use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::StatefulSet;
@@ -12,50 +10,11 @@ use kube::api::{Api, DeleteParams, DynamicObject, PostParams};
 use kube::core::{ApiResource, GroupVersionKind};
 use serde_json::{Value, json};
 use tenantplane_testenv::cases::admission_cases;
-use tenantplane_testenv::{eventually, namespace, shared};
+use tenantplane_testenv::{
+    eventually, install_crds_and_policies, kubectl, namespace, repo_path as repo,
+};
 
 const WAIT: Duration = Duration::from_secs(60);
-
-fn repo(path: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../..")
-        .join(path)
-}
-
-fn kubectl(args: &[&str]) -> Result<String, String> {
-    let out = shared()
-        .kubectl()
-        .args(args)
-        .output()
-        .map_err(|e| format!("running kubectl: {e}"))?;
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-    if out.status.success() {
-        Ok(stdout)
-    } else {
-        Err(format!("{stdout}{stderr}"))
-    }
-}
-
-/// The committed CRDs and default policies, applied once per test binary with the built kubectl.
-fn install_crds_and_policies() {
-    static DONE: OnceLock<()> = OnceLock::new();
-    DONE.get_or_init(|| {
-        let crds = repo("deploy/crds");
-        kubectl(&["apply", "-f", crds.to_str().unwrap()]).expect("the CRDs apply");
-        kubectl(&[
-            "wait",
-            "--for=condition=Established",
-            "--timeout=60s",
-            "crd/tenantclusters.tenantplane.io",
-            "crd/isolationprofiles.tenantplane.io",
-            "crd/syncpolicies.tenantplane.io",
-        ])
-        .expect("the CRDs become established");
-        let policies = repo("deploy/policies");
-        kubectl(&["apply", "-f", policies.to_str().unwrap()]).expect("the default policies apply");
-    });
-}
 
 #[tokio::test]
 async fn the_seed_example_applies_with_kubectl() {

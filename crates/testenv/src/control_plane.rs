@@ -41,6 +41,17 @@ const KWOK_STAGES: &[(&str, &str)] = &[
     ),
 ];
 
+/// The default StorageClass, served by the controller manager's host-path provisioner.
+const STORAGE_CLASS_YAML: &str = r#"apiVersion: storage.k8s.io/v1
+kind: StorageClass
+metadata:
+  name: standard
+  annotations:
+    storageclass.kubernetes.io/is-default-class: "true"
+provisioner: kubernetes.io/host-path
+volumeBindingMode: Immediate
+"#;
+
 /// How long each component may take to answer before we give up and show its log.
 const READY_TIMEOUT: Duration = Duration::from_secs(90);
 
@@ -282,6 +293,8 @@ impl ControlPlane {
             ),
             ("cluster-signing-key-file", pki.ca_key.display().to_string()),
             ("service-cluster-ip-range", SERVICE_CIDR.into()),
+            // Real volume provisioning for PVCs (the tenants' sqlite volumes), as a test cluster.
+            ("enable-hostpath-provisioner", "true".into()),
         ]);
         plane.spawn("kube-controller-manager", args(&kcm), &[])?;
         plane.spawn(
@@ -336,6 +349,9 @@ impl ControlPlane {
                 .kubectl_output(&["get", "serviceaccount", "default", "-n", "default"])
                 .is_ok())
         })?;
+        let class_path = dir.join("storageclass.yaml");
+        write(&class_path, STORAGE_CLASS_YAML)?;
+        plane.kubectl_ok(&["apply", "-f", &class_path.display().to_string()])?;
         say("control plane is ready");
         Ok(plane)
     }

@@ -9,6 +9,7 @@ pub mod binaries;
 pub mod cases;
 pub mod control_plane;
 pub mod kubeconfig;
+pub mod local_runtime;
 pub mod process;
 
 use std::sync::OnceLock;
@@ -121,6 +122,49 @@ pub async fn namespace(prefix: &str) -> TestNamespace {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     TestNamespace { name, client }
+}
+
+/// Run the shared control plane's kubectl; stdout on success, stdout and stderr on failure.
+pub fn kubectl(args: &[&str]) -> std::result::Result<String, String> {
+    let out = shared()
+        .kubectl()
+        .args(args)
+        .output()
+        .map_err(|e| format!("running kubectl: {e}"))?;
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    if out.status.success() {
+        Ok(stdout)
+    } else {
+        Err(format!("{stdout}{}", String::from_utf8_lossy(&out.stderr)))
+    }
+}
+
+/// A path in this repository.
+pub fn repo_path(path: &str) -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .join(path)
+}
+
+/// Apply the committed CRDs and default policies with kubectl, once per test binary.
+pub fn install_crds_and_policies() {
+    static DONE: OnceLock<()> = OnceLock::new();
+    DONE.get_or_init(|| {
+        let crds = repo_path("deploy/crds");
+        kubectl(&["apply", "-f", &crds.display().to_string()]).expect("the CRDs apply");
+        kubectl(&[
+            "wait",
+            "--for=condition=Established",
+            "--timeout=60s",
+            "crd/tenantclusters.tenantplane.io",
+            "crd/isolationprofiles.tenantplane.io",
+            "crd/syncpolicies.tenantplane.io",
+        ])
+        .expect("the CRDs become established");
+        let policies = repo_path("deploy/policies");
+        kubectl(&["apply", "-f", &policies.display().to_string()])
+            .expect("the default policies apply");
+    });
 }
 
 /// Poll `check` every 200 ms until it returns `Some`, for at most `timeout`; `None` on time-out.

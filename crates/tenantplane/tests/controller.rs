@@ -1,0 +1,372 @@
+//! The seed page's lifecycle against the real control plane: the operator (scoped to the test's
+//! namespace) and the local runtime run in the test; kube-apiserver, the garbage collector, the
+//! scheduler and Pod Security admission are the real ones.
+
+use std::time::Duration;
+
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::core::v1::{LimitRange, Namespace, Pod, ResourceQuota, Secret, Service};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
+use kube::api::{Api, DeleteParams, PostParams};
+use kube::{Client, ResourceExt};
+use tenantplane_api::conditions::{self, MODE_SUPPORTED, READY, SYNCED};
+use tenantplane_api::{IsolationProfile, Phase, TenantCluster, TenantMode};
+use tenantplane_controller::{BuildOptions, Connector, ControllerOptions, names};
+use tenantplane_testenv::local_runtime::{self, LocalRuntime};
+use tenantplane_testenv::{
+    TestNamespace, eventually, install_crds_and_policies, namespace, repo_path, shared,
+};
+
+const WAIT: Duration = Duration::from_secs(90);
+
+/// The operator and the local runtime for one namespace; both stop when this is dropped.
+struct Operator {
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+    runtime: LocalRuntime,
+}
+
+impl Drop for Operator {
+    fn drop(&mut self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+    }
+}
+
+fn options(ns: &str) -> ControllerOptions {
+    ControllerOptions {
+        build: BuildOptions {
+            service_cidr: tenantplane_testenv::control_plane::SERVICE_CIDR.into(),
+            local_runtime: true,
+            ..Default::default()
+        },
+        connector: Connector::Local,
+        namespace: Some(ns.to_string()),
+        health_interval: Some(Duration::from_secs(2)),
+    }
+}
+
+fn start_operator(ns: &TestNamespace) -> Operator {
+    let controller = tokio::spawn(tenantplane_controller::run(
+        ns.client.clone(),
+        options(&ns.name),
+        futures::future::pending(),
+    ));
+    let (runtime, task) = local_runtime::start(
+        ns.client.clone(),
+        shared().binaries().clone(),
+        shared().dir().join("runtime"),
+        Some(ns.name.clone()),
+    );
+    Operator {
+        tasks: vec![controller, task],
+        runtime,
+    }
+}
+
+/// The seed example, in the test's namespace.
+fn example(ns: &str) -> TenantCluster {
+    let text = std::fs::read_to_string(repo_path("examples/tenantcluster-dev.yaml")).unwrap();
+    let mut tc: TenantCluster = serde_yaml::from_str(&text).unwrap();
+    tc.metadata.namespace = Some(ns.to_string());
+    tc
+}
+
+async fn wait_for_phase(client: &Client, ns: &str, name: &str, phase: Phase) -> TenantCluster {
+    let api: Api<TenantCluster> = Api::namespaced(client.clone(), ns);
+    let last = std::sync::Mutex::new(None);
+    let found = eventually(WAIT, || async {
+        let tc = api.get(name).await.ok()?;
+        *last.lock().unwrap() = tc.status.clone();
+        (tc.status.as_ref()?.phase == Some(phase)).then_some(tc)
+    })
+    .await;
+    found.unwrap_or_else(|| {
+        panic!(
+            "{ns}/{name} never reached {phase}; last status: {:#?}",
+            last.lock().unwrap()
+        )
+    })
+}
+
+fn condition<'a>(
+    tc: &'a TenantCluster,
+    type_: &str,
+) -> &'a k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
+    conditions::find(&tc.status.as_ref().unwrap().conditions, type_)
+        .unwrap_or_else(|| panic!("no {type_} condition"))
+}
+
+#[tokio::test]
+async fn the_seed_lifecycle_from_apply_to_deletion() {
+    install_crds_and_policies();
+    let ns = namespace("lifecycle").await;
+    let operator = start_operator(&ns);
+    let c = ns.client.clone();
+    let tenants: Api<TenantCluster> = Api::namespaced(c.clone(), &ns.name);
+    tenants
+        .create(&PostParams::default(), &example(&ns.name))
+        .await
+        .unwrap();
+
+    let tc = wait_for_phase(&c, &ns.name, "dev", Phase::Ready).await;
+    let status = tc.status.clone().unwrap();
+    let endpoint = format!("https://dev.{}.svc:6443", ns.name);
+    assert_eq!(status.endpoint.as_deref(), Some(endpoint.as_str()));
+    assert_eq!(status.observed_generation, tc.metadata.generation);
+    for (type_, reason) in [
+        (READY, "ControlPlaneReady"),
+        (SYNCED, "SyncSucceeded"),
+        (MODE_SUPPORTED, "Shared"),
+    ] {
+        let cond = condition(&tc, type_);
+        assert_eq!(
+            (cond.status.as_str(), cond.reason.as_str()),
+            ("True", reason),
+            "{cond:?}"
+        );
+        assert_eq!(cond.observed_generation, tc.metadata.generation);
+    }
+
+    // The isolation boundary.
+    let namespace = Api::<Namespace>::all(c.clone())
+        .get(&ns.name)
+        .await
+        .unwrap();
+    assert_eq!(
+        namespace.labels()["pod-security.kubernetes.io/enforce"],
+        "restricted"
+    );
+    let policies = Api::<NetworkPolicy>::namespaced(c.clone(), &ns.name);
+    assert!(policies.get_opt("dev-isolation").await.unwrap().is_some());
+    assert!(
+        policies
+            .get_opt("dev-control-plane")
+            .await
+            .unwrap()
+            .is_some()
+    );
+    let quota = Api::<ResourceQuota>::namespaced(c.clone(), &ns.name)
+        .get("dev-quota")
+        .await
+        .unwrap();
+    let hard = quota.spec.unwrap().hard.unwrap();
+    assert_eq!(hard["limits.cpu"].0, "2");
+    assert_eq!(hard["limits.memory"].0, "2Gi");
+    assert!(
+        Api::<LimitRange>::namespaced(c.clone(), &ns.name)
+            .get_opt("dev-limits")
+            .await
+            .unwrap()
+            .is_some()
+    );
+
+    // The control plane, admitted by the namespace's own Pod Security level.
+    let sts = Api::<StatefulSet>::namespaced(c.clone(), &ns.name)
+        .get("dev")
+        .await
+        .unwrap();
+    let image = sts.spec.unwrap().template.spec.unwrap().containers[0]
+        .image
+        .clone();
+    assert_eq!(image.as_deref(), Some("rancher/k3s:v1.30.4-k3s1"));
+    let svc = Api::<Service>::namespaced(c.clone(), &ns.name)
+        .get("dev")
+        .await
+        .unwrap();
+    assert_eq!(svc.spec.unwrap().cluster_ip.as_deref(), Some("None"));
+    let pod = Api::<Pod>::namespaced(c.clone(), &ns.name)
+        .get("dev-0")
+        .await
+        .unwrap();
+    assert!(
+        pod.annotations()
+            .contains_key(names::ANNOTATION_LOCAL_ENDPOINT)
+    );
+
+    // The kubeconfig Secret reaches the tenant.
+    let secrets = Api::<Secret>::namespaced(c.clone(), &ns.name);
+    let kc = secrets.get("dev-kubeconfig").await.unwrap();
+    let text = String::from_utf8(kc.data.unwrap()["value"].0.clone()).unwrap();
+    assert!(text.contains(&endpoint));
+    let server = &pod.annotations()[names::ANNOTATION_LOCAL_ENDPOINT];
+    let tenant = Connector::Local
+        .client(&text, "dev", &ns.name, server)
+        .await
+        .unwrap();
+    let tenant_namespaces = Api::<Namespace>::all(tenant)
+        .list(&Default::default())
+        .await
+        .unwrap();
+    assert!(
+        tenant_namespaces
+            .items
+            .iter()
+            .any(|n| n.name_any() == "kube-system")
+    );
+    let pki_before = secrets.get("dev-pki").await.unwrap().data;
+
+    // Events for each step.
+    let events = tenantplane_testenv::kubectl(&[
+        "get",
+        "events",
+        "-n",
+        &ns.name,
+        "--field-selector",
+        "involvedObject.kind=TenantCluster",
+        "-o",
+        "jsonpath={.items[*].reason}",
+    ])
+    .unwrap();
+    for reason in [
+        "PKICreated",
+        "ControlPlaneCreated",
+        "KubeconfigWritten",
+        "ControlPlaneReady",
+        "SyncSucceeded",
+    ] {
+        assert!(
+            events.contains(reason),
+            "missing event {reason} in {events}"
+        );
+    }
+
+    // The PKI is never regenerated.
+    assert_eq!(secrets.get("dev-pki").await.unwrap().data, pki_before);
+
+    // Deletion: the garbage collector removes what the tenant owned; the finalizer the labels.
+    tenants
+        .delete("dev", &DeleteParams::foreground())
+        .await
+        .unwrap();
+    let gone = eventually(WAIT, || async {
+        let sts = Api::<StatefulSet>::namespaced(c.clone(), &ns.name)
+            .get_opt("dev")
+            .await
+            .ok()?;
+        let svc = Api::<Service>::namespaced(c.clone(), &ns.name)
+            .get_opt("dev")
+            .await
+            .ok()?;
+        let kc = secrets.get_opt("dev-kubeconfig").await.ok()?;
+        let pki = secrets.get_opt("dev-pki").await.ok()?;
+        let np = policies.get_opt("dev-isolation").await.ok()?;
+        let q = Api::<ResourceQuota>::namespaced(c.clone(), &ns.name)
+            .get_opt("dev-quota")
+            .await
+            .ok()?;
+        let tc = tenants.get_opt("dev").await.ok()?;
+        (sts.is_none()
+            && svc.is_none()
+            && kc.is_none()
+            && pki.is_none()
+            && np.is_none()
+            && q.is_none()
+            && tc.is_none())
+        .then_some(())
+    })
+    .await;
+    assert!(
+        gone.is_some(),
+        "everything the tenant owned is garbage-collected"
+    );
+    let namespace = Api::<Namespace>::all(c.clone())
+        .get(&ns.name)
+        .await
+        .unwrap();
+    assert!(
+        !namespace
+            .labels()
+            .contains_key("pod-security.kubernetes.io/enforce")
+    );
+    drop(operator);
+}
+
+#[tokio::test]
+async fn a_missing_profile_degrades_the_tenant_until_it_appears() {
+    install_crds_and_policies();
+    let ns = namespace("missing-ref").await;
+    let _operator = start_operator(&ns);
+    let c = ns.client.clone();
+    let profile_name = format!("profile-{}", ns.name);
+    let mut tc = example(&ns.name);
+    tc.spec.isolation_profile_ref.name = profile_name.clone();
+    Api::<TenantCluster>::namespaced(c.clone(), &ns.name)
+        .create(&PostParams::default(), &tc)
+        .await
+        .unwrap();
+
+    let tc = wait_for_phase(&c, &ns.name, "dev", Phase::Degraded).await;
+    let ready = condition(&tc, READY);
+    assert_eq!(ready.reason, "IsolationProfileNotFound");
+    assert!(
+        ready
+            .message
+            .contains(&format!("IsolationProfile {profile_name:?} not found")),
+        "{}",
+        ready.message
+    );
+
+    // Creating the profile heals the tenant with no other touch.
+    let text = std::fs::read_to_string(repo_path(
+        "deploy/policies/isolationprofile-restricted.yaml",
+    ))
+    .unwrap();
+    let mut profile: IsolationProfile = serde_yaml::from_str(&text).unwrap();
+    profile.metadata.name = Some(profile_name.clone());
+    Api::<IsolationProfile>::all(c.clone())
+        .create(&PostParams::default(), &profile)
+        .await
+        .unwrap();
+    wait_for_phase(&c, &ns.name, "dev", Phase::Ready).await;
+    let _ = Api::<IsolationProfile>::all(c.clone())
+        .delete(&profile_name, &DeleteParams::default())
+        .await;
+}
+
+#[tokio::test]
+async fn dedicated_mode_runs_as_shared_and_says_so() {
+    install_crds_and_policies();
+    let ns = namespace("dedicated").await;
+    let _operator = start_operator(&ns);
+    let c = ns.client.clone();
+    let mut tc = example(&ns.name);
+    tc.spec.mode = TenantMode::Dedicated;
+    Api::<TenantCluster>::namespaced(c.clone(), &ns.name)
+        .create(&PostParams::default(), &tc)
+        .await
+        .unwrap();
+    let tc = wait_for_phase(&c, &ns.name, "dev", Phase::Ready).await;
+    let mode = condition(&tc, MODE_SUPPORTED);
+    assert_eq!(
+        (mode.status.as_str(), mode.reason.as_str()),
+        ("False", "ModeNotImplemented")
+    );
+    assert_eq!(
+        mode.message,
+        "mode dedicated is not implemented yet; this tenant runs as shared"
+    );
+}
+
+#[tokio::test]
+async fn a_tenant_api_server_that_goes_away_degrades_and_recovers() {
+    install_crds_and_policies();
+    let ns = namespace("outage").await;
+    let operator = start_operator(&ns);
+    let c = ns.client.clone();
+    Api::<TenantCluster>::namespaced(c.clone(), &ns.name)
+        .create(&PostParams::default(), &example(&ns.name))
+        .await
+        .unwrap();
+    wait_for_phase(&c, &ns.name, "dev", Phase::Ready).await;
+
+    assert!(operator.runtime.crash_api_server(&ns.name, "dev-0"));
+    let tc = wait_for_phase(&c, &ns.name, "dev", Phase::Degraded).await;
+    let ready = condition(&tc, READY);
+    assert_eq!(ready.status, "False");
+    assert!(
+        ["TenantUnreachable", "ControlPlaneNotReady"].contains(&ready.reason.as_str()),
+        "{ready:?}"
+    );
+    wait_for_phase(&c, &ns.name, "dev", Phase::Ready).await;
+}

@@ -1,0 +1,568 @@
+//! The local runtime: for tests and `tenantplane dev` only, it stands in for the kubelet and the
+//! k3s image. When a tenant control-plane pod (label `tenantplane.io/runtime=local`) is scheduled,
+//! it starts what k3s would run agentless — a real etcd-backed kube-apiserver and a
+//! kube-controller-manager without the node controllers — from the CAs in the pod's PKI Secret, on
+//! loopback ports; marks the pod Running and Ready as a kubelet would; and announces the address
+//! in the pod's `tenantplane.io/local-endpoint` annotation. When the processes die it marks the
+//! pod not Ready and restarts them after a back-off; when the pod goes, the processes go.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{Pod, Secret};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Client, ResourceExt};
+use serde_json::json;
+use tenantplane_controller::names;
+use tenantplane_controller::tenant_pki::{self, TenantPki};
+use tenantplane_pki::Leaf;
+
+use crate::binaries::Binaries;
+use crate::control_plane::{ApiServerConfig, FrontProxy, apiserver_args, free_port};
+use crate::process::{self, Handle};
+use crate::{Error, Result, kubeconfig};
+
+/// How long the runtime waits before restarting a tenant whose processes died (a kubelet backs off
+/// similarly).
+pub const RESTART_BACKOFF: Duration = Duration::from_secs(5);
+
+/// One running tenant control plane.
+struct Tenant {
+    namespace: String,
+    pod: String,
+    uid: String,
+    port: u16,
+    dir: PathBuf,
+    processes: Vec<Handle>,
+    ready: bool,
+    restarts: i32,
+}
+
+/// What the health check needs of a tenant, copied out so no lock is held across an await.
+struct HealthView {
+    uid: String,
+    namespace: String,
+    pod: String,
+    port: u16,
+    dir: PathBuf,
+    ready: bool,
+    dead: bool,
+    restarts: i32,
+}
+
+/// Handle to a running local runtime.
+#[derive(Clone)]
+pub struct LocalRuntime {
+    tenants: Arc<Mutex<HashMap<String, Tenant>>>,
+}
+
+impl LocalRuntime {
+    /// Kill the kube-apiserver of the tenant pod `namespace/pod`, as a crash would. The runtime
+    /// notices, marks the pod not Ready, and restarts it after [`RESTART_BACKOFF`].
+    pub fn crash_api_server(&self, namespace: &str, pod: &str) -> bool {
+        let Ok(tenants) = self.tenants.lock() else {
+            return false;
+        };
+        let Some(t) = tenants
+            .values()
+            .find(|t| t.namespace == namespace && t.pod == pod)
+        else {
+            return false;
+        };
+        match t
+            .processes
+            .iter()
+            .find(|h| h.name.ends_with("kube-apiserver"))
+        {
+            Some(h) => {
+                // SAFETY: signalling a child process we started.
+                unsafe {
+                    libc::kill(h.pid as libc::pid_t, libc::SIGKILL);
+                }
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// How many tenant control planes are running.
+    pub fn running(&self) -> usize {
+        self.tenants.lock().map(|t| t.len()).unwrap_or(0)
+    }
+}
+
+/// Start the runtime: it watches control-plane pods (in `namespace`, or everywhere) until the
+/// returned task is dropped or aborted. Processes and data live under `dir`.
+pub fn start(
+    client: Client,
+    binaries: Binaries,
+    dir: PathBuf,
+    namespace: Option<String>,
+) -> (LocalRuntime, tokio::task::JoinHandle<()>) {
+    let runtime = LocalRuntime {
+        tenants: Arc::new(Mutex::new(HashMap::new())),
+    };
+    let handle = runtime.clone();
+    let task = tokio::spawn(async move {
+        let pods: Api<Pod> = match &namespace {
+            Some(ns) => Api::namespaced(client.clone(), ns),
+            None => Api::all(client.clone()),
+        };
+        let selector = format!("{}={}", names::LABEL_RUNTIME, names::RUNTIME_LOCAL);
+        let mut events = watcher(pods.clone(), watcher::Config::default().labels(&selector))
+            .default_backoff()
+            .boxed();
+        let mut tick = tokio::time::interval(Duration::from_secs(1));
+        let guard = StopOnDrop(runtime.clone());
+        loop {
+            tokio::select! {
+                event = events.next() => {
+                    match event {
+                        Some(Ok(watcher::Event::Apply(pod) | watcher::Event::InitApply(pod))) => {
+                            guard.0.on_pod(&client, &binaries, &dir, pod).await;
+                        }
+                        Some(Ok(watcher::Event::Delete(pod))) => guard.0.stop(&pod.uid().unwrap_or_default()),
+                        Some(Ok(_)) => {}
+                        Some(Err(e)) => eprintln!("local runtime: watch error: {e}"),
+                        None => break,
+                    }
+                }
+                _ = tick.tick() => guard.0.check_health(&client, &binaries).await,
+            }
+        }
+    });
+    (handle, task)
+}
+
+/// Stops every tenant process when the runtime's task ends.
+struct StopOnDrop(LocalRuntime);
+
+impl Drop for StopOnDrop {
+    fn drop(&mut self) {
+        if let Ok(mut tenants) = self.0.tenants.lock() {
+            for (_, t) in tenants.drain() {
+                for h in t.processes.iter().rev() {
+                    process::stop(h);
+                }
+            }
+        }
+    }
+}
+
+fn args_value<'a>(pod: &'a Pod, prefix: &str) -> Vec<&'a str> {
+    pod.spec
+        .iter()
+        .flat_map(|s| s.containers.iter())
+        .flat_map(|c| c.args.iter().flatten())
+        .filter_map(|a| a.strip_prefix(prefix))
+        .collect()
+}
+
+impl LocalRuntime {
+    async fn on_pod(&self, client: &Client, binaries: &Binaries, dir: &Path, pod: Pod) {
+        let uid = pod.uid().unwrap_or_default();
+        let ns = pod.namespace().unwrap_or_default();
+        let name = pod.name_any();
+        if pod.metadata.deletion_timestamp.is_some() {
+            // As a kubelet: stop the containers, then let the pod go.
+            self.stop(&uid);
+            let api: Api<Pod> = Api::namespaced(client.clone(), &ns);
+            let dp = DeleteParams {
+                grace_period_seconds: Some(0),
+                preconditions: Some(Preconditions {
+                    uid: Some(uid),
+                    resource_version: None,
+                }),
+                ..Default::default()
+            };
+            let _ = api.delete(&name, &dp).await;
+            return;
+        }
+        let scheduled = pod.spec.as_ref().is_some_and(|s| s.node_name.is_some());
+        let known = self
+            .tenants
+            .lock()
+            .map(|t| t.contains_key(&uid))
+            .unwrap_or(true);
+        if !scheduled || known {
+            return;
+        }
+        match self.launch(client, binaries, dir, &pod).await {
+            Ok(tenant) => {
+                if let Ok(mut tenants) = self.tenants.lock() {
+                    tenants.insert(uid, tenant);
+                }
+            }
+            Err(e) => eprintln!("local runtime: cannot start {ns}/{name}: {e}"),
+        }
+    }
+
+    async fn launch(
+        &self,
+        client: &Client,
+        binaries: &Binaries,
+        dir: &Path,
+        pod: &Pod,
+    ) -> Result<Tenant> {
+        let ns = pod.namespace().unwrap_or_default();
+        let name = pod.name_any();
+        let secret_name = pod
+            .spec
+            .iter()
+            .flat_map(|s| s.volumes.iter().flatten())
+            .find_map(|v| v.secret.as_ref()?.secret_name.clone())
+            .ok_or_else(|| Error::Io(format!("pod {ns}/{name} mounts no PKI Secret")))?;
+        let secret = Api::<Secret>::namespaced(client.clone(), &ns)
+            .get(&secret_name)
+            .await?;
+        let pki = TenantPki::from_secret_data(&secret.data.unwrap_or_default())
+            .map_err(|e| Error::Io(format!("Secret {ns}/{secret_name}: {e}")))?;
+        // Data lives with the volume claim, so a new pod of the same StatefulSet finds it.
+        let tenant_dir = dir.join(&ns).join(format!("data-{name}"));
+        let tls = tenant_dir.join("tls");
+        std::fs::create_dir_all(&tls)?;
+        let write = |file: &str, text: &str| -> Result<PathBuf> {
+            let path = tls.join(file);
+            std::fs::write(&path, text)?;
+            Ok(path)
+        };
+        let mut sans: Vec<String> = args_value(pod, "--tls-san=")
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        sans.extend(
+            [
+                "127.0.0.1",
+                "localhost",
+                "kubernetes",
+                "kubernetes.default",
+                "kubernetes.default.svc",
+            ]
+            .map(String::from),
+        );
+        let san_refs: Vec<&str> = sans.iter().map(String::as_str).collect();
+        let serving = pki.server_ca.issue(&Leaf::server("k3s", &san_refs))?;
+        let admin = pki.issue_admin().map_err(|e| Error::Io(e.to_string()))?;
+        let front_proxy = pki
+            .request_header_ca
+            .issue(&Leaf::client("front-proxy-client", &[]))?;
+        let port = free_port()?;
+        let server = format!("https://127.0.0.1:{port}");
+        let admin_kubeconfig = tenant_dir.join("admin.kubeconfig");
+        std::fs::write(
+            &admin_kubeconfig,
+            kubeconfig::render(
+                "tenant",
+                &server,
+                pki.server_ca.cert_pem(),
+                &admin.cert_pem,
+                &admin.key_pem,
+            )?,
+        )?;
+        let config = ApiServerConfig {
+            etcd: String::new(),
+            etcd_prefix: "/registry".into(),
+            port,
+            cert_dir: tenant_dir.join("apiserver-certs"),
+            ca_crt: write(tenant_pki::CLIENT_CA_CRT, pki.client_ca.cert_pem())?,
+            serving_crt: write("serving.crt", &serving.cert_pem)?,
+            serving_key: write("serving.key", &serving.key_pem)?,
+            // k3s hands service.key to both flags; so do we, which checks it works that way.
+            sa_key: write(tenant_pki::SERVICE_KEY, &pki.service_key)?,
+            sa_pub: tls.join(tenant_pki::SERVICE_KEY),
+            front_proxy: Some(FrontProxy {
+                ca: write(
+                    tenant_pki::REQUEST_HEADER_CA_CRT,
+                    pki.request_header_ca.cert_pem(),
+                )?,
+                client_crt: write("front-proxy-client.crt", &front_proxy.cert_pem)?,
+                client_key: write("front-proxy-client.key", &front_proxy.key_pem)?,
+            }),
+        };
+        write(tenant_pki::SERVER_CA_CRT, pki.server_ca.cert_pem())?;
+        write(tenant_pki::SERVER_CA_KEY, pki.server_ca.key_pem())?;
+        write(tenant_pki::CLIENT_CA_KEY, pki.client_ca.key_pem())?;
+        let service_cidr = args_value(pod, "--service-cidr=")
+            .first()
+            .map(|s| s.to_string())
+            .unwrap_or_else(|| crate::control_plane::SERVICE_CIDR.to_string());
+        let controllers = args_value(pod, "--kube-controller-manager-arg=controllers=")
+            .first()
+            .map(|s| s.to_string())
+            .unwrap_or_else(|| "*".into());
+        let mut tenant = Tenant {
+            namespace: ns,
+            pod: name,
+            uid: pod.uid().unwrap_or_default(),
+            port,
+            dir: tenant_dir,
+            processes: Vec::new(),
+            ready: false,
+            restarts: 0,
+        };
+        tenant.processes = spawn_processes(
+            binaries,
+            &tenant,
+            &config,
+            &service_cidr,
+            &controllers,
+            &admin_kubeconfig,
+        )?;
+        Ok(tenant)
+    }
+
+    fn stop(&self, uid: &str) {
+        let tenant = self.tenants.lock().ok().and_then(|mut t| t.remove(uid));
+        if let Some(t) = tenant {
+            for h in t.processes.iter().rev() {
+                process::stop(h);
+            }
+        }
+    }
+
+    /// As a kubelet's probes would: Ready when /readyz answers, not Ready when it does not; dead
+    /// processes are restarted after a back-off.
+    async fn check_health(&self, client: &Client, binaries: &Binaries) {
+        let snapshot: Vec<HealthView> = match self.tenants.lock() {
+            Ok(t) => t
+                .values()
+                .map(|t| HealthView {
+                    uid: t.uid.clone(),
+                    namespace: t.namespace.clone(),
+                    pod: t.pod.clone(),
+                    port: t.port,
+                    dir: t.dir.clone(),
+                    ready: t.ready,
+                    dead: t.processes.iter().any(|h| process::exited(h).is_some()),
+                    restarts: t.restarts,
+                })
+                .collect(),
+            Err(_) => return,
+        };
+        for t in snapshot {
+            let ready = !t.dead && api_server_ready(&t.dir).await;
+            if ready != t.ready {
+                if let Err(e) =
+                    set_pod_ready(client, &t.namespace, &t.pod, t.port, ready, t.restarts).await
+                {
+                    eprintln!("local runtime: updating pod {}/{}: {e}", t.namespace, t.pod);
+                    continue;
+                }
+                if let Ok(mut all) = self.tenants.lock()
+                    && let Some(entry) = all.get_mut(&t.uid)
+                {
+                    entry.ready = ready;
+                }
+            }
+            if t.dead {
+                self.restart(&t.uid, binaries).await;
+            }
+        }
+    }
+
+    async fn restart(&self, uid: &str, binaries: &Binaries) {
+        tokio::time::sleep(RESTART_BACKOFF).await;
+        let Ok(mut tenants) = self.tenants.lock() else {
+            return;
+        };
+        let Some(t) = tenants.get_mut(uid) else {
+            return;
+        };
+        for h in t.processes.iter().rev() {
+            process::stop(h);
+        }
+        let Some(spec) = std::fs::read_to_string(t.dir.join("launch.json"))
+            .ok()
+            .and_then(|s| serde_json::from_str::<LaunchSpec>(&s).ok())
+        else {
+            return;
+        };
+        match spec.spawn(binaries) {
+            Ok(processes) => {
+                t.processes = processes;
+                t.restarts += 1;
+            }
+            Err(e) => eprintln!("local runtime: restarting {}/{}: {e}", t.namespace, t.pod),
+        }
+    }
+}
+
+/// Everything needed to (re)start a tenant's processes, kept next to its data.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct LaunchSpec {
+    etcd: Vec<String>,
+    apiserver: Vec<String>,
+    controller_manager: Vec<String>,
+    logs: PathBuf,
+}
+
+impl LaunchSpec {
+    fn spawn(&self, binaries: &Binaries) -> Result<Vec<Handle>> {
+        let mut handles = Vec::new();
+        for (name, args) in [
+            ("etcd", &self.etcd),
+            ("kube-apiserver", &self.apiserver),
+            ("kube-controller-manager", &self.controller_manager),
+        ] {
+            let log = self.logs.join(format!("{name}.log"));
+            let handle = process::spawn(
+                &format!("tenant-{name}"),
+                &binaries.path(name),
+                args,
+                &[],
+                &log,
+            )?;
+            handles.push(handle);
+        }
+        Ok(handles)
+    }
+}
+
+fn spawn_processes(
+    binaries: &Binaries,
+    tenant: &Tenant,
+    config: &ApiServerConfig,
+    service_cidr: &str,
+    controllers: &str,
+    admin_kubeconfig: &Path,
+) -> Result<Vec<Handle>> {
+    let (client_port, peer_port) = (free_port()?, free_port()?);
+    let etcd_url = format!("http://127.0.0.1:{client_port}");
+    let peer_url = format!("http://127.0.0.1:{peer_port}");
+    let etcd = vec![
+        "--name=tenant".to_string(),
+        format!("--data-dir={}", tenant.dir.join("etcd").display()),
+        format!("--listen-client-urls={etcd_url}"),
+        format!("--advertise-client-urls={etcd_url}"),
+        format!("--listen-peer-urls={peer_url}"),
+        format!("--initial-advertise-peer-urls={peer_url}"),
+        format!("--initial-cluster=tenant={peer_url}"),
+        "--unsafe-no-fsync=true".into(),
+        "--log-level=warn".into(),
+    ];
+    let mut config = config.clone();
+    config.etcd = etcd_url;
+    let mut apiserver = apiserver_args(&config);
+    apiserver.retain(|a| !a.starts_with("--service-cluster-ip-range="));
+    apiserver.push(format!("--service-cluster-ip-range={service_cidr}"));
+    let kc = admin_kubeconfig.display().to_string();
+    let tls = tenant.dir.join("tls");
+    let controller_manager = vec![
+        format!("--kubeconfig={kc}"),
+        format!("--authentication-kubeconfig={kc}"),
+        format!("--authorization-kubeconfig={kc}"),
+        "--bind-address=127.0.0.1".into(),
+        format!("--secure-port={}", free_port()?),
+        "--leader-elect=false".into(),
+        format!("--controllers={controllers}"),
+        "--use-service-account-credentials=true".into(),
+        format!(
+            "--service-account-private-key-file={}",
+            tls.join(tenant_pki::SERVICE_KEY).display()
+        ),
+        format!(
+            "--root-ca-file={}",
+            tls.join(tenant_pki::SERVER_CA_CRT).display()
+        ),
+        format!(
+            "--cluster-signing-cert-file={}",
+            tls.join(tenant_pki::CLIENT_CA_CRT).display()
+        ),
+        format!(
+            "--cluster-signing-key-file={}",
+            tls.join(tenant_pki::CLIENT_CA_KEY).display()
+        ),
+        format!("--service-cluster-ip-range={service_cidr}"),
+        format!("--cert-dir={}", tenant.dir.join("kcm-certs").display()),
+        "--profiling=false".into(),
+    ];
+    let logs = tenant.dir.join("logs");
+    std::fs::create_dir_all(&logs)?;
+    let spec = LaunchSpec {
+        etcd,
+        apiserver,
+        controller_manager,
+        logs,
+    };
+    std::fs::write(
+        tenant.dir.join("launch.json"),
+        serde_json::to_string_pretty(&spec).map_err(|e| Error::Io(e.to_string()))?,
+    )?;
+    spec.spawn(binaries)
+}
+
+async fn api_server_ready(dir: &Path) -> bool {
+    let Ok(client) = kubeconfig::client(&dir.join("admin.kubeconfig")).await else {
+        return false;
+    };
+    let request = match http::Request::get("/readyz").body(Vec::new()) {
+        Ok(r) => r,
+        Err(_) => return false,
+    };
+    matches!(
+        tokio::time::timeout(Duration::from_secs(3), client.request_text(request)).await,
+        Ok(Ok(text)) if text.trim() == "ok"
+    )
+}
+
+/// A pod IP for status: never dialled (the annotation carries the real address), and not
+/// loopback, which Endpoints refuse.
+fn fake_pod_ip(port: u16) -> String {
+    format!("10.245.{}.{}", port / 256, port % 256)
+}
+
+async fn set_pod_ready(
+    client: &Client,
+    ns: &str,
+    pod: &str,
+    port: u16,
+    ready: bool,
+    restarts: i32,
+) -> Result<()> {
+    let api: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let now = Timestamp::now().to_string();
+    let flag = if ready { "True" } else { "False" };
+    api.patch(
+        pod,
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"annotations": {
+            names::ANNOTATION_LOCAL_ENDPOINT: format!("https://127.0.0.1:{port}"),
+        }}})),
+    )
+    .await?;
+    let state = if ready {
+        json!({"running": {"startedAt": now}})
+    } else {
+        json!({"waiting": {"reason": "CrashLoopBackOff", "message": "the tenant API server is not answering; restarting"}})
+    };
+    let status = json!({"status": {
+        "phase": "Running",
+        "hostIP": "127.0.0.1",
+        "podIP": fake_pod_ip(port),
+        "podIPs": [{"ip": fake_pod_ip(port)}],
+        "startTime": now,
+        "conditions": [
+            {"type": "PodScheduled", "status": "True", "lastTransitionTime": now},
+            {"type": "Initialized", "status": "True", "lastTransitionTime": now},
+            {"type": "ContainersReady", "status": flag, "lastTransitionTime": now},
+            {"type": "Ready", "status": flag, "lastTransitionTime": now},
+        ],
+        "containerStatuses": [{
+            "name": "k3s",
+            "ready": ready,
+            "started": ready,
+            "restartCount": restarts,
+            "image": "local-runtime",
+            "imageID": "",
+            "state": state,
+        }],
+    }});
+    api.patch_status(pod, &PatchParams::default(), &Patch::Merge(status))
+        .await?;
+    Ok(())
+}
