@@ -7,11 +7,16 @@ export CARGO_TARGET_DIR ?= $(CACHE)/target
 export GOTOOLCHAIN := local
 CARGO ?= cargo
 
-.PHONY: test testenv lint crds build
+.PHONY: test testenv lint crds build demo
 
 ## test: every test, unit and against the real control plane (builds the control plane if missing)
 test: testenv
 	$(CARGO) test --workspace --locked
+
+## demo: the local dev cluster with the example tenant, until Ctrl-C (state in .tenantplane/dev)
+demo: testenv
+	$(CARGO) build -q -p tenantplane --locked
+	$(CARGO_TARGET_DIR)/debug/tenantplane dev --state-dir .tenantplane/dev
 
 ## testenv: build etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubectl and kwok
 testenv:

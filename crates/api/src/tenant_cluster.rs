@@ -67,8 +67,8 @@ pub struct TenantClusterSpec {
     #[serde(default)]
     pub mode: TenantMode,
 
-    /// The tenant's Kubernetes version, such as `v1.30.4`. It may move up one minor version at a
-    /// time and never down.
+    /// The tenant's Kubernetes version, such as `v1.30.4`; it picks the k3s image (`v1.30.4` runs
+    /// `rancher/k3s:v1.30.4-k3s1`). It may move up one minor version at a time and never down.
     #[schemars(length(max = 32))]
     #[x_kube(validation = crate::rules::version_format())]
     #[x_kube(validation = crate::rules::version_no_downgrade())]

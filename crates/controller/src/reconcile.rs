@@ -187,12 +187,12 @@ async fn report(ctx: &Context, tc: &TenantCluster, progress: &Progress) -> Resul
     )
     .await?;
     for condition in status::changed_conditions(&current, &desired) {
-        let type_ = if condition.status == "True"
-            || condition.type_ == tenantplane_api::conditions::MODE_SUPPORTED
-        {
-            EventType::Normal
-        } else {
+        // Warnings are for what a person must look at: a Degraded tenant. Progress is Normal.
+        let degraded = desired.phase == Some(tenantplane_api::Phase::Degraded);
+        let type_ = if degraded && condition.status == "False" {
             EventType::Warning
+        } else {
+            EventType::Normal
         };
         publish(
             ctx,

@@ -206,6 +206,62 @@ async fn the_seed_lifecycle_from_apply_to_deletion() {
     );
     let pki_before = secrets.get("dev-pki").await.unwrap().data;
 
+    // `tenantplane kubeconfig` prints a kubeconfig that reaches the tenant from this machine.
+    let host_kubeconfig = shared().kubeconfig_path().display().to_string();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_tenantplane"))
+        .args([
+            "kubeconfig",
+            "dev",
+            "-n",
+            &ns.name,
+            "--kubeconfig",
+            &host_kubeconfig,
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let tenant_kubeconfig = shared().dir().join(format!("{}-dev.kubeconfig", ns.name));
+    std::fs::write(&tenant_kubeconfig, &out.stdout).unwrap();
+    let listed = std::process::Command::new(shared().binaries().path("kubectl"))
+        .args([
+            "--kubeconfig",
+            &tenant_kubeconfig.display().to_string(),
+            "get",
+            "namespaces",
+            "-o",
+            "name",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        String::from_utf8_lossy(&listed.stdout).contains("namespace/kube-system"),
+        "{listed:?}"
+    );
+    let missing = std::process::Command::new(env!("CARGO_BIN_EXE_tenantplane"))
+        .args([
+            "kubeconfig",
+            "nope",
+            "-n",
+            &ns.name,
+            "--kubeconfig",
+            &host_kubeconfig,
+        ])
+        .output()
+        .unwrap();
+    assert!(!missing.status.success());
+    let err = String::from_utf8_lossy(&missing.stderr);
+    assert!(
+        err.contains(&format!(
+            "Secret nope-kubeconfig not found in namespace {}",
+            ns.name
+        )),
+        "{err}"
+    );
+
     // Events for each step.
     let events = tenantplane_testenv::kubectl(&[
         "get",

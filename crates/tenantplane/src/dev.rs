@@ -1,0 +1,198 @@
+//! `tenantplane dev`: the local dev cluster. The test control plane, the CRDs and default
+//! policies, the operator and the local runtime, namespace `team-dev` with the seed example, a
+//! progress line per phase, and everything stopped on Ctrl-C.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use k8s_openapi::api::core::v1::Namespace;
+use kube::api::{Api, Patch, PatchParams};
+use tenantplane_api::{TenantCluster, conditions};
+use tenantplane_controller::{BuildOptions, Connector, ControllerOptions};
+use tenantplane_testenv::{ControlPlane, Options, local_runtime};
+
+use crate::manifests;
+
+const NAMESPACE: &str = "team-dev";
+const TENANT: &str = "dev";
+
+fn say(started: Instant, what: &str) {
+    eprintln!("dev: {what} ({:.0}s)", started.elapsed().as_secs_f64());
+}
+
+pub async fn run(state_dir: PathBuf) -> anyhow::Result<()> {
+    let started = Instant::now();
+    std::fs::create_dir_all(&state_dir)
+        .with_context(|| format!("creating {}", state_dir.display()))?;
+    let state_dir = state_dir.canonicalize()?;
+    let cluster_dir = state_dir.join("cluster");
+    // A fresh cluster each run: stale etcd data from a killed run would confuse more than help.
+    if cluster_dir.exists() {
+        std::fs::remove_dir_all(&cluster_dir)
+            .with_context(|| format!("removing {}", cluster_dir.display()))?;
+    }
+    let log_path = state_dir.join("operator.log");
+    init_logging(&log_path)?;
+
+    say(
+        started,
+        "starting the control plane (etcd, kube-apiserver, controller manager, scheduler, kwok)",
+    );
+    let plane = tokio::task::spawn_blocking(move || {
+        ControlPlane::start(Options {
+            dir: Some(cluster_dir),
+            progress: true,
+        })
+    })
+    .await??;
+    let kubeconfig = state_dir.join("kubeconfig");
+    std::fs::copy(plane.kubeconfig_path(), &kubeconfig).context("writing the host kubeconfig")?;
+    let client = plane.client().await?;
+
+    say(started, "installing the CRDs and the default policies");
+    let crds = tenantplane_api::crds_yaml()?;
+    manifests::apply(&client, &crds).await?;
+    wait_for_crds(&client).await?;
+    for policy in manifests::DEFAULT_POLICIES {
+        manifests::apply(&client, policy).await?;
+    }
+
+    say(started, "starting the operator and the local runtime");
+    let options = ControllerOptions {
+        build: BuildOptions {
+            service_cidr: tenantplane_testenv::control_plane::SERVICE_CIDR.into(),
+            local_runtime: true,
+            ..Default::default()
+        },
+        connector: Connector::Local,
+        namespace: None,
+        health_interval: Some(Duration::from_secs(10)),
+    };
+    let operator = tokio::spawn(tenantplane_controller::run(
+        client.clone(),
+        options,
+        futures::future::pending(),
+    ));
+    let (_runtime, runtime_task) = local_runtime::start(
+        client.clone(),
+        plane.binaries().clone(),
+        state_dir.join("runtime"),
+        None,
+    );
+
+    say(
+        started,
+        &format!("creating namespace {NAMESPACE} and applying examples/tenantcluster-dev.yaml"),
+    );
+    let ns = serde_json::json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}});
+    Api::<Namespace>::all(client.clone())
+        .patch(
+            NAMESPACE,
+            &PatchParams::apply("tenantplane-cli"),
+            &Patch::Apply(&ns),
+        )
+        .await?;
+    manifests::apply(&client, manifests::EXAMPLE_TENANT).await?;
+
+    let ready = tokio::select! {
+        r = wait_until_ready(&client, started) => r,
+        _ = tokio::signal::ctrl_c() => Err(anyhow::anyhow!("interrupted")),
+    };
+    if let Err(e) = ready {
+        operator.abort();
+        runtime_task.abort();
+        return Err(e.context(format!("the operator's log is {}", log_path.display())));
+    }
+    print_next_steps(
+        &kubeconfig,
+        plane.binaries().path("kubectl").as_path(),
+        &log_path,
+    );
+
+    tokio::signal::ctrl_c().await?;
+    eprintln!("dev: stopping the operator, the local runtime and the control plane");
+    operator.abort();
+    runtime_task.abort();
+    let _ = runtime_task.await;
+    drop(plane);
+    eprintln!("dev: stopped");
+    Ok(())
+}
+
+fn init_logging(path: &Path) -> anyhow::Result<()> {
+    let file =
+        std::fs::File::create(path).with_context(|| format!("creating {}", path.display()))?;
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        .with_ansi(false)
+        .with_writer(std::sync::Mutex::new(file))
+        .try_init();
+    Ok(())
+}
+
+async fn wait_for_crds(client: &kube::Client) -> anyhow::Result<()> {
+    let api: Api<TenantCluster> = Api::all(client.clone());
+    for _ in 0..100 {
+        if api.list(&Default::default()).await.is_ok() {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    anyhow::bail!("the TenantCluster CRD was not served within 10s")
+}
+
+/// A line whenever the phase or the Ready message changes, until the tenant is Ready.
+async fn wait_until_ready(client: &kube::Client, started: Instant) -> anyhow::Result<()> {
+    let api: Api<TenantCluster> = Api::namespaced(client.clone(), NAMESPACE);
+    let mut last = String::new();
+    let deadline = Instant::now() + Duration::from_secs(300);
+    loop {
+        let tc = api.get(TENANT).await?;
+        let status = tc.status.unwrap_or_default();
+        let phase = status
+            .phase
+            .map(|p| p.to_string())
+            .unwrap_or_else(|| "(none yet)".into());
+        let message = conditions::find(&status.conditions, conditions::READY)
+            .map(|c| c.message.clone())
+            .unwrap_or_default();
+        let line = format!("TenantCluster {NAMESPACE}/{TENANT}: {phase}: {message}");
+        if line != last {
+            say(started, &line);
+            last = line;
+        }
+        if phase == "Ready" {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            anyhow::bail!(
+                "TenantCluster {TENANT} did not become Ready within 5 minutes; last: {last}"
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+fn on_path(program: &str) -> bool {
+    std::env::var_os("PATH")
+        .is_some_and(|p| std::env::split_paths(&p).any(|dir| dir.join(program).is_file()))
+}
+
+fn print_next_steps(kubeconfig: &Path, built_kubectl: &Path, log: &Path) {
+    let kubectl = if on_path("kubectl") {
+        "kubectl".to_string()
+    } else {
+        built_kubectl.display().to_string()
+    };
+    let exe = std::env::current_exe()
+        .map(|p| p.display().to_string())
+        .unwrap_or_else(|_| "tenantplane".into());
+    println!(
+        "\nThe dev cluster is ready. In another terminal:\n\n  export KUBECONFIG={kc}\n  {kubectl} get tenantcluster {TENANT} -n {NAMESPACE} -o jsonpath='{{.status.phase}}{{\"\\n\"}}'\n  {kubectl} describe tenantcluster {TENANT} -n {NAMESPACE}\n  {exe} kubeconfig {TENANT} -n {NAMESPACE} > {TENANT}.kubeconfig\n  {kubectl} --kubeconfig {TENANT}.kubeconfig get namespaces\n\n(kubectl: {kubectl}; operator log: {log})\nCtrl-C stops everything.",
+        kc = kubeconfig.display(),
+        log = log.display(),
+    );
+}

@@ -1,0 +1,52 @@
+//! Applying YAML manifests (CRDs, policies, examples) through the API with server-side apply.
+
+use anyhow::{Context, bail};
+use kube::api::{Api, DynamicObject, Patch, PatchParams};
+use kube::core::GroupVersionKind;
+use kube::discovery::{Scope, pinned_kind};
+use kube::{Client, ResourceExt};
+use serde::Deserialize;
+
+/// The policies the seed example refers to, as shipped in `deploy/policies/`.
+pub const DEFAULT_POLICIES: &[&str] = &[
+    include_str!("../../../deploy/policies/isolationprofile-restricted.yaml"),
+    include_str!("../../../deploy/policies/syncpolicy-default.yaml"),
+];
+
+/// The seed example, as shipped in `examples/`.
+pub const EXAMPLE_TENANT: &str = include_str!("../../../examples/tenantcluster-dev.yaml");
+
+/// Apply every document of a YAML stream; returns `kind/name` of each.
+pub async fn apply(client: &Client, yaml: &str) -> anyhow::Result<Vec<String>> {
+    let mut applied = Vec::new();
+    for doc in serde_yaml::Deserializer::from_str(yaml) {
+        let value = serde_yaml::Value::deserialize(doc)?;
+        if value.is_null() {
+            continue;
+        }
+        let object: DynamicObject =
+            serde_yaml::from_value(value).context("a manifest is not a Kubernetes object")?;
+        let Some(types) = object.types.clone() else {
+            bail!("manifest {} has no apiVersion/kind", object.name_any());
+        };
+        let gvk = GroupVersionKind::try_from(&types).context("reading apiVersion/kind")?;
+        let (resource, caps) = pinned_kind(client, &gvk)
+            .await
+            .with_context(|| format!("the API server does not serve {}", types.kind))?;
+        let api: Api<DynamicObject> = match (caps.scope, object.namespace()) {
+            (Scope::Namespaced, Some(ns)) => Api::namespaced_with(client.clone(), &ns, &resource),
+            (Scope::Namespaced, None) => Api::default_namespaced_with(client.clone(), &resource),
+            (Scope::Cluster, _) => Api::all_with(client.clone(), &resource),
+        };
+        let name = object.name_any();
+        api.patch(
+            &name,
+            &PatchParams::apply("tenantplane-cli").force(),
+            &Patch::Apply(&object),
+        )
+        .await
+        .with_context(|| format!("applying {}/{name}", types.kind))?;
+        applied.push(format!("{}/{name}", types.kind.to_lowercase()));
+    }
+    Ok(applied)
+}
