@@ -426,3 +426,112 @@ async fn a_tenant_api_server_that_goes_away_degrades_and_recovers() {
     );
     wait_for_phase(&c, &ns.name, "dev", Phase::Ready).await;
 }
+
+#[tokio::test]
+async fn hand_edits_tampering_and_operator_restarts_converge() {
+    install_crds_and_policies();
+    let ns = namespace("faults").await;
+    let operator = start_operator(&ns);
+    let c = ns.client.clone();
+    Api::<TenantCluster>::namespaced(c.clone(), &ns.name)
+        .create(&PostParams::default(), &example(&ns.name))
+        .await
+        .unwrap();
+    wait_for_phase(&c, &ns.name, "dev", Phase::Ready).await;
+    let secrets = Api::<Secret>::namespaced(c.clone(), &ns.name);
+    let pki = secrets.get("dev-pki").await.unwrap().data;
+
+    // An owned object deleted by hand comes back; one edited by hand is restored.
+    let policies = Api::<NetworkPolicy>::namespaced(c.clone(), &ns.name);
+    policies
+        .delete("dev-isolation", &DeleteParams::default())
+        .await
+        .unwrap();
+    let quotas = Api::<ResourceQuota>::namespaced(c.clone(), &ns.name);
+    let edit = serde_json::json!({"spec": {"hard": {"limits.cpu": "64"}}});
+    quotas
+        .patch(
+            "dev-quota",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(&edit),
+        )
+        .await
+        .unwrap();
+    let restored = eventually(WAIT, || async {
+        let np = policies.get_opt("dev-isolation").await.ok()??;
+        let q = quotas.get("dev-quota").await.ok()?;
+        let cpu = q.spec?.hard?.get("limits.cpu")?.0.clone();
+        (cpu == "2").then_some(np)
+    })
+    .await;
+    assert!(
+        restored.is_some(),
+        "the deleted NetworkPolicy and the edited quota are restored"
+    );
+
+    // A tampered kubeconfig Secret is rewritten.
+    let tampered = serde_json::json!({"data": {"value": "bm90IGEga3ViZWNvbmZpZw=="}});
+    secrets
+        .patch(
+            "dev-kubeconfig",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(&tampered),
+        )
+        .await
+        .unwrap();
+    let rewritten = eventually(WAIT, || async {
+        let s = secrets.get("dev-kubeconfig").await.ok()?;
+        let text = String::from_utf8(s.data?.get("value")?.0.clone()).ok()?;
+        text.contains("certificate-authority-data").then_some(())
+    })
+    .await;
+    assert!(rewritten.is_some(), "the kubeconfig Secret is rewritten");
+
+    // The operator restarted: it converges on a changed spec with the same CA and no duplicates.
+    drop(operator);
+    let _operator = start_operator(&ns);
+    let tenants = Api::<TenantCluster>::namespaced(c.clone(), &ns.name);
+    let change = serde_json::json!({"spec": {"networking": {"egressPolicy": "allow-all"}}});
+    tenants
+        .patch(
+            "dev",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(&change),
+        )
+        .await
+        .unwrap();
+    let converged = eventually(WAIT, || async {
+        let tc = tenants.get("dev").await.ok()?;
+        let status = tc.status?;
+        let np = policies.get("dev-isolation").await.ok()?;
+        let egress = serde_json::to_string(&np.spec?.egress).ok()?;
+        (status.observed_generation == Some(2)
+            && status.phase == Some(Phase::Ready)
+            && egress.contains("0.0.0.0/0"))
+        .then_some(())
+    })
+    .await;
+    assert!(
+        converged.is_some(),
+        "the restarted operator applies the new egress policy"
+    );
+    assert_eq!(
+        secrets.get("dev-pki").await.unwrap().data,
+        pki,
+        "the CA survives the restart"
+    );
+    let sets = Api::<StatefulSet>::namespaced(c.clone(), &ns.name)
+        .list(&Default::default())
+        .await
+        .unwrap();
+    assert_eq!(sets.items.len(), 1);
+    let owned_secrets = secrets
+        .list(&kube::api::ListParams::default().labels("tenantplane.io/tenant=dev"))
+        .await
+        .unwrap();
+    assert_eq!(
+        owned_secrets.items.len(),
+        2,
+        "one PKI and one kubeconfig Secret"
+    );
+}
