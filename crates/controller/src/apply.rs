@@ -69,15 +69,28 @@ fn to_value<K: Serialize>(k: &K) -> Result<Value, Error> {
 /// and status, so extra fields in `live` are fine. Quantities compare by value (`0.5` = `500m`).
 pub fn contains(live: &Value, desired: &Value) -> bool {
     match (live, desired) {
-        (Value::Object(l), Value::Object(d)) => d
-            .iter()
-            .all(|(k, dv)| dv.is_null() || l.get(k).is_some_and(|lv| contains(lv, dv))),
+        (Value::Object(l), Value::Object(d)) => d.iter().all(|(k, dv)| match l.get(k) {
+            Some(lv) => contains(lv, dv),
+            // The API server omits zero values (Go's omitempty), so a desired zero is no drift.
+            None => is_zero(dv),
+        }),
         (Value::Array(l), Value::Array(d)) => {
             l.len() == d.len() && l.iter().zip(d).all(|(lv, dv)| contains(lv, dv))
         }
         (Value::String(l), Value::String(d)) => l == d || quantities_equal(l, d),
         (Value::Number(l), Value::Number(d)) => l.as_f64() == d.as_f64(),
         _ => live == desired,
+    }
+}
+
+fn is_zero(v: &Value) -> bool {
+    match v {
+        Value::Null => true,
+        Value::Bool(b) => !b,
+        Value::Number(n) => n.as_f64() == Some(0.0),
+        Value::String(s) => s.is_empty(),
+        Value::Array(a) => a.is_empty(),
+        Value::Object(o) => o.values().all(is_zero),
     }
 }
 
@@ -131,6 +144,16 @@ mod tests {
         let desired = json!({"spec": {"ports": [{"port": 6443}], "clusterIP": "None"}});
         let live = json!({"spec": {"ports": [{"port": 6443, "protocol": "TCP"}], "clusterIP": "None", "type": "ClusterIP"}, "status": {}});
         assert!(contains(&live, &desired));
+    }
+
+    #[test]
+    fn omitted_zero_values_are_no_drift() {
+        let desired = json!({"spec": {"publishNotReadyAddresses": false, "ports": [], "x": 0}});
+        assert!(contains(&json!({"spec": {}}), &desired));
+        assert!(!contains(
+            &json!({"spec": {}}),
+            &json!({"spec": {"publishNotReadyAddresses": true}})
+        ));
     }
 
     #[test]
