@@ -52,6 +52,13 @@ pub fn version_one_minor_at_a_time() -> Rule {
     .reason(Reason::FieldValueForbidden)
 }
 
+/// The tenant's name becomes a Service and StatefulSet name (pods add `-0` and a revision
+/// label): a DNS label of at most 52 characters that starts with a letter.
+pub fn tenant_name() -> Rule {
+    Rule::new("self.metadata.name.size() <= 52 && self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$')")
+        .message("a TenantCluster name must be at most 52 characters of lowercase letters, digits and -, starting with a letter (it names the tenant's Service and StatefulSet)")
+}
+
 pub fn mode_change_allowed() -> Rule {
     rule(
         "self.mode == oldSelf.mode || (has(self.migration) && has(self.migration.allowModeChange) && self.migration.allowModeChange)",

@@ -57,7 +57,8 @@ string_enum! {
     printcolumn = r#"{"name":"Mode","type":"string","jsonPath":".spec.mode"}"#,
     printcolumn = r#"{"name":"Version","type":"string","jsonPath":".spec.kubernetesVersion"}"#,
     printcolumn = r#"{"name":"Endpoint","type":"string","jsonPath":".status.endpoint"}"#,
-    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#,
+    validation = crate::rules::tenant_name()
 )]
 #[x_kube(validation = crate::rules::mode_change_allowed())]
 #[serde(rename_all = "camelCase")]
