@@ -82,25 +82,24 @@ pub async fn run(
     let ns = options.namespace.clone();
     let controller = Controller::new(tenants, watcher::Config::default());
     let store = controller.store();
-    let store_for_policies = store.clone();
-    let profile_mapper = move |profile: IsolationProfile| {
-        let name = profile.name_any();
-        store_for_policies
-            .state()
-            .into_iter()
-            .filter(|tc| tc.spec.isolation_profile_ref.name == name)
-            .map(|tc| ObjectRef::from_obj(&*tc))
-            .collect::<Vec<_>>()
+    // A policy change reconciles every tenant that references it.
+    let tenants_using = |store: kube::runtime::reflector::Store<TenantCluster>,
+                         uses: fn(&TenantCluster, &str) -> bool| {
+        move |name: String| {
+            store
+                .state()
+                .into_iter()
+                .filter(|tc| uses(tc, &name))
+                .map(|tc| ObjectRef::from_obj(&*tc))
+                .collect::<Vec<_>>()
+        }
     };
-    let sync_mapper = move |policy: SyncPolicy| {
-        let name = policy.name_any();
-        store
-            .state()
-            .into_iter()
-            .filter(|tc| tc.spec.sync_policy_ref.name == name)
-            .map(|tc| ObjectRef::from_obj(&*tc))
-            .collect::<Vec<_>>()
-    };
+    let by_profile = tenants_using(store.clone(), |tc, n| {
+        tc.spec.isolation_profile_ref.name == n
+    });
+    let by_policy = tenants_using(store, |tc, n| tc.spec.sync_policy_ref.name == n);
+    let profile_mapper = move |profile: IsolationProfile| by_profile(profile.name_any());
+    let sync_mapper = move |policy: SyncPolicy| by_policy(policy.name_any());
     let context = Arc::new(Context {
         recorder: Recorder::new(
             client.clone(),

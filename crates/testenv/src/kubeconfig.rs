@@ -2,8 +2,6 @@
 
 use std::path::Path;
 
-use base64::Engine;
-use base64::engine::general_purpose::STANDARD;
 use kube::config::{KubeConfigOptions, Kubeconfig};
 
 use crate::{Error, Result};
@@ -16,21 +14,13 @@ pub fn render(
     cert_pem: &str,
     key_pem: &str,
 ) -> Result<String> {
-    let doc = serde_json::json!({
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [{"name": name, "cluster": {
-            "server": server,
-            "certificate-authority-data": STANDARD.encode(ca_pem),
-        }}],
-        "users": [{"name": name, "user": {
-            "client-certificate-data": STANDARD.encode(cert_pem),
-            "client-key-data": STANDARD.encode(key_pem),
-        }}],
-        "contexts": [{"name": name, "context": {"cluster": name, "user": name}}],
-        "current-context": name,
-    });
-    serde_yaml::to_string(&doc).map_err(|e| Error::Io(format!("rendering a kubeconfig: {e}")))
+    let client = tenantplane_pki::KeyAndCert {
+        cert_pem: cert_pem.to_string(),
+        key_pem: key_pem.to_string(),
+    };
+    Ok(tenantplane_controller::build::kubeconfig::render(
+        name, server, ca_pem, &client,
+    ))
 }
 
 /// A client for the kubeconfig at `path`, bound to the calling tokio runtime.
