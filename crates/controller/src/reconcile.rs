@@ -347,24 +347,26 @@ async fn apply_tenant(tc: &TenantCluster, ctx: &Context) -> Result<Action, Error
     // Observe the control-plane pod.
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
     let pod_name = names::control_plane_pod(&tenant);
-    let pod = pods.get_opt(&pod_name).await?;
     let was_ready = tc.status.as_ref().is_some_and(|s| s.endpoint.is_some());
-    let Some(pod) = pod.filter(pod_is_ready) else {
-        let detail = match pods.get_opt(&pod_name).await? {
-            Some(p) => format!(
-                "waiting for pod {pod_name} to become Ready ({})",
-                pod_summary(&p)
-            ),
-            None => format!("waiting for the StatefulSet to create pod {pod_name}"),
-        };
-        let age = tc
-            .metadata
-            .creation_timestamp
-            .as_ref()
-            .map(|t| Timestamp::now().duration_since(t.0).as_secs())
-            .unwrap_or(0);
-        let stuck = was_ready || age > PROVISION_TIMEOUT.as_secs() as i64;
-        return finish(ctx, &tc, Progress::ControlPlaneNotReady { detail, stuck }).await;
+    let pod = match pods.get_opt(&pod_name).await? {
+        Some(p) if pod_is_ready(&p) => p,
+        other => {
+            let detail = match other {
+                Some(p) => format!(
+                    "waiting for pod {pod_name} to become Ready ({})",
+                    pod_summary(&p)
+                ),
+                None => format!("waiting for the StatefulSet to create pod {pod_name}"),
+            };
+            let age = tc
+                .metadata
+                .creation_timestamp
+                .as_ref()
+                .map(|t| Timestamp::now().duration_since(t.0).as_secs())
+                .unwrap_or(0);
+            let stuck = was_ready || age > PROVISION_TIMEOUT.as_secs() as i64;
+            return finish(ctx, &tc, Progress::ControlPlaneNotReady { detail, stuck }).await;
+        }
     };
 
     // Kubeconfig.
@@ -520,13 +522,9 @@ async fn ensure_kubeconfig(
         None => None,
         Some(secret) => match build::kubeconfig::needs_rewrite(secret, tc, pki, now_secs) {
             None => {
-                let value = secret
-                    .data
-                    .as_ref()
-                    .and_then(|d| d.get(names::KUBECONFIG_KEY));
-                return Ok(value
-                    .map(|v| String::from_utf8_lossy(&v.0).into_owned())
-                    .unwrap_or_default());
+                return Ok(build::kubeconfig::stored_text(secret)
+                    .unwrap_or_default()
+                    .to_string());
             }
             Some(why) => Some(why),
         },
@@ -551,13 +549,9 @@ async fn ensure_kubeconfig(
         ),
     };
     publish(ctx, tc, EventType::Normal, reason, note).await;
-    let value = secret
-        .data
-        .as_ref()
-        .and_then(|d| d.get(names::KUBECONFIG_KEY));
-    Ok(value
-        .map(|v| String::from_utf8_lossy(&v.0).into_owned())
-        .unwrap_or_default())
+    Ok(build::kubeconfig::stored_text(&secret)
+        .unwrap_or_default()
+        .to_string())
 }
 
 /// Server-side apply of the namespace's Pod Security labels under our field manager; applying an

@@ -19,12 +19,14 @@ pub async fn run(client: &Client, namespace: &str, name: &str) -> anyhow::Result
             "Secret {secret_name} not found in namespace {namespace}: TenantCluster {name} is not Ready yet (or does not exist); check `kubectl get tenantcluster {name} -n {namespace}`"
         );
     };
-    let value = secret
-        .data
-        .as_ref()
-        .and_then(|d| d.get(names::KUBECONFIG_KEY))
-        .with_context(|| format!("Secret {secret_name} has no key {}", names::KUBECONFIG_KEY))?;
-    let mut text = String::from_utf8(value.0.clone()).context("the kubeconfig is not text")?;
+    let mut text = tenantplane_controller::build::kubeconfig::stored_text(&secret)
+        .with_context(|| {
+            format!(
+                "Secret {secret_name} has no text under key {}",
+                names::KUBECONFIG_KEY
+            )
+        })?
+        .to_string();
     let pod = Api::<Pod>::namespaced(client.clone(), namespace)
         .get_opt(&names::control_plane_pod(name))
         .await?;

@@ -6,7 +6,7 @@ use k8s_openapi::api::core::v1::{Secret, Service};
 use serde_json::json;
 use tenantplane_api::TenantCluster;
 
-use super::{BuildOptions, identity, owner_reference, typed};
+use super::{BuildOptions, identity, owned_metadata, typed};
 use crate::tenant_pki::TenantPki;
 use crate::{Error, names};
 
@@ -63,18 +63,13 @@ pub fn k3s_args(tenant: &str, namespace: &str, options: &BuildOptions) -> Vec<St
 
 /// The headless Service that gives the tenant API server its in-cluster name.
 pub fn desired_service(tc: &TenantCluster) -> Result<Service, Error> {
-    let (tenant, ns) = identity(tc)?;
+    let (tenant, _) = identity(tc)?;
     typed(
         "the control-plane Service",
         json!({
             "apiVersion": "v1",
             "kind": "Service",
-            "metadata": {
-                "name": names::service(&tenant),
-                "namespace": ns,
-                "labels": names::labels(&tenant),
-                "ownerReferences": [owner_reference(tc)?],
-            },
+            "metadata": owned_metadata(tc, names::service(&tenant))?,
             "spec": {
                 "clusterIP": "None",
                 "publishNotReadyAddresses": false,
@@ -127,12 +122,7 @@ pub fn desired_statefulset(
         json!({
             "apiVersion": "apps/v1",
             "kind": "StatefulSet",
-            "metadata": {
-                "name": names::statefulset(&tenant),
-                "namespace": ns,
-                "labels": names::labels(&tenant),
-                "ownerReferences": [owner_reference(tc)?],
-            },
+            "metadata": owned_metadata(tc, names::statefulset(&tenant))?,
             "spec": {
                 "serviceName": names::service(&tenant),
                 "replicas": tc.spec.control_plane.replicas,
@@ -197,18 +187,13 @@ pub fn desired_statefulset(
 
 /// The PKI Secret for a freshly generated PKI. Created once, never overwritten.
 pub fn pki_secret(tc: &TenantCluster, pki: &TenantPki) -> Result<Secret, Error> {
-    let (tenant, ns) = identity(tc)?;
+    let (tenant, _) = identity(tc)?;
     let mut secret: Secret = typed(
         "the PKI Secret",
         json!({
             "apiVersion": "v1",
             "kind": "Secret",
-            "metadata": {
-                "name": names::pki_secret(&tenant),
-                "namespace": ns,
-                "labels": names::labels(&tenant),
-                "ownerReferences": [owner_reference(tc)?],
-            },
+            "metadata": owned_metadata(tc, names::pki_secret(&tenant))?,
             "type": "Opaque",
         }),
     )?;

@@ -8,7 +8,7 @@ use k8s_openapi::api::networking::v1::NetworkPolicy;
 use serde_json::{Value, json};
 use tenantplane_api::{EgressPolicy, IsolationProfile, TenantCluster};
 
-use super::{BuildOptions, identity, owner_reference, typed};
+use super::{BuildOptions, identity, owned_metadata, typed};
 use crate::{Error, names};
 
 /// The cloud metadata address: never reachable from a tenant unless a profile lists it.
@@ -29,16 +29,6 @@ pub fn namespace_labels(profile: &IsolationProfile) -> BTreeMap<String, String> 
             ]
         })
         .collect()
-}
-
-fn metadata(tc: &TenantCluster, name: String) -> Result<Value, Error> {
-    let (tenant, ns) = identity(tc)?;
-    Ok(json!({
-        "name": name,
-        "namespace": ns,
-        "labels": names::labels(&tenant),
-        "ownerReferences": [owner_reference(tc)?],
-    }))
 }
 
 /// NetworkPolicies of the tenant; empty when the profile turns them off.
@@ -87,7 +77,7 @@ pub fn network_policies(
     let isolation = json!({
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
-        "metadata": metadata(tc, names::isolation_policy(&tenant))?,
+        "metadata": owned_metadata(tc, names::isolation_policy(&tenant))?,
         "spec": {
             "podSelector": {},
             "policyTypes": ["Ingress", "Egress"],
@@ -106,7 +96,7 @@ pub fn network_policies(
     let control_plane = json!({
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
-        "metadata": metadata(tc, names::control_plane_policy(&tenant))?,
+        "metadata": owned_metadata(tc, names::control_plane_policy(&tenant))?,
         "spec": {
             "podSelector": {"matchLabels": names::control_plane_selector(&tenant)},
             "policyTypes": ["Ingress"],
@@ -151,7 +141,7 @@ pub fn resource_quota(
         json!({
             "apiVersion": "v1",
             "kind": "ResourceQuota",
-            "metadata": metadata(tc, names::resource_quota(&tenant))?,
+            "metadata": owned_metadata(tc, names::resource_quota(&tenant))?,
             "spec": {"hard": hard},
         }),
     )
@@ -180,7 +170,7 @@ pub fn limit_range(
         json!({
             "apiVersion": "v1",
             "kind": "LimitRange",
-            "metadata": metadata(tc, names::limit_range(&tenant))?,
+            "metadata": owned_metadata(tc, names::limit_range(&tenant))?,
             "spec": {"limits": [item]},
         }),
     )

@@ -11,7 +11,7 @@ use serde_json::json;
 use tenantplane_api::TenantCluster;
 use tenantplane_pki::KeyAndCert;
 
-use super::{identity, owner_reference, typed};
+use super::{identity, owned_metadata, typed};
 use crate::tenant_pki::{ADMIN_GROUP, TenantPki};
 use crate::{Error, names};
 
@@ -44,19 +44,12 @@ pub fn kubeconfig_secret(
     client: &KeyAndCert,
 ) -> Result<Secret, Error> {
     let (tenant, ns) = identity(tc)?;
-    let mut labels = names::labels(&tenant);
-    labels.insert("cluster.x-k8s.io/cluster-name".into(), tenant.clone());
     let mut secret: Secret = typed(
         "the kubeconfig Secret",
         json!({
             "apiVersion": "v1",
             "kind": "Secret",
-            "metadata": {
-                "name": names::kubeconfig_secret(&tenant),
-                "namespace": ns,
-                "labels": labels,
-                "ownerReferences": [owner_reference(tc)?],
-            },
+            "metadata": owned_metadata(tc, names::kubeconfig_secret(&tenant))?,
             "type": "cluster.x-k8s.io/secret",
         }),
     )?;
@@ -66,6 +59,12 @@ pub fn kubeconfig_secret(
         pki.server_ca.cert_pem(),
         client,
     );
+    // Cluster API's label, so its tooling finds the kubeconfig of cluster `<tenant>`.
+    secret
+        .metadata
+        .labels
+        .get_or_insert_with(Default::default)
+        .insert("cluster.x-k8s.io/cluster-name".into(), tenant.clone());
     secret.data = Some(BTreeMap::from([(
         names::KUBECONFIG_KEY.to_string(),
         ByteString(value.into_bytes()),
@@ -114,6 +113,12 @@ pub fn parse(text: &str) -> Result<ParsedKubeconfig, String> {
     })
 }
 
+/// The kubeconfig text stored in a Secret under key `value`.
+pub fn stored_text(secret: &Secret) -> Option<&str> {
+    let value = secret.data.as_ref()?.get(names::KUBECONFIG_KEY)?;
+    std::str::from_utf8(&value.0).ok()
+}
+
 /// Why a stored kubeconfig Secret must be rewritten, or `None` when it is sound: the right
 /// endpoint, the tenant's server CA, an admin certificate from the tenant's client CA whose key
 /// matches and that does not expire within [`RENEW_BEFORE_SECS`] of `now`.
@@ -124,16 +129,11 @@ pub fn needs_rewrite(
     now: i64,
 ) -> Option<String> {
     let (tenant, ns) = identity(tc).ok()?;
-    let Some(value) = secret
-        .data
-        .as_ref()
-        .and_then(|d| d.get(names::KUBECONFIG_KEY))
-    else {
-        return Some(format!("key {} is missing", names::KUBECONFIG_KEY));
-    };
-    let text = match std::str::from_utf8(&value.0) {
-        Ok(t) => t,
-        Err(_) => return Some("the kubeconfig is not text".into()),
+    let Some(text) = stored_text(secret) else {
+        return Some(format!(
+            "key {} is missing or not text",
+            names::KUBECONFIG_KEY
+        ));
     };
     let parsed = match parse(text) {
         Ok(p) => p,
@@ -223,7 +223,7 @@ mod tests {
         empty.data = None;
         assert_eq!(
             needs_rewrite(&empty, &tc, &pki, now()).unwrap(),
-            "key value is missing"
+            "key value is missing or not text"
         );
 
         let mut moved = tc.clone();

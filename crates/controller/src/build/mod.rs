@@ -43,6 +43,18 @@ pub fn owner_reference(tc: &TenantCluster) -> Result<OwnerReference, Error> {
         .ok_or_else(|| Error::Build("the TenantCluster has no name or uid yet".into()))
 }
 
+/// Metadata of an object the tenant owns: its name, the tenant's namespace and labels, and the
+/// owner reference that lets the garbage collector remove it with the tenant.
+pub(crate) fn owned_metadata(tc: &TenantCluster, name: String) -> Result<serde_json::Value, Error> {
+    let (tenant, ns) = identity(tc)?;
+    Ok(serde_json::json!({
+        "name": name,
+        "namespace": ns,
+        "labels": crate::names::labels(&tenant),
+        "ownerReferences": [owner_reference(tc)?],
+    }))
+}
+
 /// Deserialize a JSON literal into a typed object; a mismatch is a bug, reported, not a panic.
 pub(crate) fn typed<T: DeserializeOwned>(what: &str, value: serde_json::Value) -> Result<T, Error> {
     serde_json::from_value(value).map_err(|e| Error::Build(format!("building {what}: {e}")))
