@@ -47,8 +47,13 @@ fn options(ns: &str) -> ControllerOptions {
 }
 
 fn start_operator(ns: &TestNamespace) -> Operator {
+    start_operator_with(ns, ns.client.clone())
+}
+
+/// The operator talking through `client`; the local runtime through the namespace's client.
+fn start_operator_with(ns: &TestNamespace, client: Client) -> Operator {
     let controller = tokio::spawn(tenantplane_controller::run(
-        ns.client.clone(),
+        client,
         options(&ns.name),
         futures::future::pending(),
     ));
@@ -62,6 +67,15 @@ fn start_operator(ns: &TestNamespace) -> Operator {
         tasks: vec![controller, task],
         runtime,
     }
+}
+
+/// Apply the seed example in the test's namespace and wait until it is Ready.
+async fn example_ready(ns: &TestNamespace) -> TenantCluster {
+    Api::<TenantCluster>::namespaced(ns.client.clone(), &ns.name)
+        .create(&PostParams::default(), &example(&ns.name))
+        .await
+        .unwrap();
+    wait_for_phase(&ns.client, &ns.name, "dev", Phase::Ready).await
 }
 
 /// The seed example, in the test's namespace.
@@ -410,11 +424,7 @@ async fn a_tenant_api_server_that_goes_away_degrades_and_recovers() {
     let ns = namespace("outage").await;
     let operator = start_operator(&ns);
     let c = ns.client.clone();
-    Api::<TenantCluster>::namespaced(c.clone(), &ns.name)
-        .create(&PostParams::default(), &example(&ns.name))
-        .await
-        .unwrap();
-    wait_for_phase(&c, &ns.name, "dev", Phase::Ready).await;
+    example_ready(&ns).await;
 
     assert!(operator.runtime.crash_api_server(&ns.name, "dev-0"));
     let tc = wait_for_phase(&c, &ns.name, "dev", Phase::Degraded).await;
@@ -433,11 +443,7 @@ async fn hand_edits_tampering_and_operator_restarts_converge() {
     let ns = namespace("faults").await;
     let operator = start_operator(&ns);
     let c = ns.client.clone();
-    Api::<TenantCluster>::namespaced(c.clone(), &ns.name)
-        .create(&PostParams::default(), &example(&ns.name))
-        .await
-        .unwrap();
-    wait_for_phase(&c, &ns.name, "dev", Phase::Ready).await;
+    example_ready(&ns).await;
     let secrets = Api::<Secret>::namespaced(c.clone(), &ns.name);
     let pki = secrets.get("dev-pki").await.unwrap().data;
 
@@ -564,23 +570,8 @@ async fn a_reconcile_with_nothing_changed_writes_nothing() {
     let ns = namespace("no-writes").await;
     let writes = std::sync::Arc::new(AtomicUsize::new(0));
     let client = counting_client(writes.clone());
-    let controller = tokio::spawn(tenantplane_controller::run(
-        client,
-        options(&ns.name),
-        futures::future::pending(),
-    ));
-    let (_runtime, runtime_task) = local_runtime::start(
-        ns.client.clone(),
-        shared().binaries().clone(),
-        shared().dir().join("runtime"),
-        Some(ns.name.clone()),
-    );
-    let c = ns.client.clone();
-    Api::<TenantCluster>::namespaced(c.clone(), &ns.name)
-        .create(&PostParams::default(), &example(&ns.name))
-        .await
-        .unwrap();
-    wait_for_phase(&c, &ns.name, "dev", Phase::Ready).await;
+    let operator = start_operator_with(&ns, client);
+    example_ready(&ns).await;
     let creation = writes.load(Ordering::SeqCst);
     assert!(creation > 5, "creating a tenant takes writes ({creation})");
     eprintln!("writes to bring one tenant to Ready: {creation}");
@@ -595,6 +586,5 @@ async fn a_reconcile_with_nothing_changed_writes_nothing() {
         0,
         "steady-state reconciles sent writes"
     );
-    controller.abort();
-    runtime_task.abort();
+    drop(operator);
 }

@@ -41,6 +41,8 @@ struct Tenant {
     processes: Vec<Handle>,
     ready: bool,
     restarts: i32,
+    /// When the processes were first seen dead, for the restart back-off.
+    died_at: Option<std::time::Instant>,
 }
 
 /// What the health check needs of a tenant, copied out so no lock is held across an await.
@@ -304,6 +306,7 @@ impl LocalRuntime {
             processes: Vec::new(),
             ready: false,
             restarts: 0,
+            died_at: None,
         };
         tenant.processes = spawn_processes(
             binaries,
@@ -360,19 +363,25 @@ impl LocalRuntime {
                 }
             }
             if t.dead {
-                self.restart(&t.uid, binaries).await;
+                self.restart_after_backoff(&t.uid, binaries);
             }
         }
     }
 
-    async fn restart(&self, uid: &str, binaries: &Binaries) {
-        tokio::time::sleep(RESTART_BACKOFF).await;
+    /// Restart dead processes once they have been dead for [`RESTART_BACKOFF`]; the health tick
+    /// calls this again until then, so the watch loop never waits.
+    fn restart_after_backoff(&self, uid: &str, binaries: &Binaries) {
         let Ok(mut tenants) = self.tenants.lock() else {
             return;
         };
         let Some(t) = tenants.get_mut(uid) else {
             return;
         };
+        let died_at = *t.died_at.get_or_insert_with(std::time::Instant::now);
+        if died_at.elapsed() < RESTART_BACKOFF {
+            return;
+        }
+        t.died_at = None;
         for h in t.processes.iter().rev() {
             process::stop(h);
         }
