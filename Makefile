@@ -7,7 +7,7 @@ export CARGO_TARGET_DIR ?= $(CACHE)/target
 export GOTOOLCHAIN := local
 CARGO ?= cargo
 
-.PHONY: test testenv lint crds build demo
+.PHONY: test testenv lint crds build demo bench-controller
 
 ## test: every test, unit and against the real control plane (builds the control plane if missing)
 test: testenv
@@ -17,6 +17,11 @@ test: testenv
 demo: testenv
 	$(CARGO) build -q -p tenantplane --locked
 	$(CARGO_TARGET_DIR)/debug/tenantplane dev --state-dir .tenantplane/dev
+
+## bench-controller: N tenants (default 100) on the test control plane; prints times, requests, memory
+N ?= 100
+bench-controller: testenv
+	N=$(N) $(CARGO) bench -p tenantplane --locked --bench controller
 
 ## testenv: build etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubectl and kwok
 testenv:

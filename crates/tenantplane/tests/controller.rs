@@ -12,6 +12,7 @@ use kube::{Client, ResourceExt};
 use tenantplane_api::conditions::{self, MODE_SUPPORTED, READY, SYNCED};
 use tenantplane_api::{IsolationProfile, Phase, TenantCluster, TenantMode};
 use tenantplane_controller::{BuildOptions, Connector, ControllerOptions, names};
+use tenantplane_testenv::kubeconfig::{RequestCounter, counting_client};
 use tenantplane_testenv::local_runtime::{self, LocalRuntime};
 use tenantplane_testenv::{
     TestNamespace, eventually, install_crds_and_policies, namespace, repo_path, shared,
@@ -542,49 +543,25 @@ async fn hand_edits_tampering_and_operator_restarts_converge() {
     );
 }
 
-/// A client that counts the requests it sends that are not reads.
-fn counting_client(writes: std::sync::Arc<std::sync::atomic::AtomicUsize>) -> Client {
-    let config = futures::executor::block_on(async {
-        let kc = kube::config::Kubeconfig::read_from(shared().kubeconfig_path()).unwrap();
-        kube::Config::from_custom_kubeconfig(kc, &Default::default())
-            .await
-            .unwrap()
-    });
-    let count = tower::util::MapRequestLayer::new(move |req: http::Request<kube::client::Body>| {
-        if req.method() != http::Method::GET {
-            writes.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-            eprintln!("write: {} {}", req.method(), req.uri().path());
-        }
-        req
-    });
-    kube::client::ClientBuilder::try_from(config)
-        .unwrap()
-        .with_layer(&count)
-        .build()
-}
-
 #[tokio::test]
 async fn a_reconcile_with_nothing_changed_writes_nothing() {
-    use std::sync::atomic::{AtomicUsize, Ordering};
     install_crds_and_policies();
     let ns = namespace("no-writes").await;
-    let writes = std::sync::Arc::new(AtomicUsize::new(0));
-    let client = counting_client(writes.clone());
+    let counter = std::sync::Arc::new(RequestCounter::default());
+    let client = counting_client(shared().kubeconfig_path(), counter.clone())
+        .await
+        .unwrap();
     let operator = start_operator_with(&ns, client);
     example_ready(&ns).await;
-    let creation = writes.load(Ordering::SeqCst);
+    let (_, creation) = counter.get();
     assert!(creation > 5, "creating a tenant takes writes ({creation})");
     eprintln!("writes to bring one tenant to Ready: {creation}");
 
     // Let the last status write come back through the watch, then count over several health
     // reconciles (every 2 s here).
     tokio::time::sleep(Duration::from_secs(3)).await;
-    writes.store(0, Ordering::SeqCst);
+    counter.reset();
     tokio::time::sleep(Duration::from_secs(10)).await;
-    assert_eq!(
-        writes.load(Ordering::SeqCst),
-        0,
-        "steady-state reconciles sent writes"
-    );
+    assert_eq!(counter.get().1, 0, "steady-state reconciles sent writes");
     drop(operator);
 }

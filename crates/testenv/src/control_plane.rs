@@ -404,6 +404,29 @@ impl ControlPlane {
         })
     }
 
+    /// Add simulated nodes `kwok-node-1` … `kwok-node-<count>` (each takes 110 pods), for
+    /// benchmarks with more pods than one node holds. Waits until they are Ready.
+    pub fn add_kwok_nodes(&self, count: usize) -> Result<()> {
+        for i in 1..=count.min(255) {
+            let name = format!("kwok-node-{i}");
+            let yaml = KWOK_NODE_YAML
+                .replace(KWOK_NODE, &name)
+                .replace("10.244.0.0/24", &format!("10.244.{i}.0/24"));
+            let path = self.dir.join("kwok").join(format!("{name}.yaml"));
+            write(&path, &yaml)?;
+            self.kubectl_ok(&["apply", "-f", &path.display().to_string()])?;
+        }
+        self.wait_until("the added nodes to be Ready", || {
+            let out = self.kubectl_output(&[
+                "get",
+                "nodes",
+                "-o",
+                "jsonpath={.items[*].status.conditions[?(@.type==\"Ready\")].status}",
+            ])?;
+            Ok(out.split_whitespace().filter(|s| *s == "True").count() > count.min(255))
+        })
+    }
+
     /// A `kubectl` command for this control plane.
     pub fn kubectl(&self) -> Command {
         let mut cmd = Command::new(self.binaries.path("kubectl"));

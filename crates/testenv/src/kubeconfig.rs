@@ -31,3 +31,48 @@ pub async fn client(path: &Path) -> Result<kube::Client> {
         .map_err(|e| Error::Client(e.to_string()))?;
     kube::Client::try_from(config).map_err(|e| Error::Client(e.to_string()))
 }
+
+/// Requests a client sent, split into reads (GET, including lists and watches) and writes.
+#[derive(Debug, Default)]
+pub struct RequestCounter {
+    pub reads: std::sync::atomic::AtomicUsize,
+    pub writes: std::sync::atomic::AtomicUsize,
+}
+
+impl RequestCounter {
+    /// (reads, writes) so far.
+    pub fn get(&self) -> (usize, usize) {
+        use std::sync::atomic::Ordering::SeqCst;
+        (self.reads.load(SeqCst), self.writes.load(SeqCst))
+    }
+
+    pub fn reset(&self) {
+        use std::sync::atomic::Ordering::SeqCst;
+        self.reads.store(0, SeqCst);
+        self.writes.store(0, SeqCst);
+    }
+}
+
+/// A client for the kubeconfig at `path` that counts every request it sends.
+pub async fn counting_client(
+    path: &Path,
+    counter: std::sync::Arc<RequestCounter>,
+) -> Result<kube::Client> {
+    use std::sync::atomic::Ordering::SeqCst;
+    let kubeconfig = Kubeconfig::read_from(path).map_err(|e| Error::Client(e.to_string()))?;
+    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+        .await
+        .map_err(|e| Error::Client(e.to_string()))?;
+    let count = tower::util::MapRequestLayer::new(move |req: http::Request<kube::client::Body>| {
+        if req.method() == http::Method::GET {
+            counter.reads.fetch_add(1, SeqCst);
+        } else {
+            counter.writes.fetch_add(1, SeqCst);
+        }
+        req
+    });
+    Ok(kube::client::ClientBuilder::try_from(config)
+        .map_err(|e| Error::Client(e.to_string()))?
+        .with_layer(&count)
+        .build())
+}
