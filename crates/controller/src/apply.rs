@@ -9,8 +9,10 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 
-use crate::Error;
+use kube::runtime::reflector::Store;
+
 use crate::names::{FIELD_MANAGER, LABEL_MANAGED_BY, MANAGED_BY};
+use crate::{Error, cache};
 
 /// What [`ensure`] did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -22,13 +24,14 @@ pub enum Outcome {
 
 /// Make `desired` exist as written: apply it when it is missing or when any field it sets differs
 /// from the live object (someone deleted or edited it).
-pub async fn ensure<K>(api: &Api<K>, desired: &K) -> Result<Outcome, Error>
+/// `live` is the cached object (see `cache`), so checking costs no request.
+pub async fn ensure<K>(api: &Api<K>, live: &Store<K>, desired: &K) -> Result<Outcome, Error>
 where
-    K: Resource + Clone + Debug + Serialize + DeserializeOwned,
+    K: Resource<DynamicType = ()> + Clone + Debug + Serialize + DeserializeOwned,
 {
     let name = desired.name_any();
-    let live = api.get_opt(&name).await?;
-    let outcome = match &live {
+    let live = cache::get(live, desired.meta().namespace.as_deref(), &name);
+    let outcome = match live.as_deref() {
         Some(live) if contains(&to_value(live)?, &to_value(desired)?) => {
             return Ok(Outcome::Unchanged);
         }
@@ -46,11 +49,16 @@ where
 
 /// Delete an object we created that should no longer exist. Objects without our label are left
 /// alone: they are someone else's.
-pub async fn ensure_absent<K>(api: &Api<K>, name: &str) -> Result<bool, Error>
+pub async fn ensure_absent<K>(
+    api: &Api<K>,
+    live: &Store<K>,
+    namespace: &str,
+    name: &str,
+) -> Result<bool, Error>
 where
-    K: Resource + Clone + Debug + DeserializeOwned,
+    K: Resource<DynamicType = ()> + Clone + Debug + DeserializeOwned,
 {
-    match api.get_opt(name).await? {
+    match cache::get(live, Some(namespace), name) {
         Some(live)
             if live.labels().get(LABEL_MANAGED_BY).map(String::as_str) == Some(MANAGED_BY) =>
         {

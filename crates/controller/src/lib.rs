@@ -5,6 +5,7 @@
 
 pub mod apply;
 pub mod build;
+pub mod cache;
 pub mod connector;
 pub mod names;
 pub mod reconcile;

@@ -25,6 +25,7 @@ use tracing::{info, warn};
 use crate::Error;
 use crate::apply::{self, Outcome};
 use crate::build::{self, BuildOptions};
+use crate::cache::{self, Caches};
 use crate::connector::Connector;
 use crate::names::{self, FIELD_MANAGER, FINALIZER};
 use crate::status::{self, Progress};
@@ -49,6 +50,7 @@ pub struct Context {
     pub client: Client,
     pub options: ControllerOptions,
     pub recorder: Recorder,
+    pub caches: Caches,
 }
 
 fn now() -> Time {
@@ -65,23 +67,10 @@ pub async fn run(
         Some(ns) => Api::namespaced(client.clone(), ns),
         None => Api::all(client.clone()),
     };
-    let owned = watcher::Config::default().labels(&format!(
-        "{}={}",
-        names::LABEL_MANAGED_BY,
-        names::MANAGED_BY
-    ));
-    fn scoped<K>(client: &Client, ns: &Option<String>) -> Api<K>
-    where
-        K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>,
-    {
-        match ns {
-            Some(ns) => Api::namespaced(client.clone(), ns),
-            None => Api::all(client.clone()),
-        }
-    }
-    let ns = options.namespace.clone();
+    let (caches, triggers) = cache::watch(&client, options.namespace.as_deref());
     let controller = Controller::new(tenants, watcher::Config::default());
     let store = controller.store();
+    let store_for_namespaces = store.clone();
     // A policy change reconciles every tenant that references it.
     let tenants_using = |store: kube::runtime::reflector::Store<TenantCluster>,
                          uses: fn(&TenantCluster, &str) -> bool| {
@@ -100,6 +89,12 @@ pub async fn run(
     let by_policy = tenants_using(store, |tc, n| tc.spec.sync_policy_ref.name == n);
     let profile_mapper = move |profile: IsolationProfile| by_profile(profile.name_any());
     let sync_mapper = move |policy: SyncPolicy| by_policy(policy.name_any());
+    // A control-plane pod belongs to the StatefulSet; its tenant is in its label.
+    let pod_mapper = |pod: Pod| {
+        let tenant = pod.labels().get(names::LABEL_TENANT).cloned();
+        let ns = pod.namespace();
+        tenant.zip(ns).map(|(t, ns)| ObjectRef::new(&t).within(&ns))
+    };
     let context = Arc::new(Context {
         recorder: Recorder::new(
             client.clone(),
@@ -110,24 +105,31 @@ pub async fn run(
         ),
         client: client.clone(),
         options,
+        caches,
     });
     controller
-        .owns(scoped::<StatefulSet>(&client, &ns), owned.clone())
-        .owns(scoped::<Service>(&client, &ns), owned.clone())
-        .owns(scoped::<Secret>(&client, &ns), owned.clone())
-        .owns(scoped::<NetworkPolicy>(&client, &ns), owned.clone())
-        .owns(scoped::<ResourceQuota>(&client, &ns), owned.clone())
-        .owns(scoped::<LimitRange>(&client, &ns), owned)
-        .watches(
-            Api::<IsolationProfile>::all(client.clone()),
-            watcher::Config::default(),
-            profile_mapper,
-        )
-        .watches(
-            Api::<SyncPolicy>::all(client.clone()),
-            watcher::Config::default(),
-            sync_mapper,
-        )
+        .owns_stream(triggers.statefulsets)
+        .owns_stream(triggers.services)
+        .owns_stream(triggers.secrets)
+        .owns_stream(triggers.network_policies)
+        .owns_stream(triggers.quotas)
+        .owns_stream(triggers.limit_ranges)
+        .watches_stream(triggers.pods, pod_mapper)
+        .watches_stream(triggers.profiles, profile_mapper)
+        .watches_stream(triggers.sync_policies, sync_mapper)
+        // Namespace changes (our labels removed by hand) reconcile every tenant in it.
+        .watches_stream(triggers.namespaces, {
+            let store = store_for_namespaces;
+            move |ns: Namespace| {
+                let name = ns.name_any();
+                store
+                    .state()
+                    .into_iter()
+                    .filter(|tc| tc.namespace().as_deref() == Some(name.as_str()))
+                    .map(|tc| ObjectRef::from_obj(&*tc))
+                    .collect::<Vec<_>>()
+            }
+        })
         .graceful_shutdown_on(shutdown)
         .run(reconcile, error_policy, context)
         .for_each(|result| async move {
@@ -243,10 +245,9 @@ async fn apply_tenant(tc: &TenantCluster, ctx: &Context) -> Result<Action, Error
 
     // Dereference.
     let profile_name = &tc.spec.isolation_profile_ref.name;
-    let Some(profile) = Api::<IsolationProfile>::all(client.clone())
-        .get_opt(profile_name)
-        .await?
-    else {
+    let caches = &ctx.caches;
+    caches.ready().await;
+    let Some(profile) = cache::get(&caches.profiles, None, profile_name) else {
         return finish(
             ctx,
             &tc,
@@ -258,11 +259,7 @@ async fn apply_tenant(tc: &TenantCluster, ctx: &Context) -> Result<Action, Error
         .await;
     };
     let policy_name = &tc.spec.sync_policy_ref.name;
-    if Api::<SyncPolicy>::all(client.clone())
-        .get_opt(policy_name)
-        .await?
-        .is_none()
-    {
+    if cache::get(&caches.sync_policies, None, policy_name).is_none() {
         return finish(
             ctx,
             &tc,
@@ -278,11 +275,8 @@ async fn apply_tenant(tc: &TenantCluster, ctx: &Context) -> Result<Action, Error
     let options = &ctx.options.build;
     let wanted_labels = build::isolation::namespace_labels(&profile);
     let namespaces: Api<Namespace> = Api::all(client.clone());
-    let live_labels = namespaces
-        .get(&ns)
-        .await?
-        .metadata
-        .labels
+    let live_labels = cache::get(&caches.namespaces, None, &ns)
+        .and_then(|n| n.metadata.labels.clone())
         .unwrap_or_default();
     if wanted_labels
         .iter()
@@ -293,25 +287,41 @@ async fn apply_tenant(tc: &TenantCluster, ctx: &Context) -> Result<Action, Error
     let policies: Api<NetworkPolicy> = Api::namespaced(client.clone(), &ns);
     let desired_policies = build::isolation::network_policies(&tc, &profile, options)?;
     for policy in &desired_policies {
-        apply::ensure(&policies, policy).await?;
+        apply::ensure(&policies, &caches.network_policies, policy).await?;
     }
     if desired_policies.is_empty() {
         for name in [
             names::isolation_policy(&tenant),
             names::control_plane_policy(&tenant),
         ] {
-            apply::ensure_absent(&policies, &name).await?;
+            apply::ensure_absent(&policies, &caches.network_policies, &ns, &name).await?;
         }
     }
     let quotas: Api<ResourceQuota> = Api::namespaced(client.clone(), &ns);
     match build::isolation::resource_quota(&tc, &profile)? {
-        Some(quota) => drop(apply::ensure(&quotas, &quota).await?),
-        None => drop(apply::ensure_absent(&quotas, &names::resource_quota(&tenant)).await?),
+        Some(quota) => drop(apply::ensure(&quotas, &caches.quotas, &quota).await?),
+        None => drop(
+            apply::ensure_absent(
+                &quotas,
+                &caches.quotas,
+                &ns,
+                &names::resource_quota(&tenant),
+            )
+            .await?,
+        ),
     }
     let limits: Api<LimitRange> = Api::namespaced(client.clone(), &ns);
     match build::isolation::limit_range(&tc, &profile)? {
-        Some(lr) => drop(apply::ensure(&limits, &lr).await?),
-        None => drop(apply::ensure_absent(&limits, &names::limit_range(&tenant)).await?),
+        Some(lr) => drop(apply::ensure(&limits, &caches.limit_ranges, &lr).await?),
+        None => drop(
+            apply::ensure_absent(
+                &limits,
+                &caches.limit_ranges,
+                &ns,
+                &names::limit_range(&tenant),
+            )
+            .await?,
+        ),
     }
 
     // Control plane: PKI (created once, never regenerated), Service, StatefulSet.
@@ -322,11 +332,13 @@ async fn apply_tenant(tc: &TenantCluster, ctx: &Context) -> Result<Action, Error
     };
     apply::ensure(
         &Api::<Service>::namespaced(client.clone(), &ns),
+        &caches.services,
         &build::control_plane::desired_service(&tc)?,
     )
     .await?;
     let sts_outcome = apply::ensure(
         &Api::<StatefulSet>::namespaced(client.clone(), &ns),
+        &caches.statefulsets,
         &build::control_plane::desired_statefulset(&tc, options)?,
     )
     .await?;
@@ -345,10 +357,9 @@ async fn apply_tenant(tc: &TenantCluster, ctx: &Context) -> Result<Action, Error
     }
 
     // Observe the control-plane pod.
-    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
     let pod_name = names::control_plane_pod(&tenant);
     let was_ready = tc.status.as_ref().is_some_and(|s| s.endpoint.is_some());
-    let pod = match pods.get_opt(&pod_name).await? {
+    let pod = match cache::get(&caches.pods, Some(&ns), &pod_name) {
         Some(p) if pod_is_ready(&p) => p,
         other => {
             let detail = match other {
@@ -467,9 +478,10 @@ async fn ensure_pki(
 ) -> Result<Result<TenantPki, String>, Error> {
     let (tenant, _) = build::identity(tc)?;
     let name = names::pki_secret(&tenant);
-    if let Some(secret) = secrets.get_opt(&name).await? {
+    let (_, ns) = build::identity(tc)?;
+    if let Some(secret) = cache::get(&ctx.caches.secrets, Some(&ns), &name) {
         return Ok(
-            TenantPki::from_secret_data(&secret.data.unwrap_or_default())
+            TenantPki::from_secret_data(&secret.data.clone().unwrap_or_default())
                 .map_err(|e| format!("Secret {name}: {e}")),
         );
     }
@@ -516,9 +528,10 @@ async fn ensure_kubeconfig(
 ) -> Result<String, Error> {
     let (tenant, _) = build::identity(tc)?;
     let name = names::kubeconfig_secret(&tenant);
-    let existing = secrets.get_opt(&name).await?;
+    let (_, ns) = build::identity(tc)?;
+    let existing = cache::get(&ctx.caches.secrets, Some(&ns), &name);
     let now_secs = Timestamp::now().as_second();
-    let why = match &existing {
+    let why = match existing.as_deref() {
         None => None,
         Some(secret) => match build::kubeconfig::needs_rewrite(secret, tc, pki, now_secs) {
             None => {

@@ -1,0 +1,155 @@
+//! Reflector caches of everything the reconcile reads. Each kind is watched once: the same watch
+//! fills the cache and triggers reconciles, so a reconcile reads memory instead of the API
+//! server, and a reconcile with nothing to do sends no request at all.
+
+use std::fmt::Debug;
+use std::sync::Arc;
+
+use futures::Stream;
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::core::v1::{LimitRange, Namespace, Pod, ResourceQuota, Secret, Service};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
+use kube::api::Api;
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Client, Resource};
+use serde::de::DeserializeOwned;
+use tenantplane_api::{IsolationProfile, SyncPolicy};
+
+use crate::names;
+
+/// A watch that keeps a cache, as a stream of the objects it touched (for reconcile triggers).
+pub type Trigger<K> = std::pin::Pin<Box<dyn Stream<Item = Result<K, watcher::Error>> + Send>>;
+
+fn cached<K>(api: Api<K>, config: watcher::Config) -> (Store<K>, Trigger<K>)
+where
+    K: Resource<DynamicType = ()> + Clone + Debug + DeserializeOwned + Send + Sync + 'static,
+{
+    let (reader, writer) = reflector::store();
+    let stream = watcher(api, config)
+        .default_backoff()
+        .reflect(writer)
+        .touched_objects();
+    (reader, Box::pin(stream))
+}
+
+/// The caches a reconcile reads.
+#[derive(Clone)]
+pub struct Caches {
+    pub namespaces: Store<Namespace>,
+    pub profiles: Store<IsolationProfile>,
+    pub sync_policies: Store<SyncPolicy>,
+    pub statefulsets: Store<StatefulSet>,
+    pub services: Store<Service>,
+    pub secrets: Store<Secret>,
+    pub network_policies: Store<NetworkPolicy>,
+    pub quotas: Store<ResourceQuota>,
+    pub limit_ranges: Store<LimitRange>,
+    pub pods: Store<Pod>,
+}
+
+/// The watch streams behind [`Caches`]; the controller polls them.
+pub struct Triggers {
+    pub namespaces: Trigger<Namespace>,
+    pub profiles: Trigger<IsolationProfile>,
+    pub sync_policies: Trigger<SyncPolicy>,
+    pub statefulsets: Trigger<StatefulSet>,
+    pub services: Trigger<Service>,
+    pub secrets: Trigger<Secret>,
+    pub network_policies: Trigger<NetworkPolicy>,
+    pub quotas: Trigger<ResourceQuota>,
+    pub limit_ranges: Trigger<LimitRange>,
+    pub pods: Trigger<Pod>,
+}
+
+/// Watches for every cached kind, in `namespace` or everywhere. Namespaced kinds are limited to
+/// the objects the controller made (its `managed-by` label); control-plane pods carry it too.
+pub fn watch(client: &Client, namespace: Option<&str>) -> (Caches, Triggers) {
+    fn scoped<K>(client: &Client, ns: Option<&str>) -> Api<K>
+    where
+        K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>,
+    {
+        match ns {
+            Some(ns) => Api::namespaced(client.clone(), ns),
+            None => Api::all(client.clone()),
+        }
+    }
+    let owned = || {
+        watcher::Config::default().labels(&format!(
+            "{}={}",
+            names::LABEL_MANAGED_BY,
+            names::MANAGED_BY
+        ))
+    };
+    let namespaces_config = match namespace {
+        Some(ns) => watcher::Config::default().fields(&format!("metadata.name={ns}")),
+        None => watcher::Config::default(),
+    };
+    let (namespaces, t_namespaces) = cached(Api::all(client.clone()), namespaces_config);
+    let (profiles, t_profiles) = cached(Api::all(client.clone()), watcher::Config::default());
+    let (sync_policies, t_sync) = cached(Api::all(client.clone()), watcher::Config::default());
+    let (statefulsets, t_sts) = cached(scoped(client, namespace), owned());
+    let (services, t_svc) = cached(scoped(client, namespace), owned());
+    let (secrets, t_secrets) = cached(scoped(client, namespace), owned());
+    let (network_policies, t_np) = cached(scoped(client, namespace), owned());
+    let (quotas, t_quotas) = cached(scoped(client, namespace), owned());
+    let (limit_ranges, t_limits) = cached(scoped(client, namespace), owned());
+    let (pods, t_pods) = cached(scoped(client, namespace), owned());
+    (
+        Caches {
+            namespaces,
+            profiles,
+            sync_policies,
+            statefulsets,
+            services,
+            secrets,
+            network_policies,
+            quotas,
+            limit_ranges,
+            pods,
+        },
+        Triggers {
+            namespaces: t_namespaces,
+            profiles: t_profiles,
+            sync_policies: t_sync,
+            statefulsets: t_sts,
+            services: t_svc,
+            secrets: t_secrets,
+            network_policies: t_np,
+            quotas: t_quotas,
+            limit_ranges: t_limits,
+            pods: t_pods,
+        },
+    )
+}
+
+impl Caches {
+    /// Wait until every cache holds its first full list, so a reconcile never mistakes "not yet
+    /// listed" for "missing".
+    pub async fn ready(&self) {
+        let _ = futures::join!(
+            self.namespaces.wait_until_ready(),
+            self.profiles.wait_until_ready(),
+            self.sync_policies.wait_until_ready(),
+            self.statefulsets.wait_until_ready(),
+            self.services.wait_until_ready(),
+            self.secrets.wait_until_ready(),
+            self.network_policies.wait_until_ready(),
+            self.quotas.wait_until_ready(),
+            self.limit_ranges.wait_until_ready(),
+            self.pods.wait_until_ready(),
+        );
+    }
+}
+
+/// The cached object `namespace/name`.
+pub fn get<K>(store: &Store<K>, namespace: Option<&str>, name: &str) -> Option<Arc<K>>
+where
+    K: Resource<DynamicType = ()> + Clone,
+{
+    let key = ObjectRef::new(name);
+    store.get(&match namespace {
+        Some(ns) => key.within(ns),
+        None => key,
+    })
+}
