@@ -274,6 +274,10 @@ impl ControlPlane {
                 ("leader-elect", "false".into()),
                 ("profiling", "false".into()),
                 ("cert-dir", dir.join(cert_dir).display().to_string()),
+                // The defaults (20 QPS) make the controller manager, not the code under test,
+                // the bottleneck once a benchmark creates hundreds of StatefulSets.
+                ("kube-api-qps", "200".into()),
+                ("kube-api-burst", "400".into()),
             ])
         };
 
