@@ -146,11 +146,27 @@ async fn wait_for_crds(client: &kube::Client) -> anyhow::Result<()> {
 
 /// A line whenever the phase or the Ready message changes, until the tenant is Ready.
 async fn wait_until_ready(client: &kube::Client, started: Instant) -> anyhow::Result<()> {
+    use futures::StreamExt;
+    use kube::runtime::{WatchStreamExt, watcher};
     let api: Api<TenantCluster> = Api::namespaced(client.clone(), NAMESPACE);
+    // A watch sees every status the operator writes, even a Pending that lasts milliseconds.
+    let config = watcher::Config::default().fields(&format!("metadata.name={TENANT}"));
+    let mut updates = watcher(api, config)
+        .default_backoff()
+        .applied_objects()
+        .boxed();
     let mut last = String::new();
     let deadline = Instant::now() + Duration::from_secs(300);
-    loop {
-        let tc = api.get(TENANT).await?;
+    while Instant::now() < deadline {
+        let tc = match tokio::time::timeout(Duration::from_secs(10), updates.next()).await {
+            Ok(Some(Ok(tc))) => tc,
+            Ok(Some(Err(e))) => anyhow::bail!("watching TenantCluster {TENANT}: {e}"),
+            Ok(None) => anyhow::bail!("the watch on TenantCluster {TENANT} ended"),
+            Err(_) => {
+                say(started, &format!("still waiting; {last}"));
+                continue;
+            }
+        };
         let status = tc.status.unwrap_or_default();
         let phase = status
             .phase
@@ -167,13 +183,8 @@ async fn wait_until_ready(client: &kube::Client, started: Instant) -> anyhow::Re
         if phase == "Ready" {
             return Ok(());
         }
-        if Instant::now() > deadline {
-            anyhow::bail!(
-                "TenantCluster {TENANT} did not become Ready within 5 minutes; last: {last}"
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
     }
+    anyhow::bail!("TenantCluster {TENANT} did not become Ready within 5 minutes; last: {last}")
 }
 
 fn on_path(program: &str) -> bool {
