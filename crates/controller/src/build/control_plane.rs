@@ -80,6 +80,21 @@ pub fn desired_service(tc: &TenantCluster) -> Result<Service, Error> {
     )
 }
 
+/// What the control plane requests of the tenant's quota (an agentless k3s server's need).
+pub const CONTROL_PLANE_CPU_REQUEST: &str = "250m";
+pub const CONTROL_PLANE_MEMORY_REQUEST: &str = "512Mi";
+
+/// The smaller of two quantities; `a` when either does not parse (admission checks it).
+fn smaller_quantity<'a>(a: &'a str, b: &'a str) -> &'a str {
+    match (
+        crate::apply::parse_quantity(a),
+        crate::apply::parse_quantity(b),
+    ) {
+        (Some(x), Some(y)) if y < x => b,
+        _ => a,
+    }
+}
+
 /// The StatefulSet running k3s. It passes Pod Security `restricted`: non-root, no privilege
 /// escalation, no capabilities, RuntimeDefault seccomp, no service-account token.
 pub fn desired_statefulset(
@@ -93,17 +108,27 @@ pub fn desired_statefulset(
     if options.local_runtime {
         pod_labels.insert(names::LABEL_RUNTIME.into(), names::RUNTIME_LOCAL.into());
     }
+    // The caps limit the control plane; it requests only what an agentless k3s needs, so the
+    // rest of the tenant's quota is left for its workloads.
     let mut resources = serde_json::Map::new();
-    let mut quantities = serde_json::Map::new();
-    if let Some(cpu) = &tc.spec.resources.cpu {
-        quantities.insert("cpu".into(), json!(cpu));
+    let mut limits = serde_json::Map::new();
+    let mut requests = serde_json::Map::new();
+    for (key, cap, need) in [
+        ("cpu", &tc.spec.resources.cpu, CONTROL_PLANE_CPU_REQUEST),
+        (
+            "memory",
+            &tc.spec.resources.memory,
+            CONTROL_PLANE_MEMORY_REQUEST,
+        ),
+    ] {
+        if let Some(cap) = cap {
+            limits.insert(key.into(), json!(cap));
+            requests.insert(key.into(), json!(smaller_quantity(cap, need)));
+        }
     }
-    if let Some(memory) = &tc.spec.resources.memory {
-        quantities.insert("memory".into(), json!(memory));
-    }
-    if !quantities.is_empty() {
-        resources.insert("requests".into(), json!(quantities));
-        resources.insert("limits".into(), json!(quantities));
+    if !limits.is_empty() {
+        resources.insert("requests".into(), json!(requests));
+        resources.insert("limits".into(), json!(limits));
     }
     let security = json!({
         "runAsNonRoot": true,
@@ -253,12 +278,24 @@ mod tests {
     }
 
     #[test]
-    fn resources_become_requests_and_limits() {
+    fn resources_cap_the_control_plane_which_requests_little() {
         let sts = desired_statefulset(&tenant(), &BuildOptions::default()).unwrap();
         let c = &sts.spec.unwrap().template.spec.unwrap().containers[0];
         let r = c.resources.as_ref().unwrap();
         assert_eq!(r.limits.as_ref().unwrap()["cpu"].0, "2");
-        assert_eq!(r.requests.as_ref().unwrap()["memory"].0, "2Gi");
+        assert_eq!(r.limits.as_ref().unwrap()["memory"].0, "2Gi");
+        assert_eq!(r.requests.as_ref().unwrap()["cpu"].0, "250m");
+        assert_eq!(r.requests.as_ref().unwrap()["memory"].0, "512Mi");
+        let mut small = tenant();
+        small.spec.resources.cpu = Some("100m".into());
+        let sts = desired_statefulset(&small, &BuildOptions::default()).unwrap();
+        let c = &sts.spec.unwrap().template.spec.unwrap().containers[0];
+        let r = c.resources.as_ref().unwrap();
+        assert_eq!(
+            r.requests.as_ref().unwrap()["cpu"].0,
+            "100m",
+            "never above the cap"
+        );
     }
 
     #[test]

@@ -109,8 +109,9 @@ pub fn network_policies(
     ])
 }
 
-/// The ResourceQuota when the profile enforces quota: the tenant's cpu and memory as caps on
-/// requests and limits, plus the profile's extra hard limits.
+/// The ResourceQuota when the profile enforces quota: the tenant's cpu and memory as caps on what
+/// the namespace requests (control plane and synced pods together), plus the profile's extra hard
+/// limits. Limits are not capped in sum: the control plane's limit is the whole cap by itself.
 pub fn resource_quota(
     tc: &TenantCluster,
     profile: &IsolationProfile,
@@ -127,11 +128,9 @@ pub fn resource_quota(
         .collect();
     if let Some(cpu) = &tc.spec.resources.cpu {
         hard.insert("requests.cpu".into(), cpu.clone());
-        hard.insert("limits.cpu".into(), cpu.clone());
     }
     if let Some(memory) = &tc.spec.resources.memory {
         hard.insert("requests.memory".into(), memory.clone());
-        hard.insert("limits.memory".into(), memory.clone());
     }
     if hard.is_empty() {
         return Ok(None);
@@ -238,8 +237,12 @@ mod tests {
     fn quota_caps_come_from_the_tenant_resources() {
         let quota = resource_quota(&tenant(), &profile()).unwrap().unwrap();
         let hard = quota.spec.unwrap().hard.unwrap();
-        assert_eq!(hard["limits.cpu"].0, "2");
+        assert_eq!(hard["requests.cpu"].0, "2");
         assert_eq!(hard["requests.memory"].0, "2Gi");
+        assert!(
+            !hard.contains_key("limits.cpu"),
+            "the control plane's limit alone is the cap"
+        );
         assert_eq!(hard["pods"].0, "100");
         let owner = &quota.metadata.owner_references.unwrap()[0];
         assert_eq!(owner.kind, "TenantCluster");
