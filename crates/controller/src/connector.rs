@@ -46,12 +46,44 @@ impl Connector {
 
     /// A client for the tenant from its kubeconfig, dialling `server`. The serving certificate
     /// carries the in-cluster names, so TLS checks the Service's name whatever address we dial.
+    /// A request that hears nothing for 15 s fails: for reconciles, not for watches.
     pub async fn client(
         &self,
         kubeconfig: &str,
         tenant: &str,
         namespace: &str,
         server: &str,
+    ) -> Result<kube::Client, String> {
+        self.client_with(
+            kubeconfig,
+            tenant,
+            namespace,
+            server,
+            Some(Duration::from_secs(15)),
+        )
+        .await
+    }
+
+    /// Like [`client`](Self::client), for long watches: the API server ends each watch after a
+    /// few minutes, so no read timeout is set.
+    pub async fn watch_client(
+        &self,
+        kubeconfig: &str,
+        tenant: &str,
+        namespace: &str,
+        server: &str,
+    ) -> Result<kube::Client, String> {
+        self.client_with(kubeconfig, tenant, namespace, server, None)
+            .await
+    }
+
+    async fn client_with(
+        &self,
+        kubeconfig: &str,
+        tenant: &str,
+        namespace: &str,
+        server: &str,
+        read_timeout: Option<Duration>,
     ) -> Result<kube::Client, String> {
         let kc = Kubeconfig::from_yaml(kubeconfig)
             .map_err(|e| format!("the kubeconfig does not parse: {e}"))?;
@@ -63,7 +95,7 @@ impl Connector {
             .map_err(|e| format!("{server} is not a URL: {e}"))?;
         config.tls_server_name = Some(format!("{}.{namespace}.svc", names::service(tenant)));
         config.connect_timeout = Some(Duration::from_secs(5));
-        config.read_timeout = Some(Duration::from_secs(15));
+        config.read_timeout = read_timeout;
         kube::Client::try_from(config).map_err(|e| format!("cannot build a client: {e}"))
     }
 }

@@ -10,6 +10,7 @@ pub mod connector;
 pub mod names;
 pub mod reconcile;
 pub mod status;
+pub mod sync;
 pub mod tenant_pki;
 
 pub use build::BuildOptions;

@@ -29,6 +29,7 @@ use crate::cache::{self, Caches};
 use crate::connector::Connector;
 use crate::names::{self, FIELD_MANAGER, FINALIZER};
 use crate::status::{self, Progress};
+use crate::sync::{SyncerSpec, Syncers};
 use crate::tenant_pki::TenantPki;
 
 /// How long a control plane may take to become Ready before the tenant counts as Degraded.
@@ -51,6 +52,7 @@ pub struct Context {
     pub options: ControllerOptions,
     pub recorder: Recorder,
     pub caches: Caches,
+    pub syncers: Syncers,
 }
 
 fn now() -> Time {
@@ -68,6 +70,8 @@ pub async fn run(
         None => Api::all(client.clone()),
     };
     let (caches, triggers) = cache::watch(&client, options.namespace.as_deref());
+    // Syncers ask for a reconcile when their verdict changes.
+    let (sync_tx, sync_rx) = futures::channel::mpsc::unbounded();
     let controller = Controller::new(tenants, watcher::Config::default());
     let store = controller.store();
     let store_for_namespaces = store.clone();
@@ -103,6 +107,7 @@ pub async fn run(
                 instance: std::env::var("POD_NAME").ok(),
             },
         ),
+        syncers: Syncers::new(client.clone(), sync_tx),
         client: client.clone(),
         options,
         caches,
@@ -130,6 +135,7 @@ pub async fn run(
                     .collect::<Vec<_>>()
             }
         })
+        .reconcile_on(sync_rx)
         .graceful_shutdown_on(shutdown)
         .run(reconcile, error_policy, context)
         .for_each(|result| async move {
@@ -259,7 +265,7 @@ async fn apply_tenant(tc: &TenantCluster, ctx: &Context) -> Result<Action, Error
         .await;
     };
     let policy_name = &tc.spec.sync_policy_ref.name;
-    if cache::get(&caches.sync_policies, None, policy_name).is_none() {
+    let Some(sync_policy) = cache::get(&caches.sync_policies, None, policy_name) else {
         return finish(
             ctx,
             &tc,
@@ -269,7 +275,7 @@ async fn apply_tenant(tc: &TenantCluster, ctx: &Context) -> Result<Action, Error
             },
         )
         .await;
-    }
+    };
 
     // Isolate the namespace.
     let options = &ctx.options.build;
@@ -401,25 +407,36 @@ async fn apply_tenant(tc: &TenantCluster, ctx: &Context) -> Result<Action, Error
         Ok(info) => info.git_version,
         Err(e) => return finish(ctx, &tc, Progress::Unreachable(format!("{server}: {e}"))).await,
     };
-    let progress = match sync_pass(&tenant_client).await {
+    // Sync: the tenant's syncer runs continuously; its verdict is the Synced condition.
+    let watch_client = match ctx
+        .options
+        .connector
+        .watch_client(&kubeconfig, &tenant, &ns, &server)
+        .await
+    {
+        Ok(c) => c,
+        Err(detail) => return finish(ctx, &tc, Progress::Unreachable(detail)).await,
+    };
+    let spec = SyncerSpec {
+        tenant: tenant.clone(),
+        host_namespace: ns.clone(),
+        owner: Some(build::owner_reference(&tc)?),
+        policy: sync_policy.spec.clone(),
+        profile: profile.spec.clone(),
+        server,
+        kubeconfig,
+        api_host: names::in_cluster_host(&tenant, &ns),
+        api_port: names::API_PORT,
+    };
+    let progress = match ctx.syncers.ensure(spec, watch_client).await {
         Ok(summary) => Progress::Synced { version, summary },
-        Err(error) => Progress::SyncFailed { version, error },
+        Err(failure) => Progress::SyncFailed {
+            version,
+            reason: failure.reason.to_string(),
+            error: failure.message,
+        },
     };
     finish(ctx, &tc, progress).await
-}
-
-/// The sync pass that exists so far: read the tenant's namespaces, proving that the operator's
-/// credentials work end to end. The syncer makes it whole.
-async fn sync_pass(tenant: &Client) -> Result<String, String> {
-    let namespaces: Api<Namespace> = Api::all(tenant.clone());
-    let list = namespaces
-        .list_metadata(&Default::default())
-        .await
-        .map_err(|e| format!("listing the tenant's namespaces failed: {e}"))?;
-    Ok(format!(
-        "sync pass succeeded: the tenant has {} namespaces",
-        list.items.len()
-    ))
 }
 
 fn pod_is_ready(pod: &Pod) -> bool {
@@ -592,6 +609,8 @@ async fn set_namespace_labels(
 /// Deletion: owned objects go with the garbage collector; the namespace labels are ours to remove.
 async fn cleanup(tc: &TenantCluster, ctx: &Context) -> Result<Action, Error> {
     let (tenant, ns) = build::identity(tc)?;
+    // Stop syncing first, so nothing is copied again while the copies are removed.
+    ctx.syncers.remove(&ns, &tenant).await?;
     let namespaces: Api<Namespace> = Api::all(ctx.client.clone());
     match namespaces.get_opt(&ns).await? {
         Some(n) if n.metadata.deletion_timestamp.is_none() => {

@@ -20,8 +20,12 @@ pub enum Progress {
     ControlPlaneNotReady { detail: String, stuck: bool },
     /// The pod is Ready but the tenant API server does not answer.
     Unreachable(String),
-    /// The tenant answered but the sync pass failed.
-    SyncFailed { version: String, error: String },
+    /// The tenant answered but the syncer reports a failure.
+    SyncFailed {
+        version: String,
+        reason: String,
+        error: String,
+    },
     /// Everything is up and the sync pass succeeded.
     Synced { version: String, summary: String },
 }
@@ -110,7 +114,11 @@ pub fn desired_status(
                 waiting("TenantUnreachable", &message),
             )
         }
-        Progress::SyncFailed { version, error } => (
+        Progress::SyncFailed {
+            version,
+            reason,
+            error,
+        } => (
             Phase::Degraded,
             ConditionSpec::new(
                 READY,
@@ -118,7 +126,7 @@ pub fn desired_status(
                 "ControlPlaneReady",
                 format!("the tenant API server answers at {endpoint} (Kubernetes {version})"),
             ),
-            ConditionSpec::new(SYNCED, false, "SyncFailed", error.clone()),
+            ConditionSpec::new(SYNCED, false, reason.clone(), error.clone()),
         ),
         Progress::Synced { version, summary } => (
             Phase::Ready,
@@ -209,6 +217,7 @@ mod tests {
             (
                 Progress::SyncFailed {
                     version: "v1".into(),
+                    reason: "SyncFailed".into(),
                     error: "e".into(),
                 },
                 Phase::Degraded,

@@ -4,113 +4,19 @@
 
 use std::time::Duration;
 
+mod common;
+use common::*;
+
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{LimitRange, Namespace, Pod, ResourceQuota, Secret, Service};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
+use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, PostParams};
-use kube::{Client, ResourceExt};
-use tenantplane_api::conditions::{self, MODE_SUPPORTED, READY, SYNCED};
+use tenantplane_api::conditions::{MODE_SUPPORTED, READY, SYNCED};
 use tenantplane_api::{IsolationProfile, Phase, TenantCluster, TenantMode};
-use tenantplane_controller::{BuildOptions, Connector, ControllerOptions, names};
+use tenantplane_controller::{Connector, names};
 use tenantplane_testenv::kubeconfig::{RequestCounter, counting_client};
-use tenantplane_testenv::local_runtime::{self, LocalRuntime};
-use tenantplane_testenv::{
-    TestNamespace, eventually, install_crds_and_policies, namespace, repo_path, shared,
-};
-
-const WAIT: Duration = Duration::from_secs(90);
-
-/// The operator and the local runtime for one namespace; both stop when this is dropped.
-struct Operator {
-    tasks: Vec<tokio::task::JoinHandle<()>>,
-    runtime: LocalRuntime,
-}
-
-impl Drop for Operator {
-    fn drop(&mut self) {
-        for t in &self.tasks {
-            t.abort();
-        }
-    }
-}
-
-fn options(ns: &str) -> ControllerOptions {
-    ControllerOptions {
-        build: BuildOptions {
-            service_cidr: tenantplane_testenv::control_plane::SERVICE_CIDR.into(),
-            local_runtime: true,
-            ..Default::default()
-        },
-        connector: Connector::Local,
-        namespace: Some(ns.to_string()),
-        health_interval: Some(Duration::from_secs(2)),
-    }
-}
-
-fn start_operator(ns: &TestNamespace) -> Operator {
-    start_operator_with(ns, ns.client.clone())
-}
-
-/// The operator talking through `client`; the local runtime through the namespace's client.
-fn start_operator_with(ns: &TestNamespace, client: Client) -> Operator {
-    let controller = tokio::spawn(tenantplane_controller::run(
-        client,
-        options(&ns.name),
-        futures::future::pending(),
-    ));
-    let (runtime, task) = local_runtime::start(
-        ns.client.clone(),
-        shared().binaries().clone(),
-        shared().dir().join("runtime"),
-        Some(ns.name.clone()),
-    );
-    Operator {
-        tasks: vec![controller, task],
-        runtime,
-    }
-}
-
-/// Apply the seed example in the test's namespace and wait until it is Ready.
-async fn example_ready(ns: &TestNamespace) -> TenantCluster {
-    Api::<TenantCluster>::namespaced(ns.client.clone(), &ns.name)
-        .create(&PostParams::default(), &example(&ns.name))
-        .await
-        .unwrap();
-    wait_for_phase(&ns.client, &ns.name, "dev", Phase::Ready).await
-}
-
-/// The seed example, in the test's namespace.
-fn example(ns: &str) -> TenantCluster {
-    let text = std::fs::read_to_string(repo_path("examples/tenantcluster-dev.yaml")).unwrap();
-    let mut tc: TenantCluster = serde_yaml::from_str(&text).unwrap();
-    tc.metadata.namespace = Some(ns.to_string());
-    tc
-}
-
-async fn wait_for_phase(client: &Client, ns: &str, name: &str, phase: Phase) -> TenantCluster {
-    let api: Api<TenantCluster> = Api::namespaced(client.clone(), ns);
-    let last = std::sync::Mutex::new(None);
-    let found = eventually(WAIT, || async {
-        let tc = api.get(name).await.ok()?;
-        *last.lock().unwrap() = tc.status.clone();
-        (tc.status.as_ref()?.phase == Some(phase)).then_some(tc)
-    })
-    .await;
-    found.unwrap_or_else(|| {
-        panic!(
-            "{ns}/{name} never reached {phase}; last status: {:#?}",
-            last.lock().unwrap()
-        )
-    })
-}
-
-fn condition<'a>(
-    tc: &'a TenantCluster,
-    type_: &str,
-) -> &'a k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
-    conditions::find(&tc.status.as_ref().unwrap().conditions, type_)
-        .unwrap_or_else(|| panic!("no {type_} condition"))
-}
+use tenantplane_testenv::{eventually, install_crds_and_policies, namespace, repo_path, shared};
 
 #[tokio::test]
 async fn the_seed_lifecycle_from_apply_to_deletion() {
@@ -166,8 +72,8 @@ async fn the_seed_lifecycle_from_apply_to_deletion() {
         .await
         .unwrap();
     let hard = quota.spec.unwrap().hard.unwrap();
-    assert_eq!(hard["limits.cpu"].0, "2");
-    assert_eq!(hard["limits.memory"].0, "2Gi");
+    assert_eq!(hard["requests.cpu"].0, "2");
+    assert_eq!(hard["requests.memory"].0, "2Gi");
     assert!(
         Api::<LimitRange>::namespaced(c.clone(), &ns.name)
             .get_opt("dev-limits")
@@ -455,7 +361,7 @@ async fn hand_edits_tampering_and_operator_restarts_converge() {
         .await
         .unwrap();
     let quotas = Api::<ResourceQuota>::namespaced(c.clone(), &ns.name);
-    let edit = serde_json::json!({"spec": {"hard": {"limits.cpu": "64"}}});
+    let edit = serde_json::json!({"spec": {"hard": {"requests.cpu": "64"}}});
     quotas
         .patch(
             "dev-quota",
@@ -467,7 +373,7 @@ async fn hand_edits_tampering_and_operator_restarts_converge() {
     let restored = eventually(WAIT, || async {
         let np = policies.get_opt("dev-isolation").await.ok()??;
         let q = quotas.get("dev-quota").await.ok()?;
-        let cpu = q.spec?.hard?.get("limits.cpu")?.0.clone();
+        let cpu = q.spec?.hard?.get("requests.cpu")?.0.clone();
         (cpu == "2").then_some(np)
     })
     .await;

@@ -1,0 +1,229 @@
+//! Name translation and ownership marks, in one place. A tenant object `name` in tenant
+//! namespace `namespace` of tenant `tenant` lives on the host as `<name>-x-<namespace>-x-<tenant>`
+//! in the tenant's host namespace. When that is longer than 63 characters, or could be read as
+//! another triple (a part contains `-x-`), the name is cut and a hash of the whole triple is added,
+//! so two triples never share a host name.
+
+use std::collections::BTreeMap;
+
+use kube::api::ObjectMeta;
+
+/// Every synced host object carries these labels…
+pub const LABEL_SYNCED_FROM: &str = "tenantplane.io/synced-from";
+pub const LABEL_VIRTUAL_NAMESPACE: &str = "tenantplane.io/virtual-namespace";
+/// The tenant object's name when it is a valid label value, else its hash.
+pub const LABEL_VIRTUAL_NAME: &str = "tenantplane.io/virtual-name";
+/// …and these annotations, which hold the full values.
+pub const ANNOTATION_TENANT: &str = "tenantplane.io/tenant";
+pub const ANNOTATION_VIRTUAL_NAMESPACE: &str = "tenantplane.io/virtual-namespace";
+pub const ANNOTATION_VIRTUAL_NAME: &str = "tenantplane.io/virtual-name";
+pub const ANNOTATION_VIRTUAL_UID: &str = "tenantplane.io/virtual-uid";
+/// The tenant service account a host pod runs as (for people reading the host).
+pub const ANNOTATION_SERVICE_ACCOUNT: &str = "tenantplane.io/service-account";
+/// On a host token Secret: when its token should be minted again (RFC 3339).
+pub const ANNOTATION_TOKEN_REFRESH: &str = "tenantplane.io/token-refresh-at";
+/// Tenant labels and annotations under this prefix are not copied: a tenant cannot claim to be
+/// another tenant's object, or the operator's.
+pub const RESERVED_PREFIX: &str = "tenantplane.io/";
+/// The field manager of the syncer's writes, on both sides.
+pub const SYNCER_MANAGER: &str = "tenantplane-syncer";
+
+const SEPARATOR: &str = "-x-";
+const MAX_NAME: usize = 63;
+const HASH_CHARS: usize = 16;
+
+fn hash(parts: &[&str]) -> String {
+    let digest = ring::digest::digest(&ring::digest::SHA256, parts.join("/").as_bytes());
+    digest
+        .as_ref()
+        .iter()
+        .take(HASH_CHARS / 2)
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// The host name of tenant object `name` in `namespace` (empty for cluster-scoped kinds).
+pub fn host_name(name: &str, namespace: &str, tenant: &str) -> String {
+    let plain = format!("{name}{SEPARATOR}{namespace}{SEPARATOR}{tenant}");
+    let separators = (0..plain.len())
+        .filter(|&i| plain[i..].starts_with(SEPARATOR))
+        .count();
+    if plain.len() <= MAX_NAME && separators == 2 {
+        return plain;
+    }
+    let keep = MAX_NAME - HASH_CHARS - 1;
+    let mut prefix: String = plain.chars().take(keep).collect();
+    // A name must end with an alphanumeric character.
+    while prefix.ends_with(['-', '.']) {
+        prefix.pop();
+    }
+    format!("{prefix}-{}", hash(&[tenant, namespace, name]))
+}
+
+/// `value` as a label value: itself when it is one, else its hash.
+pub fn label_value(value: &str) -> String {
+    let valid = value.len() <= MAX_NAME
+        && value
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+        && value
+            .chars()
+            .next()
+            .is_none_or(|c| c.is_ascii_alphanumeric())
+        && value
+            .chars()
+            .last()
+            .is_none_or(|c| c.is_ascii_alphanumeric());
+    if valid {
+        value.to_string()
+    } else {
+        hash(&[value])
+    }
+}
+
+/// Which tenant object a host object stands for.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Virtual {
+    pub namespace: String,
+    pub name: String,
+    pub uid: String,
+}
+
+/// The ownership labels of a host copy of `namespace/name` (namespace empty when cluster-scoped).
+pub fn owner_labels(tenant: &str, namespace: &str, name: &str) -> BTreeMap<String, String> {
+    BTreeMap::from([
+        (LABEL_SYNCED_FROM.to_string(), tenant.to_string()),
+        (LABEL_VIRTUAL_NAMESPACE.to_string(), label_value(namespace)),
+        (LABEL_VIRTUAL_NAME.to_string(), label_value(name)),
+    ])
+}
+
+/// The ownership annotations of a host copy.
+pub fn owner_annotations(tenant: &str, of: &Virtual) -> BTreeMap<String, String> {
+    BTreeMap::from([
+        (ANNOTATION_TENANT.to_string(), tenant.to_string()),
+        (
+            ANNOTATION_VIRTUAL_NAMESPACE.to_string(),
+            of.namespace.clone(),
+        ),
+        (ANNOTATION_VIRTUAL_NAME.to_string(), of.name.clone()),
+        (ANNOTATION_VIRTUAL_UID.to_string(), of.uid.clone()),
+    ])
+}
+
+/// The label selector of everything synced from `tenant`.
+pub fn synced_selector(tenant: &str) -> String {
+    format!("{LABEL_SYNCED_FROM}={tenant}")
+}
+
+/// The tenant object a host object was synced from, if it is `tenant`'s.
+pub fn virtual_of(meta: &ObjectMeta, tenant: &str) -> Option<Virtual> {
+    let labels = meta.labels.as_ref()?;
+    if labels.get(LABEL_SYNCED_FROM).map(String::as_str) != Some(tenant) {
+        return None;
+    }
+    let a = meta.annotations.as_ref()?;
+    if a.get(ANNOTATION_TENANT).map(String::as_str) != Some(tenant) {
+        return None;
+    }
+    Some(Virtual {
+        namespace: a.get(ANNOTATION_VIRTUAL_NAMESPACE)?.clone(),
+        name: a.get(ANNOTATION_VIRTUAL_NAME)?.clone(),
+        uid: a.get(ANNOTATION_VIRTUAL_UID).cloned().unwrap_or_default(),
+    })
+}
+
+/// A tenant's labels or annotations without the reserved ones.
+pub fn copyable(map: Option<&BTreeMap<String, String>>) -> BTreeMap<String, String> {
+    map.into_iter()
+        .flatten()
+        .filter(|(k, _)| !k.starts_with(RESERVED_PREFIX))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn short_names_read_as_the_triple() {
+        assert_eq!(
+            host_name("web-0", "default", "dev"),
+            "web-0-x-default-x-dev"
+        );
+    }
+
+    #[test]
+    fn long_names_are_cut_with_a_hash() {
+        let long = "a".repeat(80);
+        let name = host_name(&long, "default", "dev");
+        assert_eq!(name.len(), 63);
+        assert_ne!(name, host_name(&format!("{long}b"), "default", "dev"));
+    }
+
+    #[test]
+    fn ambiguous_triples_do_not_collide() {
+        // Both would read "a-x-x-b-x-t" in the plain form.
+        let one = host_name("a-x", "b", "t");
+        let two = host_name("a", "x-b", "t");
+        assert_ne!(one, two);
+        let three = host_name("a-x-b", "c", "t");
+        let four = host_name("a", "b-x-c", "t");
+        assert_ne!(three, four);
+    }
+
+    #[test]
+    fn label_values_fall_back_to_a_hash() {
+        assert_eq!(label_value("web"), "web");
+        let long = label_value(&"a".repeat(100));
+        assert_eq!(long.len(), 16);
+        assert_eq!(label_value(""), "");
+    }
+
+    #[test]
+    fn ownership_round_trips_and_refuses_other_tenants() {
+        let of = Virtual {
+            namespace: "default".into(),
+            name: "web".into(),
+            uid: "u1".into(),
+        };
+        let meta = ObjectMeta {
+            labels: Some(owner_labels("dev", "default", "web")),
+            annotations: Some(owner_annotations("dev", &of)),
+            ..Default::default()
+        };
+        assert_eq!(virtual_of(&meta, "dev"), Some(of));
+        assert_eq!(virtual_of(&meta, "other"), None);
+    }
+
+    #[test]
+    fn reserved_keys_are_not_copied() {
+        let map = BTreeMap::from([
+            ("app".to_string(), "web".to_string()),
+            (LABEL_SYNCED_FROM.to_string(), "someone-else".to_string()),
+        ]);
+        assert_eq!(copyable(Some(&map)).len(), 1);
+    }
+
+    fn dns_label() -> impl Strategy<Value = String> {
+        "[a-z0-9]([a-z0-9-]{0,40}[a-z0-9])?"
+    }
+
+    proptest! {
+        #[test]
+        fn host_names_are_valid_and_distinct(
+            a in (dns_label(), dns_label(), dns_label()),
+            b in (dns_label(), dns_label(), dns_label()),
+        ) {
+            let x = host_name(&a.0, &a.1, &a.2);
+            let y = host_name(&b.0, &b.1, &b.2);
+            prop_assert!(x.len() <= 63);
+            prop_assert!(x.chars().last().unwrap().is_ascii_alphanumeric());
+            if a != b {
+                prop_assert_ne!(x, y);
+            }
+        }
+    }
+}

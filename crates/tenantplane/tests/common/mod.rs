@@ -1,0 +1,177 @@
+//! Helpers of the behaviour tests: the operator and the local runtime for one test namespace, the
+//! seed example, waiting for a phase, and a client for a tenant.
+
+#![allow(dead_code)]
+
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Pod, Secret, ServiceAccount};
+use kube::api::{Api, PostParams};
+use kube::{Client, ResourceExt};
+use tenantplane_api::conditions;
+use tenantplane_api::{Phase, TenantCluster};
+use tenantplane_controller::{BuildOptions, Connector, ControllerOptions, names};
+use tenantplane_testenv::local_runtime::{self, LocalRuntime};
+use tenantplane_testenv::{TestNamespace, eventually, repo_path, shared};
+
+pub const WAIT: Duration = Duration::from_secs(90);
+
+/// The operator and the local runtime for one namespace; both stop when this is dropped.
+pub struct Operator {
+    pub tasks: Vec<tokio::task::JoinHandle<()>>,
+    pub runtime: LocalRuntime,
+}
+
+impl Drop for Operator {
+    fn drop(&mut self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+    }
+}
+
+impl Operator {
+    /// Stop the operator and start a new one, as a restart would; the tenant control planes (the
+    /// local runtime) keep running.
+    pub fn restart_controller(&mut self, ns: &TestNamespace) {
+        self.tasks[0].abort();
+        self.tasks[0] = tokio::spawn(tenantplane_controller::run(
+            ns.client.clone(),
+            options(&ns.name),
+            futures::future::pending(),
+        ));
+    }
+}
+
+pub fn options(ns: &str) -> ControllerOptions {
+    ControllerOptions {
+        build: BuildOptions {
+            service_cidr: tenantplane_testenv::control_plane::SERVICE_CIDR.into(),
+            local_runtime: true,
+            ..Default::default()
+        },
+        connector: Connector::Local,
+        namespace: Some(ns.to_string()),
+        health_interval: Some(Duration::from_secs(2)),
+    }
+}
+
+pub fn start_operator(ns: &TestNamespace) -> Operator {
+    start_operator_with(ns, ns.client.clone())
+}
+
+/// The operator talking through `client`; the local runtime through the namespace's client.
+pub fn start_operator_with(ns: &TestNamespace, client: Client) -> Operator {
+    // The operator's log, shown for failing tests; `RUST_LOG` picks the detail.
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_test_writer()
+        .try_init();
+    let controller = tokio::spawn(tenantplane_controller::run(
+        client,
+        options(&ns.name),
+        futures::future::pending(),
+    ));
+    let (runtime, task) = local_runtime::start(
+        ns.client.clone(),
+        shared().binaries().clone(),
+        shared().dir().join("runtime"),
+        Some(ns.name.clone()),
+    );
+    Operator {
+        tasks: vec![controller, task],
+        runtime,
+    }
+}
+
+/// Apply the seed example in the test's namespace and wait until it is Ready.
+pub async fn example_ready(ns: &TestNamespace) -> TenantCluster {
+    Api::<TenantCluster>::namespaced(ns.client.clone(), &ns.name)
+        .create(&PostParams::default(), &example(&ns.name))
+        .await
+        .unwrap();
+    wait_for_phase(&ns.client, &ns.name, "dev", Phase::Ready).await
+}
+
+/// The seed example, in the test's namespace.
+pub fn example(ns: &str) -> TenantCluster {
+    let text = std::fs::read_to_string(repo_path("examples/tenantcluster-dev.yaml")).unwrap();
+    let mut tc: TenantCluster = serde_yaml::from_str(&text).unwrap();
+    tc.metadata.namespace = Some(ns.to_string());
+    tc
+}
+
+pub async fn wait_for_phase(client: &Client, ns: &str, name: &str, phase: Phase) -> TenantCluster {
+    let api: Api<TenantCluster> = Api::namespaced(client.clone(), ns);
+    let last = std::sync::Mutex::new(None);
+    let found = eventually(WAIT, || async {
+        let tc = api.get(name).await.ok()?;
+        *last.lock().unwrap() = tc.status.clone();
+        (tc.status.as_ref()?.phase == Some(phase)).then_some(tc)
+    })
+    .await;
+    found.unwrap_or_else(|| {
+        panic!(
+            "{ns}/{name} never reached {phase}; last status: {:#?}",
+            last.lock().unwrap()
+        )
+    })
+}
+
+pub fn condition<'a>(
+    tc: &'a TenantCluster,
+    type_: &str,
+) -> &'a k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
+    conditions::find(&tc.status.as_ref().unwrap().conditions, type_)
+        .unwrap_or_else(|| panic!("no {type_} condition"))
+}
+
+/// A client for tenant `name` in `ns`: its kubeconfig Secret, dialled where the local runtime
+/// says the tenant API server answers.
+pub async fn tenant_client(host: &Client, ns: &str, name: &str) -> Client {
+    let secret = Api::<Secret>::namespaced(host.clone(), ns)
+        .get(&names::kubeconfig_secret(name))
+        .await
+        .unwrap();
+    let text = String::from_utf8(secret.data.unwrap()[names::KUBECONFIG_KEY].0.clone()).unwrap();
+    let pod = Api::<Pod>::namespaced(host.clone(), ns)
+        .get(&names::control_plane_pod(name))
+        .await
+        .unwrap();
+    let server = Connector::Local.server(name, ns, &pod).unwrap();
+    let client = Connector::Local
+        .client(&text, name, ns, &server)
+        .await
+        .unwrap();
+    // Pods are refused until the tenant's controller manager made the default ServiceAccount.
+    let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), "default");
+    let ready = eventually(WAIT, || async {
+        accounts.get_opt("default").await.ok()?.map(|_| ())
+    })
+    .await;
+    assert!(
+        ready.is_some(),
+        "the tenant never made ServiceAccount default/default"
+    );
+    client
+}
+
+/// A TenantCluster like the seed example, named `name`, in `ns`.
+pub fn tenant_named(ns: &str, name: &str) -> TenantCluster {
+    let mut tc = example(ns);
+    tc.metadata.name = Some(name.to_string());
+    tc
+}
+
+/// Create `tc` and wait until it is Ready.
+pub async fn create_ready(client: &Client, tc: &TenantCluster) -> TenantCluster {
+    let ns = tc.namespace().unwrap();
+    Api::<TenantCluster>::namespaced(client.clone(), &ns)
+        .create(&PostParams::default(), tc)
+        .await
+        .unwrap();
+    wait_for_phase(client, &ns, &tc.name_any(), Phase::Ready).await
+}

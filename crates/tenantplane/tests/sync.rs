@@ -1,0 +1,692 @@
+//! The syncer against the real parts: the host is the test control plane (its scheduler places
+//! the copies, kwok runs them, its Pod Security admission judges them); the tenant is the local
+//! runtime's kube-apiserver and kube-controller-manager (its Deployment and ReplicaSet
+//! controllers make the pods).
+
+use std::collections::BTreeSet;
+
+mod common;
+use common::*;
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec};
+use k8s_openapi::api::core::v1::{ConfigMap, Event, Node, Pod, Secret, Service};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::{Client, ResourceExt};
+use serde::Deserialize;
+use serde_json::json;
+use tenantplane_api::TenantCluster;
+use tenantplane_api::conditions::SYNCED;
+use tenantplane_controller::sync::naming;
+use tenantplane_testenv::{eventually, install_crds_and_policies, namespace};
+
+/// A container that passes Pod Security `restricted`.
+fn container(name: &str) -> serde_json::Value {
+    json!({
+        "name": name,
+        "image": "registry.example/web:1",
+        "resources": {"requests": {"cpu": "10m", "memory": "16Mi"}},
+        "securityContext": {
+            "runAsNonRoot": true, "runAsUser": 1000,
+            "allowPrivilegeEscalation": false,
+            "capabilities": {"drop": ["ALL"]},
+            "seccompProfile": {"type": "RuntimeDefault"}
+        }
+    })
+}
+
+fn deployment(replicas: i32) -> Deployment {
+    let mut c = container("web");
+    c["envFrom"] = json!([{"secretRef": {"name": "creds"}}]);
+    c["volumeMounts"] = json!([{"name": "conf", "mountPath": "/etc/web"}]);
+    serde_json::from_value(json!({
+        "metadata": {"name": "web", "namespace": "default"},
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": {"app": "web"}},
+            "template": {
+                "metadata": {"labels": {"app": "web"}},
+                "spec": {
+                    "containers": [c],
+                    "volumes": [{"name": "conf", "configMap": {"name": "conf"}}],
+                    "terminationGracePeriodSeconds": 1
+                }
+            }
+        }
+    }))
+    .unwrap()
+}
+
+fn config_map(name: &str, value: &str) -> ConfigMap {
+    serde_json::from_value(json!({
+        "metadata": {"name": name, "namespace": "default"},
+        "data": {"value": value}
+    }))
+    .unwrap()
+}
+
+/// Host pods synced from `tenant`, by tenant name.
+async fn host_pods(host: &Client, ns: &str, tenant: &str) -> Vec<Pod> {
+    Api::<Pod>::namespaced(host.clone(), ns)
+        .list(&ListParams::default().labels(&naming::synced_selector(tenant)))
+        .await
+        .unwrap()
+        .items
+}
+
+fn virtual_name(p: &Pod) -> String {
+    p.annotations()[naming::ANNOTATION_VIRTUAL_NAME].clone()
+}
+
+fn running(p: &Pod) -> bool {
+    p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
+}
+
+/// Wait until the tenant has `n` Running pods labelled `app=web`, each bound to a node, and the
+/// host has exactly their copies; returns the tenant pods.
+async fn converged(host: &Client, tenant: &Client, ns: &str, name: &str, n: usize) -> Vec<Pod> {
+    let pods: Api<Pod> = Api::namespaced(tenant.clone(), "default");
+    let last = std::sync::Mutex::new(String::new());
+    let found = eventually(WAIT, || async {
+        let t = pods
+            .list(&ListParams::default().labels("app=web"))
+            .await
+            .ok()?
+            .items;
+        let h = host_pods(host, ns, name).await;
+        let t_names: BTreeSet<String> = t.iter().map(|p| p.name_any()).collect();
+        let h_names: BTreeSet<String> = h
+            .iter()
+            .filter(|p| p.metadata.deletion_timestamp.is_none())
+            .map(virtual_name)
+            .collect();
+        *last.lock().unwrap() = format!(
+            "tenant {:?} running {}, host {:?} running {}",
+            t_names,
+            t.iter().filter(|p| running(p)).count(),
+            h_names,
+            h.iter().filter(|p| running(p)).count()
+        );
+        let bound = t
+            .iter()
+            .all(|p| p.spec.as_ref().and_then(|s| s.node_name.as_ref()).is_some());
+        (t.len() == n
+            && h.len() == n
+            && t_names == h_names
+            && t.iter().all(running)
+            && h.iter().all(running)
+            && bound)
+            .then_some(t)
+    })
+    .await;
+    found.unwrap_or_else(|| panic!("never converged to {n} pods: {}", last.lock().unwrap()))
+}
+
+async fn synced_condition(host: &Client, ns: &str, name: &str) -> (String, String, String) {
+    let tc = Api::<TenantCluster>::namespaced(host.clone(), ns)
+        .get(name)
+        .await
+        .unwrap();
+    let c = condition(&tc, SYNCED);
+    (c.status.clone(), c.reason.clone(), c.message.clone())
+}
+
+#[tokio::test]
+async fn a_deployment_runs_on_the_host_and_everything_converges() {
+    install_crds_and_policies();
+    let ns = namespace("sync").await;
+    let mut operator = start_operator(&ns);
+    let host = ns.client.clone();
+    example_ready(&ns).await;
+    let tenant = tenant_client(&host, &ns.name, "dev").await;
+    let pp = PostParams::default();
+
+    // What the pods use, and something they do not.
+    let cms: Api<ConfigMap> = Api::namespaced(tenant.clone(), "default");
+    cms.create(&pp, &config_map("conf", "one")).await.unwrap();
+    cms.create(&pp, &config_map("unused", "x")).await.unwrap();
+    let secret: Secret = serde_json::from_value(json!({
+        "metadata": {"name": "creds", "namespace": "default"},
+        "stringData": {"PASSWORD": "hunter2"}
+    }))
+    .unwrap();
+    Api::<Secret>::namespaced(tenant.clone(), "default")
+        .create(&pp, &secret)
+        .await
+        .unwrap();
+    let deployments: Api<Deployment> = Api::namespaced(tenant.clone(), "default");
+    deployments.create(&pp, &deployment(3)).await.unwrap();
+    let svc: Service = serde_json::from_value(json!({
+        "metadata": {"name": "web", "namespace": "default"},
+        "spec": {"selector": {"app": "web"}, "ports": [{"name": "http", "port": 80}]}
+    }))
+    .unwrap();
+    Api::<Service>::namespaced(tenant.clone(), "default")
+        .create(&pp, &svc)
+        .await
+        .unwrap();
+
+    // 3 pods in the tenant, 3 copies on the host, Running on both sides, bound to a virtual node.
+    let tenant_pods = converged(&host, &tenant, &ns.name, "dev", 3).await;
+    let copies = host_pods(&host, &ns.name, "dev").await;
+    for copy in &copies {
+        let v = virtual_name(copy);
+        assert_eq!(copy.name_any(), format!("{v}-x-default-x-dev"));
+        let spec = copy.spec.as_ref().unwrap();
+        assert_eq!(spec.automount_service_account_token, Some(false));
+        assert!(
+            spec.service_account_name
+                .as_deref()
+                .is_none_or(|s| s == "default"),
+            "the host's account, never the tenant's"
+        );
+        let t = tenant_pods.iter().find(|p| p.name_any() == v).unwrap();
+        assert_eq!(
+            copy.annotations()[naming::ANNOTATION_VIRTUAL_UID],
+            t.uid().unwrap()
+        );
+        let env = spec.containers[0].env.clone().unwrap_or_default();
+        let host_var = env
+            .iter()
+            .find(|e| e.name == "KUBERNETES_SERVICE_HOST")
+            .unwrap();
+        assert_eq!(
+            host_var.value.as_deref(),
+            Some(format!("dev.{}.svc", ns.name).as_str()),
+            "pods reach the tenant API, not the host's"
+        );
+        assert_eq!(
+            t.status.as_ref().unwrap().pod_ip,
+            copy.status.as_ref().unwrap().pod_ip,
+            "the host pod's IP shows in the tenant"
+        );
+    }
+    let node_name = tenant_pods[0]
+        .spec
+        .as_ref()
+        .unwrap()
+        .node_name
+        .clone()
+        .unwrap();
+    let node = Api::<Node>::all(tenant.clone())
+        .get(&node_name)
+        .await
+        .unwrap();
+    let ready = node
+        .status
+        .and_then(|s| s.conditions)
+        .unwrap()
+        .into_iter()
+        .find(|c| c.type_ == "Ready")
+        .unwrap();
+    assert_eq!(ready.status, "True");
+
+    // Only the ConfigMap and Secret the pods use are on the host; the token is minted by the
+    // tenant, kept in a Secret the host pod owns, and the tenant API accepts it.
+    let host_cms: Api<ConfigMap> = Api::namespaced(host.clone(), &ns.name);
+    let host_secrets: Api<Secret> = Api::namespaced(host.clone(), &ns.name);
+    assert!(
+        host_cms
+            .get_opt("conf-x-default-x-dev")
+            .await
+            .unwrap()
+            .is_some()
+    );
+    assert!(
+        host_cms
+            .get_opt("unused-x-default-x-dev")
+            .await
+            .unwrap()
+            .is_none()
+    );
+    assert!(
+        host_secrets
+            .get_opt("creds-x-default-x-dev")
+            .await
+            .unwrap()
+            .is_some()
+    );
+    let first = &copies[0];
+    let token_secret = host_secrets
+        .get(&format!("{}-token", first.name_any()))
+        .await
+        .unwrap();
+    assert_eq!(
+        token_secret.owner_references()[0].uid,
+        first.uid().unwrap(),
+        "owned by the host pod, so it goes with it"
+    );
+    let token = String::from_utf8(token_secret.data.unwrap()["token-0"].0.clone()).unwrap();
+    let review = Api::<TokenReview>::all(tenant.clone())
+        .create(
+            &pp,
+            &TokenReview {
+                spec: TokenReviewSpec {
+                    token: Some(token),
+                    audiences: None,
+                },
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    let status = review.status.unwrap();
+    assert_eq!(status.authenticated, Some(true), "{status:?}");
+    assert_eq!(
+        status.user.unwrap().username.as_deref(),
+        Some("system:serviceaccount:default:default")
+    );
+
+    // The tenant Service carries its host copy's cluster IP.
+    let ip = eventually(WAIT, || async {
+        let t = Api::<Service>::namespaced(tenant.clone(), "default")
+            .get("web")
+            .await
+            .ok()?;
+        let h = Api::<Service>::namespaced(host.clone(), &ns.name)
+            .get("web-x-default-x-dev")
+            .await
+            .ok()?;
+        let t_ip = t.spec?.cluster_ip?;
+        (Some(&t_ip) == h.spec?.cluster_ip.as_ref()).then_some(t_ip)
+    })
+    .await;
+    assert!(
+        ip.is_some(),
+        "the tenant Service never took the host's cluster IP"
+    );
+
+    // Host Events about the copies show up in the tenant, about the tenant's pods.
+    let scheduled = eventually(WAIT, || async {
+        let events = Api::<Event>::namespaced(tenant.clone(), "default")
+            .list(&ListParams::default())
+            .await
+            .ok()?;
+        events.items.into_iter().find(|e| {
+            e.reason.as_deref() == Some("Scheduled")
+                && e.involved_object.kind.as_deref() == Some("Pod")
+        })
+    })
+    .await;
+    let scheduled = scheduled.expect("no Scheduled event reached the tenant");
+    assert!(
+        tenant_pods
+            .iter()
+            .any(|p| p.uid() == scheduled.involved_object.uid),
+        "the event is about a tenant pod"
+    );
+    assert_eq!(synced_condition(&host, &ns.name, "dev").await.0, "True");
+
+    // Scale down: copies go with their pods.
+    deployments
+        .patch(
+            "web",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"replicas": 1}})),
+        )
+        .await
+        .unwrap();
+    let left = converged(&host, &tenant, &ns.name, "dev", 1).await;
+
+    // A hand edit on the host is undone: a label and the ConfigMap's data.
+    let host_pods_api: Api<Pod> = Api::namespaced(host.clone(), &ns.name);
+    let copy_name = format!("{}-x-default-x-dev", left[0].name_any());
+    host_pods_api
+        .patch(
+            &copy_name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"app": "hijacked"}}})),
+        )
+        .await
+        .unwrap();
+    host_cms
+        .patch(
+            "conf-x-default-x-dev",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"data": {"value": "tampered"}})),
+        )
+        .await
+        .unwrap();
+    let restored = eventually(WAIT, || async {
+        let p = host_pods_api.get(&copy_name).await.ok()?;
+        let c = host_cms.get("conf-x-default-x-dev").await.ok()?;
+        (p.labels().get("app").map(String::as_str) == Some("web")
+            && c.data?.get("value").map(String::as_str) == Some("one"))
+        .then_some(())
+    })
+    .await;
+    assert!(restored.is_some(), "hand edits on the host were not undone");
+    // A tenant edit flows down.
+    cms.patch(
+        "conf",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"data": {"value": "two"}})),
+    )
+    .await
+    .unwrap();
+    let updated = eventually(WAIT, || async {
+        let c = host_cms.get("conf-x-default-x-dev").await.ok()?;
+        (c.data?.get("value").map(String::as_str) == Some("two")).then_some(())
+    })
+    .await;
+    assert!(
+        updated.is_some(),
+        "a tenant ConfigMap edit did not reach the host"
+    );
+
+    // Deleted on the host: the tenant pod goes as on a lost node, and its ReplicaSet makes a
+    // new one, which runs on the host again.
+    let before = left[0].uid();
+    host_pods_api
+        .delete(&copy_name, &DeleteParams::default())
+        .await
+        .unwrap();
+    let replaced = eventually(WAIT, || async {
+        let t = converged_once(&host, &tenant, &ns.name, "dev").await?;
+        (t.len() == 1 && t[0].uid() != before).then_some(())
+    })
+    .await;
+    assert!(
+        replaced.is_some(),
+        "the pod deleted on the host was not replaced"
+    );
+
+    // An orphan (a copy whose tenant object does not exist) is removed.
+    let orphan: ConfigMap = serde_json::from_value(json!({
+        "metadata": {
+            "name": "ghost-x-default-x-dev",
+            "labels": naming::owner_labels("dev", "default", "ghost"),
+            "annotations": {
+                naming::ANNOTATION_TENANT: "dev",
+                naming::ANNOTATION_VIRTUAL_NAMESPACE: "default",
+                naming::ANNOTATION_VIRTUAL_NAME: "ghost",
+                naming::ANNOTATION_VIRTUAL_UID: "nope",
+            }
+        },
+        "data": {"a": "b"}
+    }))
+    .unwrap();
+    host_cms.create(&pp, &orphan).await.unwrap();
+    let gone = eventually(WAIT, || async {
+        host_cms
+            .get_opt("ghost-x-default-x-dev")
+            .await
+            .ok()?
+            .is_none()
+            .then_some(())
+    })
+    .await;
+    assert!(gone.is_some(), "the orphan stayed on the host");
+
+    // An operator restart mid-sync: objects made while it is down converge once it is back,
+    // with no duplicates.
+    operator.tasks[0].abort();
+    deployments
+        .patch(
+            "web",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"replicas": 2}})),
+        )
+        .await
+        .unwrap();
+    operator.restart_controller(&ns);
+    converged(&host, &tenant, &ns.name, "dev", 2).await;
+
+    // Deleting the Deployment removes every copy; deleting the tenant leaves nothing synced.
+    deployments
+        .delete("web", &DeleteParams::foreground())
+        .await
+        .unwrap();
+    let emptied = eventually(WAIT, || async {
+        host_pods(&host, &ns.name, "dev")
+            .await
+            .is_empty()
+            .then_some(())
+    })
+    .await;
+    assert!(emptied.is_some(), "copies outlived their Deployment");
+    Api::<TenantCluster>::namespaced(host.clone(), &ns.name)
+        .delete("dev", &DeleteParams::foreground())
+        .await
+        .unwrap();
+    let clean = eventually(WAIT, || async {
+        let lp = ListParams::default().labels(&naming::synced_selector("dev"));
+        let cms = Api::<ConfigMap>::namespaced(host.clone(), &ns.name)
+            .list(&lp)
+            .await
+            .ok()?;
+        let secrets = Api::<Secret>::namespaced(host.clone(), &ns.name)
+            .list(&lp)
+            .await
+            .ok()?;
+        let services = Api::<Service>::namespaced(host.clone(), &ns.name)
+            .list(&lp)
+            .await
+            .ok()?;
+        let pods = host_pods(&host, &ns.name, "dev").await;
+        (cms.items.is_empty()
+            && secrets.items.is_empty()
+            && services.items.is_empty()
+            && pods.is_empty())
+        .then_some(())
+    })
+    .await;
+    assert!(
+        clean.is_some(),
+        "synced objects outlived their TenantCluster"
+    );
+    drop(operator);
+}
+
+/// The tenant's `app=web` pods once both sides agree, all Running; `None` otherwise.
+async fn converged_once(host: &Client, tenant: &Client, ns: &str, name: &str) -> Option<Vec<Pod>> {
+    let t = Api::<Pod>::namespaced(tenant.clone(), "default")
+        .list(&ListParams::default().labels("app=web"))
+        .await
+        .ok()?
+        .items;
+    let h = host_pods(host, ns, name).await;
+    let t_names: BTreeSet<String> = t.iter().map(|p| p.name_any()).collect();
+    let h_names: BTreeSet<String> = h.iter().map(virtual_name).collect();
+    (t_names == h_names && t.iter().all(running) && h.iter().all(running)).then_some(t)
+}
+
+#[tokio::test]
+async fn a_privileged_pod_never_runs_and_the_tenant_is_told_why() {
+    install_crds_and_policies();
+    let ns = namespace("sync-psa").await;
+    let _operator = start_operator(&ns);
+    let host = ns.client.clone();
+    example_ready(&ns).await;
+    let tenant = tenant_client(&host, &ns.name, "dev").await;
+    let mut c = container("root");
+    c["securityContext"] = json!({"privileged": true});
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "priv", "namespace": "default"},
+        "spec": {"containers": [c]}
+    }))
+    .unwrap();
+    let pods: Api<Pod> = Api::namespaced(tenant.clone(), "default");
+    pods.create(&PostParams::default(), &pod).await.unwrap();
+
+    // The tenant pod says why it does not run, and so does an Event on it.
+    let told = eventually(WAIT, || async {
+        let p = pods.get("priv").await.ok()?;
+        let cond = p
+            .status?
+            .conditions?
+            .into_iter()
+            .find(|c| c.type_ == "PodScheduled")?;
+        (cond.reason.as_deref() == Some("HostRejected")).then_some(cond.message?)
+    })
+    .await
+    .expect("the tenant pod never said the host refused it");
+    assert!(told.contains("privileged"), "{told}");
+    let event = eventually(WAIT, || async {
+        Api::<Event>::namespaced(tenant.clone(), "default")
+            .list(&ListParams::default())
+            .await
+            .ok()?
+            .items
+            .into_iter()
+            .find(|e| {
+                e.reason.as_deref() == Some("HostRejected")
+                    && e.involved_object.name.as_deref() == Some("priv")
+            })
+    })
+    .await;
+    assert!(event.is_some(), "no HostRejected Event on the tenant pod");
+    // The TenantCluster names the pod and the reason.
+    let (status, _, message) = eventually(WAIT, || async {
+        let c = synced_condition(&host, &ns.name, "dev").await;
+        (c.1 == "HostRejected").then_some(c)
+    })
+    .await
+    .expect("Synced never said HostRejected");
+    assert_eq!(status, "False");
+    assert!(
+        message.starts_with("Pod default/priv: the host refused it"),
+        "{message}"
+    );
+    assert!(host_pods(&host, &ns.name, "dev").await.is_empty());
+
+    // Deleting the pod clears the condition.
+    pods.delete("priv", &DeleteParams::default()).await.unwrap();
+    let healed = eventually(WAIT, || async {
+        let c = synced_condition(&host, &ns.name, "dev").await;
+        (c.0 == "True").then_some(())
+    })
+    .await;
+    assert!(healed.is_some(), "Synced stayed False after the pod went");
+}
+
+#[tokio::test]
+async fn two_tenants_with_the_same_pod_never_collide() {
+    install_crds_and_policies();
+    let ns = namespace("sync-two").await;
+    let _operator = start_operator(&ns);
+    let host = ns.client.clone();
+    for name in ["alpha", "beta"] {
+        create_ready(&host, &tenant_named(&ns.name, name)).await;
+    }
+    let mut uids = Vec::new();
+    for name in ["alpha", "beta"] {
+        let tenant = tenant_client(&host, &ns.name, name).await;
+        let pod: Pod = serde_json::from_value(json!({
+            "metadata": {"name": "web", "namespace": "default", "labels": {"app": "web"}},
+            "spec": {"containers": [container("web")]}
+        }))
+        .unwrap();
+        let created = Api::<Pod>::namespaced(tenant.clone(), "default")
+            .create(&PostParams::default(), &pod)
+            .await
+            .unwrap();
+        uids.push((name, tenant, created.uid().unwrap()));
+    }
+    for (name, tenant, uid) in &uids {
+        let pods = converged(&host, tenant, &ns.name, name, 1).await;
+        assert_eq!(pods[0].uid().as_ref(), Some(uid));
+        let copies = host_pods(&host, &ns.name, name).await;
+        assert_eq!(copies.len(), 1);
+        assert_eq!(copies[0].name_any(), format!("web-x-default-x-{name}"));
+        assert_eq!(
+            &copies[0].annotations()[naming::ANNOTATION_VIRTUAL_UID],
+            uid
+        );
+    }
+}
+
+#[tokio::test]
+async fn the_syncer_resumes_when_the_tenant_api_server_returns() {
+    install_crds_and_policies();
+    let ns = namespace("sync-outage").await;
+    let operator = start_operator(&ns);
+    let host = ns.client.clone();
+    example_ready(&ns).await;
+    let tenant = tenant_client(&host, &ns.name, "dev").await;
+    let pods: Api<Pod> = Api::namespaced(tenant.clone(), "default");
+    let pod = |name: &str| -> Pod {
+        serde_json::from_value(json!({
+            "metadata": {"name": name, "namespace": "default", "labels": {"app": "web"}},
+            "spec": {"containers": [container("web")]}
+        }))
+        .unwrap()
+    };
+    pods.create(&PostParams::default(), &pod("before"))
+        .await
+        .unwrap();
+    converged(&host, &tenant, &ns.name, "dev", 1).await;
+
+    // The tenant API server goes away; meanwhile the copy is deleted on the host.
+    assert!(operator.runtime.crash_api_server(&ns.name, "dev-0"));
+    Api::<Pod>::namespaced(host.clone(), &ns.name)
+        .delete("before-x-default-x-dev", &DeleteParams::default())
+        .await
+        .unwrap();
+    let back = eventually(WAIT, || async {
+        pods.list(&ListParams::default()).await.ok()
+    })
+    .await;
+    assert!(back.is_some(), "the tenant API server never came back");
+
+    // Once it is back, the syncer carries on: the lost pod is gone from the tenant too, and a new
+    // pod runs on the host.
+    pods.create(&PostParams::default(), &pod("after"))
+        .await
+        .unwrap();
+    let t = converged(&host, &tenant, &ns.name, "dev", 1).await;
+    assert_eq!(t[0].name_any(), "after");
+    let healed = eventually(WAIT, || async {
+        let c = synced_condition(&host, &ns.name, "dev").await;
+        (c.0 == "True").then_some(())
+    })
+    .await;
+    assert!(healed.is_some(), "Synced did not return to True");
+}
+
+#[tokio::test]
+async fn the_readme_example_workload_runs_in_a_tenant() {
+    install_crds_and_policies();
+    let ns = namespace("sync-example").await;
+    let _operator = start_operator(&ns);
+    let host = ns.client.clone();
+    example_ready(&ns).await;
+    let tenant = tenant_client(&host, &ns.name, "dev").await;
+    let text = std::fs::read_to_string(tenantplane_testenv::repo_path(
+        "examples/tenant-workload.yaml",
+    ))
+    .unwrap();
+    let pp = PostParams::default();
+    for doc in serde_yaml::Deserializer::from_str(&text) {
+        let value = serde_json::to_value(serde_yaml::Value::deserialize(doc).unwrap()).unwrap();
+        match value["kind"].as_str().unwrap() {
+            "ConfigMap" => drop(
+                Api::<ConfigMap>::namespaced(tenant.clone(), "default")
+                    .create(&pp, &serde_json::from_value(value).unwrap())
+                    .await
+                    .unwrap(),
+            ),
+            "Deployment" => drop(
+                Api::<Deployment>::namespaced(tenant.clone(), "default")
+                    .create(&pp, &serde_json::from_value(value).unwrap())
+                    .await
+                    .unwrap(),
+            ),
+            "Service" => drop(
+                Api::<Service>::namespaced(tenant.clone(), "default")
+                    .create(&pp, &serde_json::from_value(value).unwrap())
+                    .await
+                    .unwrap(),
+            ),
+            other => panic!("the example has a {other}; teach this test about it"),
+        }
+    }
+    converged(&host, &tenant, &ns.name, "dev", 3).await;
+    assert!(
+        Api::<ConfigMap>::namespaced(host.clone(), &ns.name)
+            .get_opt("web-config-x-default-x-dev")
+            .await
+            .unwrap()
+            .is_some()
+    );
+}
