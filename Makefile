@@ -7,7 +7,7 @@ export CARGO_TARGET_DIR ?= $(CACHE)/target
 export GOTOOLCHAIN := local
 CARGO ?= cargo
 
-.PHONY: test testenv lint crds build demo bench-controller
+.PHONY: test testenv lint crds build demo bench-controller bench-sync
 
 ## test: every test, unit and against the real control plane (builds the control plane if missing)
 test: testenv
@@ -19,9 +19,15 @@ demo: testenv
 	$(CARGO_TARGET_DIR)/debug/tenantplane dev --state-dir .tenantplane/dev
 
 ## bench-controller: N tenants (default 100) on the test control plane; prints times, requests, memory
-N ?= 100
+bench-controller: N ?= 100
 bench-controller: testenv
 	N=$(N) $(CARGO) bench -p tenantplane --locked --bench controller
+
+## bench-sync: N pods (default 1000) through one tenant's syncer, then straight on the host; prints
+## both times and their ratio, p50/p99 of the syncer's hops, requests, memory, CPU
+bench-sync: N ?= 1000
+bench-sync: testenv
+	N=$(N) $(CARGO) bench -p tenantplane --locked --bench sync
 
 ## testenv: build etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubectl and kwok
 testenv:

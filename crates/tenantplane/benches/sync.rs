@@ -1,0 +1,832 @@
+//! `make bench-sync N=1000`: one tenant on the test control plane, with its real API server from
+//! the local runtime and the operator's syncer copying its pods to the host namespace, where kwok
+//! makes them Running. Creates N bare pods in the tenant and times each one through the syncer
+//! (tenant create → host copy → host Running → tenant Running), then creates the same N pods
+//! directly on the host for comparison. Prints both wall times and their ratio, p50/p99 of the
+//! syncer's two hops, the operator's host API requests, and the process's peak memory and CPU.
+//! A benchmark prints figures; it asserts only that the work was done.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use futures::{StreamExt, stream};
+use k8s_openapi::api::core::v1::{Pod, Secret, ServiceAccount};
+use kube::api::{Api, DeleteParams, PostParams};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Client, ResourceExt};
+use tenantplane_api::conditions::{self, READY, SYNCED};
+use tenantplane_api::isolation_profile::QuantityString;
+use tenantplane_api::{IsolationProfile, Phase, TenantCluster};
+use tenantplane_controller::{BuildOptions, Connector, ControllerOptions, names};
+use tenantplane_testenv::kubeconfig::{RequestCounter, counting_client};
+use tenantplane_testenv::{install_crds_and_policies, local_runtime, namespace, repo_path, shared};
+
+/// The tenant, as named in examples/tenantcluster-dev.yaml.
+const TENANT: &str = "dev";
+/// The tenant namespace the pods are created in.
+const TENANT_NAMESPACE: &str = "default";
+/// Pod creations in flight at once, in both runs.
+const CONCURRENCY: usize = 32;
+/// The label on every benchmark pod, in the tenant and on the host.
+const BENCH_LABEL: &str = "tenantplane.io/bench";
+const BENCH_VALUE: &str = "sync";
+/// What the syncer puts on a host copy (see crates/controller/src/sync/naming.rs), spelled out so
+/// the benchmark measures the syncer through its contract, not its internals.
+const LABEL_SYNCED_FROM: &str = "tenantplane.io/synced-from";
+const ANNOTATION_VIRTUAL_NAMESPACE: &str = "tenantplane.io/virtual-namespace";
+const ANNOTATION_VIRTUAL_NAME: &str = "tenantplane.io/virtual-name";
+/// Server-side timeout of the tenant watch: the tenant client from [`Connector::client`] gives up
+/// on a connection that is silent for 15 s, so the watch is renewed before that.
+const TENANT_WATCH_TIMEOUT_SECS: u32 = 10;
+/// How often a waiting loop prints where it is.
+const PROGRESS_EVERY: Duration = Duration::from_secs(5);
+/// Linux reports CPU times in /proc in USER_HZ, which is 100 on every architecture we run on.
+const USER_HZ: f64 = 100.0;
+
+/// When each step of one pod was seen by this process.
+#[derive(Clone, Copy, Debug, Default)]
+struct Times {
+    /// The create call returned.
+    created: Option<Instant>,
+    /// The host copy appeared (tenant run only).
+    host_created: Option<Instant>,
+    /// The host pod was Running (the host copy in the tenant run, the pod itself in the direct run).
+    host_running: Option<Instant>,
+    /// The tenant pod was Running (tenant run only).
+    tenant_running: Option<Instant>,
+}
+
+type Timeline = Arc<Mutex<HashMap<String, Times>>>;
+
+fn timeline(names: &[String]) -> Timeline {
+    Arc::new(Mutex::new(
+        names
+            .iter()
+            .map(|n| (n.clone(), Times::default()))
+            .collect(),
+    ))
+}
+
+/// Set one field of a pod's times, the first time only.
+fn record(timeline: &Timeline, name: &str, field: fn(&mut Times) -> &mut Option<Instant>) {
+    if let Some(t) = timeline.lock().unwrap().get_mut(name) {
+        field(t).get_or_insert_with(Instant::now);
+    }
+}
+
+fn count(timeline: &Timeline, field: fn(&Times) -> Option<Instant>) -> usize {
+    timeline
+        .lock()
+        .unwrap()
+        .values()
+        .filter(|t| field(t).is_some())
+        .count()
+}
+
+/// Up to `max` pod names where `field` is still missing, for a failure message.
+fn missing(timeline: &Timeline, field: fn(&Times) -> Option<Instant>, max: usize) -> Vec<String> {
+    let mut names: Vec<String> = timeline
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|(_, t)| field(t).is_none())
+        .map(|(n, _)| n.clone())
+        .collect();
+    names.sort();
+    names.truncate(max);
+    names
+}
+
+/// `to - from` for every pod that has both, sorted.
+fn hops(
+    timeline: &Timeline,
+    from: fn(&Times) -> Option<Instant>,
+    to: fn(&Times) -> Option<Instant>,
+) -> Vec<Duration> {
+    let mut v: Vec<Duration> = timeline
+        .lock()
+        .unwrap()
+        .values()
+        .filter_map(|t| Some(to(t)?.saturating_duration_since(from(t)?)))
+        .collect();
+    v.sort();
+    v
+}
+
+/// The latest `field` over all pods.
+fn last(timeline: &Timeline, field: fn(&Times) -> Option<Instant>) -> Option<Instant> {
+    timeline.lock().unwrap().values().filter_map(field).max()
+}
+
+fn memory_kib(field: &str) -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with(field))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+/// User plus system CPU time of this process so far (all threads; not its child processes).
+fn cpu_time() -> Duration {
+    let seconds = std::fs::read_to_string("/proc/self/stat")
+        .ok()
+        .and_then(|s| {
+            // After the command name in parentheses: state is field 3, utime 14, stime 15.
+            let rest = &s[s.rfind(')')? + 1..];
+            let fields: Vec<&str> = rest.split_whitespace().collect();
+            let utime: u64 = fields.get(11)?.parse().ok()?;
+            let stime: u64 = fields.get(12)?.parse().ok()?;
+            Some((utime + stime) as f64 / USER_HZ)
+        })
+        .unwrap_or(0.0);
+    Duration::from_secs_f64(seconds)
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted.get(i).copied().unwrap_or_default()
+}
+
+fn secs(d: Duration) -> String {
+    format!("{:.2}s", d.as_secs_f64())
+}
+
+fn say(start: Instant, what: &str) {
+    eprintln!("bench-sync: {what} ({:.1}s)", start.elapsed().as_secs_f64());
+}
+
+/// A bare pod: no service account token (so only the pod is synced), a restricted-compliant
+/// security context (the host namespace enforces Pod Security `restricted`), and tiny explicit
+/// requests and limits (so neither a LimitRange nor a quota on cpu or memory matters).
+fn bench_pod(name: &str) -> Pod {
+    serde_json::from_value(serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "labels": {BENCH_LABEL: BENCH_VALUE}},
+        "spec": {
+            "automountServiceAccountToken": false,
+            "securityContext": {
+                "runAsNonRoot": true,
+                "runAsUser": 65532,
+                "seccompProfile": {"type": "RuntimeDefault"},
+            },
+            "containers": [{
+                "name": "pause",
+                "image": "registry.example/pause:3",
+                "resources": {
+                    "requests": {"cpu": "1m", "memory": "1Mi"},
+                    "limits": {"cpu": "10m", "memory": "16Mi"},
+                },
+                "securityContext": {
+                    "allowPrivilegeEscalation": false,
+                    "capabilities": {"drop": ["ALL"]},
+                },
+            }],
+        },
+    }))
+    .expect("the benchmark pod is a valid Pod")
+}
+
+fn is_running(pod: &Pod) -> bool {
+    pod.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
+}
+
+/// Watch pods and hand every added or changed one to `on_pod`. The returned receiver turns true
+/// once the first list is in, so nothing created afterwards is missed.
+fn watch_pods(
+    what: &'static str,
+    api: Api<Pod>,
+    config: watcher::Config,
+    on_pod: impl Fn(&Pod) + Send + 'static,
+) -> (
+    tokio::task::JoinHandle<()>,
+    tokio::sync::watch::Receiver<bool>,
+) {
+    let (synced_tx, synced_rx) = tokio::sync::watch::channel(false);
+    let task = tokio::spawn(async move {
+        let mut events = watcher(api, config).default_backoff().boxed();
+        let mut errors = 0usize;
+        while let Some(event) = events.next().await {
+            match event {
+                Ok(watcher::Event::Apply(pod) | watcher::Event::InitApply(pod)) => on_pod(&pod),
+                Ok(watcher::Event::InitDone) => {
+                    let _ = synced_tx.send(true);
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    errors += 1;
+                    if errors <= 5 || errors.is_power_of_two() {
+                        eprintln!("bench-sync: {what} watch error #{errors} (retrying): {e}");
+                    }
+                }
+            }
+        }
+    });
+    (task, synced_rx)
+}
+
+async fn until_listed(
+    what: &str,
+    mut rx: tokio::sync::watch::Receiver<bool>,
+) -> anyhow::Result<()> {
+    tokio::time::timeout(Duration::from_secs(60), rx.wait_for(|listed| *listed))
+        .await
+        .with_context(|| format!("the {what} watch did not list within 60s"))?
+        .with_context(|| format!("the {what} watch stopped"))?;
+    Ok(())
+}
+
+/// Create the pods, `CONCURRENCY` at a time, retrying each a few times, and record when each
+/// create returned.
+async fn create_pods(
+    what: &'static str,
+    api: Api<Pod>,
+    names: Vec<String>,
+    timeline: Timeline,
+) -> anyhow::Result<()> {
+    let reported = Arc::new(AtomicUsize::new(0));
+    stream::iter(names)
+        .map(|name| {
+            let api = api.clone();
+            let timeline = timeline.clone();
+            let reported = reported.clone();
+            async move {
+                let pod = bench_pod(&name);
+                let mut attempt = 0;
+                loop {
+                    attempt += 1;
+                    match api.create(&PostParams::default(), &pod).await {
+                        Ok(_) => break,
+                        // An earlier attempt went through after all.
+                        Err(kube::Error::Api(e)) if e.code == 409 && attempt > 1 => break,
+                        Err(e) if attempt < 5 => {
+                            if reported.fetch_add(1, Ordering::Relaxed) < 5 {
+                                eprintln!(
+                                    "bench-sync: {what}: creating pod {name} failed (attempt {attempt}, retrying): {e}"
+                                );
+                            }
+                            tokio::time::sleep(Duration::from_secs(attempt)).await;
+                        }
+                        Err(e) => {
+                            return Err(anyhow::Error::new(e)
+                                .context(format!("{what}: creating pod {name}")));
+                        }
+                    }
+                }
+                record(&timeline, &name, |t| &mut t.created);
+                Ok(())
+            }
+        })
+        .buffer_unordered(CONCURRENCY)
+        .collect::<Vec<anyhow::Result<()>>>()
+        .await
+        .into_iter()
+        .collect()
+}
+
+/// One run's name, size and time limit, and when the benchmark started (for progress lines).
+#[derive(Clone, Copy)]
+struct Run {
+    start: Instant,
+    what: &'static str,
+    n: usize,
+    timeout: Duration,
+}
+
+/// Wait until `done` says every pod is through, printing `progress` every few seconds; on
+/// time-out, fail with `progress` and `diagnose`.
+async fn wait_for_pods(
+    run: &Run,
+    creating: &mut tokio::task::JoinHandle<anyhow::Result<()>>,
+    done: impl Fn() -> usize,
+    progress: impl Fn() -> String,
+    diagnose: impl AsyncFn() -> String,
+) -> anyhow::Result<()> {
+    let Run {
+        start,
+        what,
+        n,
+        timeout,
+    } = *run;
+    let deadline = Instant::now() + timeout;
+    let mut last_report = Instant::now();
+    let mut created = false;
+    while done() < n {
+        if !created && creating.is_finished() {
+            created = true;
+            (&mut *creating).await??;
+            say(start, &format!("{what}: all {n} create calls returned"));
+        }
+        if last_report.elapsed() >= PROGRESS_EVERY {
+            say(start, &format!("{what}: {}", progress()));
+            last_report = Instant::now();
+        }
+        if Instant::now() > deadline {
+            creating.abort();
+            bail!(
+                "{what}: only {}/{n} pods Running after {}s: {}\n{}",
+                done(),
+                timeout.as_secs(),
+                progress(),
+                diagnose().await
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    if !created {
+        (&mut *creating).await??;
+    }
+    Ok(())
+}
+
+/// The phase and the Ready and Synced conditions, in one line.
+fn describe(tc: &TenantCluster) -> String {
+    let Some(status) = &tc.status else {
+        return "no status yet".into();
+    };
+    let phase = status
+        .phase
+        .map(|p| p.to_string())
+        .unwrap_or_else(|| "-".into());
+    let mut line = format!("phase {phase}");
+    for type_ in [READY, SYNCED] {
+        match conditions::find(&status.conditions, type_) {
+            Some(c) => line.push_str(&format!(
+                "; {type_} {} {}: {}",
+                c.status, c.reason, c.message
+            )),
+            None => line.push_str(&format!("; no {type_} condition")),
+        }
+    }
+    line
+}
+
+async fn tenant_status(api: &Api<TenantCluster>) -> String {
+    match api.get(TENANT).await {
+        Ok(tc) => describe(&tc),
+        Err(e) => format!("reading the TenantCluster failed: {e}"),
+    }
+}
+
+/// Wait until the tenant is Ready with Synced True.
+async fn tenant_ready(start: Instant, api: &Api<TenantCluster>) -> anyhow::Result<()> {
+    let timeout = Duration::from_secs(300);
+    let deadline = Instant::now() + timeout;
+    let mut last_report = Instant::now();
+    loop {
+        let last = match api.get(TENANT).await {
+            Ok(tc) => {
+                let status = tc.status.as_ref();
+                let ready = status.and_then(|s| s.phase) == Some(Phase::Ready);
+                let synced = status.is_some_and(|s| conditions::is_true(&s.conditions, SYNCED));
+                if ready && synced {
+                    return Ok(());
+                }
+                describe(&tc)
+            }
+            Err(e) => format!("reading the TenantCluster failed: {e}"),
+        };
+        if last_report.elapsed() >= PROGRESS_EVERY {
+            say(start, &format!("waiting for Ready and Synced: {last}"));
+            last_report = Instant::now();
+        }
+        if Instant::now() > deadline {
+            bail!(
+                "the tenant was not Ready and Synced within {}s; last: {last}",
+                timeout.as_secs()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// A client for the tenant API server, as the operator builds one with the local connector.
+async fn tenant_client(host: &Client, ns: &str) -> anyhow::Result<Client> {
+    let secret = Api::<Secret>::namespaced(host.clone(), ns)
+        .get(&names::kubeconfig_secret(TENANT))
+        .await
+        .context("reading the tenant's kubeconfig Secret")?;
+    let kubeconfig = secret
+        .data
+        .as_ref()
+        .and_then(|d| d.get(names::KUBECONFIG_KEY))
+        .map(|v| String::from_utf8_lossy(&v.0).into_owned())
+        .context("the kubeconfig Secret has no `value`")?;
+    let pod = Api::<Pod>::namespaced(host.clone(), ns)
+        .get(&names::control_plane_pod(TENANT))
+        .await
+        .context("reading the tenant's control-plane pod")?;
+    let server = Connector::Local
+        .server(TENANT, ns, &pod)
+        .map_err(anyhow::Error::msg)?;
+    Connector::Local
+        .client(&kubeconfig, TENANT, ns, &server)
+        .await
+        .map_err(anyhow::Error::msg)
+}
+
+/// Wait until the tenant's controller manager has made the `default` service account, which
+/// pod admission in the tenant needs.
+async fn tenant_service_account(start: Instant, tenant: &Client) -> anyhow::Result<()> {
+    let accounts = Api::<ServiceAccount>::namespaced(tenant.clone(), TENANT_NAMESPACE);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut last_report = Instant::now();
+    loop {
+        match accounts.get_opt("default").await {
+            Ok(Some(_)) => return Ok(()),
+            Ok(None) => {}
+            Err(e) if Instant::now() > deadline => {
+                bail!("the tenant's default service account: {e}")
+            }
+            Err(_) => {}
+        }
+        if Instant::now() > deadline {
+            bail!("the tenant has no default service account in {TENANT_NAMESPACE} after 60s");
+        }
+        if last_report.elapsed() >= PROGRESS_EVERY {
+            say(start, "waiting for the tenant's default service account");
+            last_report = Instant::now();
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let n: usize = std::env::var("N")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1000);
+    if n == 0 {
+        bail!("N must be at least 1");
+    }
+    // Each run gets 10 minutes, plus half a second per pod.
+    let run_timeout = Duration::from_secs(600) + Duration::from_millis(500) * n as u32;
+    let start = Instant::now();
+    say(
+        start,
+        &format!("starting the test control plane for {n} pods per run"),
+    );
+    // Both runs' pods stay until the end: room for 2N pods plus the tenant's control plane, at
+    // most 100 per simulated node (each takes 110).
+    let nodes = (2 * n + 10).div_ceil(100);
+    tokio::task::spawn_blocking(move || {
+        shared();
+        install_crds_and_policies();
+        shared().add_kwok_nodes(nodes)
+    })
+    .await??;
+    say(start, &format!("{} simulated nodes Ready", nodes + 1));
+
+    // The tenant's host namespace, and a profile like `restricted` whose pod quota has room.
+    let host = namespace("bench-sync").await;
+    let admin = host.client.clone();
+    let profile_name = format!("bench-sync-{}", host.name);
+    let mut profile: IsolationProfile = serde_yaml::from_str(&std::fs::read_to_string(
+        repo_path("deploy/policies/isolationprofile-restricted.yaml"),
+    )?)?;
+    profile.metadata.name = Some(profile_name.clone());
+    profile
+        .spec
+        .resource_quota
+        .hard
+        .insert("pods".into(), QuantityString((n + 10).to_string()));
+    let profiles: Api<IsolationProfile> = Api::all(admin.clone());
+    profiles
+        .create(&PostParams::default(), &profile)
+        .await
+        .context("creating the benchmark's IsolationProfile")?;
+
+    // The operator (its host requests counted) and the local runtime, scoped to the namespace.
+    let rss_before = memory_kib("VmRSS:");
+    let cpu_before = cpu_time();
+    let counter = Arc::new(RequestCounter::default());
+    let operator_client = counting_client(shared().kubeconfig_path(), counter.clone()).await?;
+    let options = ControllerOptions {
+        build: BuildOptions {
+            service_cidr: tenantplane_testenv::control_plane::SERVICE_CIDR.into(),
+            local_runtime: true,
+            ..Default::default()
+        },
+        connector: Connector::Local,
+        namespace: Some(host.name.clone()),
+        health_interval: None,
+    };
+    let operator = tokio::spawn(tenantplane_controller::run(
+        operator_client,
+        options,
+        futures::future::pending(),
+    ));
+    let (_runtime, runtime_task) = local_runtime::start(
+        admin.clone(),
+        shared().binaries().clone(),
+        shared().dir().join("runtime"),
+        Some(host.name.clone()),
+    );
+    say(
+        start,
+        &format!("operator started for namespace {}", host.name),
+    );
+
+    // One tenant: the example, with the benchmark's profile and no cpu or memory caps.
+    let mut tc: TenantCluster = serde_yaml::from_str(&std::fs::read_to_string(repo_path(
+        "examples/tenantcluster-dev.yaml",
+    ))?)?;
+    tc.metadata.namespace = Some(host.name.clone());
+    tc.spec.isolation_profile_ref.name = profile_name.clone();
+    tc.spec.resources = Default::default();
+    let tenants: Api<TenantCluster> = Api::namespaced(admin.clone(), &host.name);
+    tenants
+        .create(&PostParams::default(), &tc)
+        .await
+        .context("creating the TenantCluster")?;
+    tenant_ready(start, &tenants).await?;
+    say(start, "the tenant is Ready and Synced");
+    let tenant = tenant_client(&admin, &host.name).await?;
+    tenant_service_account(start, &tenant).await?;
+
+    // Tenant run: watch both sides, then create.
+    let names: Vec<String> = (0..n).map(|i| format!("bench-{i:05}")).collect();
+    let synced = timeline(&names);
+    let host_pods: Api<Pod> = Api::namespaced(admin.clone(), &host.name);
+    let (host_watch, host_listed) = watch_pods(
+        "host",
+        host_pods.clone(),
+        watcher::Config::default().labels(&format!("{LABEL_SYNCED_FROM}={TENANT}")),
+        {
+            let synced = synced.clone();
+            move |pod| {
+                let annotations = pod.annotations();
+                if annotations
+                    .get(ANNOTATION_VIRTUAL_NAMESPACE)
+                    .map(String::as_str)
+                    != Some(TENANT_NAMESPACE)
+                {
+                    return;
+                }
+                let Some(name) = annotations.get(ANNOTATION_VIRTUAL_NAME) else {
+                    return;
+                };
+                record(&synced, name, |t| &mut t.host_created);
+                if is_running(pod) {
+                    record(&synced, name, |t| &mut t.host_running);
+                }
+            }
+        },
+    );
+    let tenant_pods: Api<Pod> = Api::namespaced(tenant.clone(), TENANT_NAMESPACE);
+    let (tenant_watch, tenant_listed) = watch_pods(
+        "tenant",
+        tenant_pods.clone(),
+        watcher::Config::default()
+            .labels(&format!("{BENCH_LABEL}={BENCH_VALUE}"))
+            .timeout(TENANT_WATCH_TIMEOUT_SECS),
+        {
+            let synced = synced.clone();
+            move |pod| {
+                if is_running(pod) {
+                    record(&synced, &pod.name_any(), |t| &mut t.tenant_running);
+                }
+            }
+        },
+    );
+    until_listed("host", host_listed).await?;
+    until_listed("tenant", tenant_listed).await?;
+
+    say(
+        start,
+        &format!("tenant run: creating {n} pods in the tenant, {CONCURRENCY} at a time"),
+    );
+    counter.reset();
+    let cpu_tenant_start = cpu_time();
+    let tenant_t0 = Instant::now();
+    let mut creating = tokio::spawn(create_pods(
+        "tenant run",
+        tenant_pods.clone(),
+        names.clone(),
+        synced.clone(),
+    ));
+    let progress = || {
+        format!(
+            "{}/{n} created in the tenant, {} copied to the host, {} Running on the host, {} Running in the tenant",
+            count(&synced, |t| t.created),
+            count(&synced, |t| t.host_created),
+            count(&synced, |t| t.host_running),
+            count(&synced, |t| t.tenant_running),
+        )
+    };
+    let diagnose = async || {
+        let mut text = format!("TenantCluster: {}", tenant_status(&tenants).await);
+        for (what, field) in [
+            (
+                "created, no host copy",
+                (|t: &Times| t.host_created) as fn(&Times) -> Option<Instant>,
+            ),
+            ("host copy not Running", |t: &Times| t.host_running),
+            ("not Running in the tenant", |t: &Times| t.tenant_running),
+        ] {
+            let stuck = missing(&synced, field, 5);
+            if !stuck.is_empty() {
+                text.push_str(&format!("\n  e.g. {what}: {}", stuck.join(", ")));
+            }
+        }
+        text
+    };
+    wait_for_pods(
+        &Run {
+            start,
+            what: "tenant run",
+            n,
+            timeout: run_timeout,
+        },
+        &mut creating,
+        || count(&synced, |t| t.tenant_running),
+        progress,
+        diagnose,
+    )
+    .await?;
+    let tenant_wall = last(&synced, |t| t.tenant_running)
+        .unwrap_or(tenant_t0)
+        .saturating_duration_since(tenant_t0);
+    let cpu_tenant_run = cpu_time().saturating_sub(cpu_tenant_start);
+    let (tenant_reads, tenant_writes) = counter.get();
+    say(
+        start,
+        &format!(
+            "tenant run: all {n} pods Running in the tenant after {}",
+            secs(tenant_wall)
+        ),
+    );
+    host_watch.abort();
+    tenant_watch.abort();
+
+    // Direct run: the same pods straight on the host, in a fresh namespace.
+    let direct = namespace("bench-direct").await;
+    let plain = timeline(&names);
+    let direct_pods: Api<Pod> = Api::namespaced(admin.clone(), &direct.name);
+    let (direct_watch, direct_listed) = watch_pods(
+        "direct",
+        direct_pods.clone(),
+        watcher::Config::default().labels(&format!("{BENCH_LABEL}={BENCH_VALUE}")),
+        {
+            let plain = plain.clone();
+            move |pod| {
+                if is_running(pod) {
+                    record(&plain, &pod.name_any(), |t| &mut t.host_running);
+                }
+            }
+        },
+    );
+    until_listed("direct", direct_listed).await?;
+    say(
+        start,
+        &format!(
+            "direct run: creating {n} pods in host namespace {}, {CONCURRENCY} at a time",
+            direct.name
+        ),
+    );
+    counter.reset();
+    let cpu_direct_start = cpu_time();
+    let direct_t0 = Instant::now();
+    let mut creating = tokio::spawn(create_pods(
+        "direct run",
+        direct_pods.clone(),
+        names.clone(),
+        plain.clone(),
+    ));
+    wait_for_pods(
+        &Run {
+            start,
+            what: "direct run",
+            n,
+            timeout: run_timeout,
+        },
+        &mut creating,
+        || count(&plain, |t| t.host_running),
+        || {
+            format!(
+                "{}/{n} created, {} Running",
+                count(&plain, |t| t.created),
+                count(&plain, |t| t.host_running)
+            )
+        },
+        async || {
+            format!(
+                "e.g. not Running: {}",
+                missing(&plain, |t| t.host_running, 5).join(", ")
+            )
+        },
+    )
+    .await?;
+    let direct_wall = last(&plain, |t| t.host_running)
+        .unwrap_or(direct_t0)
+        .saturating_duration_since(direct_t0);
+    let cpu_direct_run = cpu_time().saturating_sub(cpu_direct_start);
+    let (idle_reads, idle_writes) = counter.get();
+    direct_watch.abort();
+    say(
+        start,
+        &format!(
+            "direct run: all {n} pods Running after {}",
+            secs(direct_wall)
+        ),
+    );
+
+    let to_host = hops(&synced, |t| t.created, |t| t.host_created);
+    let back = hops(&synced, |t| t.host_running, |t| t.tenant_running);
+    let cpu_total = cpu_time().saturating_sub(cpu_before);
+    let peak_rss = memory_kib("VmHWM:");
+
+    println!(
+        "\nbench-sync N={n} (one tenant; operator, syncer and local runtime in-process; pods made Running by kwok; {CONCURRENCY} creates in flight)"
+    );
+    println!(
+        "  tenant run, first create to all {n} pods Running in the tenant: {}",
+        secs(tenant_wall)
+    );
+    println!(
+        "  direct run, first create to all {n} pods Running on the host:   {}",
+        secs(direct_wall)
+    );
+    println!(
+        "  ratio tenant/direct: {:.2}",
+        tenant_wall.as_secs_f64() / direct_wall.as_secs_f64().max(f64::EPSILON)
+    );
+    println!(
+        "  tenant create returned -> host copy seen ({} pods): p50 {}  p99 {}  max {}",
+        to_host.len(),
+        secs(percentile(&to_host, 0.5)),
+        secs(percentile(&to_host, 0.99)),
+        secs(to_host.last().copied().unwrap_or_default())
+    );
+    println!(
+        "  host copy Running -> tenant pod Running ({} pods): p50 {}  p99 {}  max {}",
+        back.len(),
+        secs(percentile(&back, 0.5)),
+        secs(percentile(&back, 0.99)),
+        secs(back.last().copied().unwrap_or_default())
+    );
+    println!(
+        "  operator's host API requests during the tenant run: {tenant_reads} reads + {tenant_writes} writes ({:.2} per pod); during the direct run: {idle_reads} reads + {idle_writes} writes",
+        (tenant_reads + tenant_writes) as f64 / n as f64
+    );
+    println!(
+        "  CPU time of the process (operator + syncer + local runtime + this harness's clients and watches; not the control planes' own processes): tenant run {}, direct run {}, since the operator started {}",
+        secs(cpu_tenant_run),
+        secs(cpu_direct_run),
+        secs(cpu_total)
+    );
+    println!(
+        "  memory: peak RSS {} MiB for the process (operator + syncer + this harness), {} MiB before the operator started",
+        peak_rss / 1024,
+        rss_before / 1024
+    );
+
+    // Clean up: delete the tenant and wait (briefly) for it to go.
+    say(start, "deleting the TenantCluster");
+    tenants
+        .delete(TENANT, &DeleteParams::foreground())
+        .await
+        .context("deleting the TenantCluster")?;
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let mut last_report = Instant::now();
+    loop {
+        match tenants.get_opt(TENANT).await {
+            Ok(None) => {
+                say(start, "the TenantCluster is gone");
+                break;
+            }
+            Ok(Some(_)) | Err(_) if Instant::now() > deadline => {
+                say(
+                    start,
+                    &format!(
+                        "the TenantCluster is still there after 120s: {}",
+                        tenant_status(&tenants).await
+                    ),
+                );
+                break;
+            }
+            _ => {}
+        }
+        if last_report.elapsed() >= PROGRESS_EVERY {
+            say(start, "waiting for the TenantCluster to go");
+            last_report = Instant::now();
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let _ = profiles
+        .delete(&profile_name, &DeleteParams::default())
+        .await;
+    operator.abort();
+    runtime_task.abort();
+    // Let the runtime's task drop, which stops the tenant's processes.
+    let _ = runtime_task.await;
+    let _ = operator.await;
+    Ok(())
+}
