@@ -20,24 +20,11 @@ use tenantplane_controller::{BuildOptions, Connector, ControllerOptions, names};
 use tenantplane_testenv::kubeconfig::{RequestCounter, counting_client};
 use tenantplane_testenv::{ControlPlane, Options, repo_path};
 
+mod common;
+use common::{memory_kib, percentile};
+
 /// How long steady-state requests are counted.
 const STEADY: Duration = Duration::from_secs(60);
-
-fn memory_kib(field: &str) -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with(field))
-                .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
-        })
-        .unwrap_or(0)
-}
-
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted.get(i).copied().unwrap_or_default()
-}
 
 fn say(start: Instant, what: &str) {
     eprintln!(

@@ -13,16 +13,24 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use futures::{StreamExt, stream};
-use k8s_openapi::api::core::v1::{Pod, Secret, ServiceAccount};
+use k8s_openapi::api::core::v1::{Pod, ServiceAccount};
 use kube::api::{Api, DeleteParams, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
 use tenantplane_api::conditions::{self, READY, SYNCED};
 use tenantplane_api::isolation_profile::QuantityString;
 use tenantplane_api::{IsolationProfile, Phase, TenantCluster};
-use tenantplane_controller::{BuildOptions, Connector, ControllerOptions, names};
 use tenantplane_testenv::kubeconfig::{RequestCounter, counting_client};
-use tenantplane_testenv::{install_crds_and_policies, local_runtime, namespace, repo_path, shared};
+use tenantplane_testenv::{
+    install_crds_and_policies, local_runtime, namespace, repo_path, shared, tenant,
+};
+
+use tenantplane_controller::sync::naming::{
+    ANNOTATION_VIRTUAL_NAME, ANNOTATION_VIRTUAL_NAMESPACE, LABEL_SYNCED_FROM,
+};
+
+mod common;
+use common::{cpu_time, memory_kib, percentile};
 
 /// The tenant, as named in examples/tenantcluster-dev.yaml.
 const TENANT: &str = "dev";
@@ -31,20 +39,13 @@ const TENANT_NAMESPACE: &str = "default";
 /// Pod creations in flight at once, in both runs.
 const CONCURRENCY: usize = 32;
 /// The label on every benchmark pod, in the tenant and on the host.
-const BENCH_LABEL: &str = "tenantplane.io/bench";
+const BENCH_LABEL: &str = "bench";
 const BENCH_VALUE: &str = "sync";
-/// What the syncer puts on a host copy (see crates/controller/src/sync/naming.rs), spelled out so
-/// the benchmark measures the syncer through its contract, not its internals.
-const LABEL_SYNCED_FROM: &str = "tenantplane.io/synced-from";
-const ANNOTATION_VIRTUAL_NAMESPACE: &str = "tenantplane.io/virtual-namespace";
-const ANNOTATION_VIRTUAL_NAME: &str = "tenantplane.io/virtual-name";
 /// Server-side timeout of the tenant watch: the tenant client from [`Connector::client`] gives up
 /// on a connection that is silent for 15 s, so the watch is renewed before that.
 const TENANT_WATCH_TIMEOUT_SECS: u32 = 10;
 /// How often a waiting loop prints where it is.
 const PROGRESS_EVERY: Duration = Duration::from_secs(5);
-/// Linux reports CPU times in /proc in USER_HZ, which is 100 on every architecture we run on.
-const USER_HZ: f64 = 100.0;
 
 /// When each step of one pod was seen by this process.
 #[derive(Clone, Copy, Debug, Default)]
@@ -119,38 +120,6 @@ fn hops(
 /// The latest `field` over all pods.
 fn last(timeline: &Timeline, field: fn(&Times) -> Option<Instant>) -> Option<Instant> {
     timeline.lock().unwrap().values().filter_map(field).max()
-}
-
-fn memory_kib(field: &str) -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with(field))
-                .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
-        })
-        .unwrap_or(0)
-}
-
-/// User plus system CPU time of this process so far (all threads; not its child processes).
-fn cpu_time() -> Duration {
-    let seconds = std::fs::read_to_string("/proc/self/stat")
-        .ok()
-        .and_then(|s| {
-            // After the command name in parentheses: state is field 3, utime 14, stime 15.
-            let rest = &s[s.rfind(')')? + 1..];
-            let fields: Vec<&str> = rest.split_whitespace().collect();
-            let utime: u64 = fields.get(11)?.parse().ok()?;
-            let stime: u64 = fields.get(12)?.parse().ok()?;
-            Some((utime + stime) as f64 / USER_HZ)
-        })
-        .unwrap_or(0.0);
-    Duration::from_secs_f64(seconds)
-}
-
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted.get(i).copied().unwrap_or_default()
 }
 
 fn secs(d: Duration) -> String {
@@ -406,31 +375,6 @@ async fn tenant_ready(start: Instant, api: &Api<TenantCluster>) -> anyhow::Resul
     }
 }
 
-/// A client for the tenant API server, as the operator builds one with the local connector.
-async fn tenant_client(host: &Client, ns: &str) -> anyhow::Result<Client> {
-    let secret = Api::<Secret>::namespaced(host.clone(), ns)
-        .get(&names::kubeconfig_secret(TENANT))
-        .await
-        .context("reading the tenant's kubeconfig Secret")?;
-    let kubeconfig = secret
-        .data
-        .as_ref()
-        .and_then(|d| d.get(names::KUBECONFIG_KEY))
-        .map(|v| String::from_utf8_lossy(&v.0).into_owned())
-        .context("the kubeconfig Secret has no `value`")?;
-    let pod = Api::<Pod>::namespaced(host.clone(), ns)
-        .get(&names::control_plane_pod(TENANT))
-        .await
-        .context("reading the tenant's control-plane pod")?;
-    let server = Connector::Local
-        .server(TENANT, ns, &pod)
-        .map_err(anyhow::Error::msg)?;
-    Connector::Local
-        .client(&kubeconfig, TENANT, ns, &server)
-        .await
-        .map_err(anyhow::Error::msg)
-}
-
 /// Wait until the tenant's controller manager has made the `default` service account, which
 /// pod admission in the tenant needs.
 async fn tenant_service_account(start: Instant, tenant: &Client) -> anyhow::Result<()> {
@@ -508,16 +452,7 @@ async fn main() -> anyhow::Result<()> {
     let cpu_before = cpu_time();
     let counter = Arc::new(RequestCounter::default());
     let operator_client = counting_client(shared().kubeconfig_path(), counter.clone()).await?;
-    let options = ControllerOptions {
-        build: BuildOptions {
-            service_cidr: tenantplane_testenv::control_plane::SERVICE_CIDR.into(),
-            local_runtime: true,
-            ..Default::default()
-        },
-        connector: Connector::Local,
-        namespace: Some(host.name.clone()),
-        health_interval: None,
-    };
+    let options = tenant::local_operator_options(Some(host.name.clone()), None);
     let operator = tokio::spawn(tenantplane_controller::run(
         operator_client,
         options,
@@ -548,7 +483,9 @@ async fn main() -> anyhow::Result<()> {
         .context("creating the TenantCluster")?;
     tenant_ready(start, &tenants).await?;
     say(start, "the tenant is Ready and Synced");
-    let tenant = tenant_client(&admin, &host.name).await?;
+    let tenant = tenant::tenant_client(&admin, &host.name, TENANT)
+        .await
+        .map_err(anyhow::Error::msg)?;
     tenant_service_account(start, &tenant).await?;
 
     // Tenant run: watch both sides, then create.

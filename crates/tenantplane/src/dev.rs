@@ -9,7 +9,6 @@ use anyhow::Context;
 use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{Api, Patch, PatchParams};
 use tenantplane_api::{TenantCluster, conditions};
-use tenantplane_controller::{BuildOptions, Connector, ControllerOptions};
 use tenantplane_testenv::{ControlPlane, Options, local_runtime};
 
 use crate::manifests;
@@ -59,16 +58,8 @@ pub async fn run(state_dir: PathBuf) -> anyhow::Result<()> {
     }
 
     say(started, "starting the operator and the local runtime");
-    let options = ControllerOptions {
-        build: BuildOptions {
-            service_cidr: tenantplane_testenv::control_plane::SERVICE_CIDR.into(),
-            local_runtime: true,
-            ..Default::default()
-        },
-        connector: Connector::Local,
-        namespace: None,
-        health_interval: Some(Duration::from_secs(10)),
-    };
+    let options =
+        tenantplane_testenv::tenant::local_operator_options(None, Some(Duration::from_secs(10)));
     let operator = tokio::spawn(tenantplane_controller::run(
         client.clone(),
         options,

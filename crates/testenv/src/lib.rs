@@ -11,6 +11,7 @@ pub mod control_plane;
 pub mod kubeconfig;
 pub mod local_runtime;
 pub mod process;
+pub mod tenant;
 
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -287,6 +287,20 @@ async fn run(
     let owned = watcher::Config::default().labels(&naming::synced_selector(&spec.tenant));
 
     // Tenant side: every namespace.
+    macro_rules! tenant_watch {
+        ($kind:ty, $key:ident) => {
+            watch_into(
+                Api::<$kind>::all(tenant.clone()),
+                watcher::Config::default(),
+                |o: &$kind| {
+                    let (ns, n) = ns_name(o);
+                    vec![Key::$key(ns, n)]
+                },
+                &queue,
+                &mut tasks,
+            )
+        };
+    }
     let t_pods = watch_into(
         Api::<Pod>::all(tenant.clone()),
         watcher::Config::default(),
@@ -319,70 +333,18 @@ async fn run(
         &queue,
         &mut tasks,
     );
-    let t_endpoints = watch_into(
-        Api::<Endpoints>::all(tenant.clone()),
-        watcher::Config::default(),
-        |e: &Endpoints| {
-            let (ns, n) = ns_name(e);
-            vec![Key::Endpoints(ns, n)]
-        },
-        &queue,
-        &mut tasks,
-    );
-    let t_config_maps = watch_into(
-        Api::<ConfigMap>::all(tenant.clone()),
-        watcher::Config::default(),
-        |c: &ConfigMap| {
-            let (ns, n) = ns_name(c);
-            vec![Key::ConfigMap(ns, n)]
-        },
-        &queue,
-        &mut tasks,
-    );
-    let t_secrets = watch_into(
-        Api::<Secret>::all(tenant.clone()),
-        watcher::Config::default(),
-        |s: &Secret| {
-            let (ns, n) = ns_name(s);
-            vec![Key::Secret(ns, n)]
-        },
-        &queue,
-        &mut tasks,
-    );
-    let t_claims = watch_into(
-        Api::<PersistentVolumeClaim>::all(tenant.clone()),
-        watcher::Config::default(),
-        |c: &PersistentVolumeClaim| {
-            let (ns, n) = ns_name(c);
-            vec![Key::Claim(ns, n)]
-        },
-        &queue,
-        &mut tasks,
-    );
-    let t_service_accounts = to.service_accounts.enabled.then(|| {
-        watch_into(
-            Api::<ServiceAccount>::all(tenant.clone()),
-            watcher::Config::default(),
-            |s: &ServiceAccount| {
-                let (ns, n) = ns_name(s);
-                vec![Key::ServiceAccount(ns, n)]
-            },
-            &queue,
-            &mut tasks,
-        )
-    });
-    let t_ingresses = to.ingresses.enabled.then(|| {
-        watch_into(
-            Api::<Ingress>::all(tenant.clone()),
-            watcher::Config::default(),
-            |i: &Ingress| {
-                let (ns, n) = ns_name(i);
-                vec![Key::Ingress(ns, n)]
-            },
-            &queue,
-            &mut tasks,
-        )
-    });
+    let t_endpoints = tenant_watch!(Endpoints, Endpoints);
+    let t_config_maps = tenant_watch!(ConfigMap, ConfigMap);
+    let t_secrets = tenant_watch!(Secret, Secret);
+    let t_claims = tenant_watch!(PersistentVolumeClaim, Claim);
+    let t_service_accounts = to
+        .service_accounts
+        .enabled
+        .then(|| tenant_watch!(ServiceAccount, ServiceAccount));
+    let t_ingresses = to
+        .ingresses
+        .enabled
+        .then(|| tenant_watch!(Ingress, Ingress));
     // Tenant nodes: always watched, so virtual nodes left from an earlier policy are removed.
     let t_nodes = watch_into(
         Api::<Node>::all(tenant.clone()),
@@ -918,14 +880,9 @@ impl Engine {
         };
         match self.host_pods().create(&pp, &desired).await {
             Ok(_) => Ok(()),
-            Err(kube::Error::Api(e)) if e.code == 409 => Err(KeyError {
-                reason: "HostNameTaken",
-                message: format!(
-                    "a host Pod named {} exists that the syncer did not create; rename or delete it",
-                    desired.name_any()
-                ),
-                retry: Some(REJECTED_RETRY),
-            }),
+            Err(kube::Error::Api(e)) if e.code == 409 => {
+                self.name_taken(&self.host_pods(), &desired).await
+            }
             Err(kube::Error::Api(e)) if e.code == 403 || e.code == 422 => {
                 let message = format!("the host refused it: {}", e.message);
                 self.tell_rejected(t, &message).await;
@@ -1563,15 +1520,7 @@ impl Engine {
         };
         match api.create(&pp, desired).await {
             Ok(_) => Ok(()),
-            Err(kube::Error::Api(e)) if e.code == 409 => Err(KeyError {
-                reason: "HostNameTaken",
-                message: format!(
-                    "a host {} named {} exists that the syncer did not create; rename or delete it",
-                    K::kind(&()),
-                    desired.name_any()
-                ),
-                retry: Some(REJECTED_RETRY),
-            }),
+            Err(kube::Error::Api(e)) if e.code == 409 => self.name_taken(api, desired).await,
             Err(kube::Error::Api(e)) if e.code == 403 || e.code == 422 => Err(KeyError {
                 reason: "HostRejected",
                 message: format!("the host refused it: {}", e.message),
@@ -1579,6 +1528,33 @@ impl Engine {
             }),
             Err(e) => Err(e.into()),
         }
+    }
+
+    /// A create found the name taken: by our own copy the cache has not shown yet (fine, the
+    /// watch brings it), or by an object the syncer did not make (never touched; the tenant is
+    /// told to rename or delete it).
+    async fn name_taken<K>(&self, api: &Api<K>, desired: &K) -> KeyResult
+    where
+        K: Resource<DynamicType = ()> + Clone + Debug + Serialize + DeserializeOwned,
+    {
+        let name = desired.name_any();
+        let ours = api
+            .get_opt(&name)
+            .await?
+            .and_then(|o| naming::virtual_of(o.meta(), &self.tr.tenant))
+            .zip(naming::virtual_of(desired.meta(), &self.tr.tenant))
+            .is_some_and(|(live, want)| live.namespace == want.namespace && live.name == want.name);
+        if ours {
+            return Ok(());
+        }
+        Err(KeyError {
+            reason: "HostNameTaken",
+            message: format!(
+                "a host {} named {name} exists that the syncer did not create; rename or delete it",
+                K::kind(&()),
+            ),
+            retry: Some(REJECTED_RETRY),
+        })
     }
 
     async fn apply_if_drifted<K>(&self, api: &Api<K>, live: &K, desired: &K) -> KeyResult

@@ -260,45 +260,35 @@ impl Translator {
         // Pod (anti-)affinity terms select tenant labels; on the host they must only match copies
         // from the same tenant namespace.
         if let Some(affinity) = spec.affinity.as_mut() {
-            let terms = affinity
-                .pod_affinity
-                .iter_mut()
-                .flat_map(|a| {
-                    a.required_during_scheduling_ignored_during_execution
-                        .iter_mut()
-                        .flatten()
-                        .chain(
-                            a.preferred_during_scheduling_ignored_during_execution
-                                .iter_mut()
-                                .flatten()
-                                .map(|w| &mut w.pod_affinity_term),
-                        )
-                })
-                .chain(affinity.pod_anti_affinity.iter_mut().flat_map(|a| {
-                    a.required_during_scheduling_ignored_during_execution
-                        .iter_mut()
-                        .flatten()
-                        .chain(
-                            a.preferred_during_scheduling_ignored_during_execution
-                                .iter_mut()
-                                .flatten()
-                                .map(|w| &mut w.pod_affinity_term),
-                        )
-                }));
+            let terms = affinity_terms(affinity);
             for term in terms {
+                // Tenant namespaces are labels on the host; a tenant namespace selector cannot be
+                // read there, so it widens to every namespace of the tenant.
+                let namespaces = term.namespaces.take().unwrap_or_default();
+                let own_namespace = namespaces.is_empty() && term.namespace_selector.is_none();
+                term.namespace_selector = None;
                 let selector = term.label_selector.get_or_insert_with(Default::default);
                 let labels = selector.match_labels.get_or_insert_with(BTreeMap::new);
                 labels.insert(naming::LABEL_SYNCED_FROM.into(), self.tenant.clone());
-                if term.namespaces.as_ref().is_none_or(|n| n.is_empty())
-                    && term.namespace_selector.is_none()
-                {
+                if own_namespace {
                     labels.insert(
                         naming::LABEL_VIRTUAL_NAMESPACE.into(),
                         naming::label_value(&ns),
                     );
+                } else if !namespaces.is_empty() {
+                    selector
+                        .match_expressions
+                        .get_or_insert_with(Vec::new)
+                        .push(
+                        k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelectorRequirement {
+                            key: naming::LABEL_VIRTUAL_NAMESPACE.into(),
+                            operator: "In".into(),
+                            values: Some(
+                                namespaces.iter().map(|n| naming::label_value(n)).collect(),
+                            ),
+                        },
+                    );
                 }
-                term.namespaces = None;
-                term.namespace_selector = None;
             }
         }
         meta.name = Some(host_name);
@@ -477,6 +467,38 @@ impl Translator {
             subsets,
         }
     }
+}
+
+/// Every pod (anti-)affinity term of `affinity`, required and preferred.
+fn affinity_terms(
+    affinity: &mut k8s_openapi::api::core::v1::Affinity,
+) -> Vec<&mut k8s_openapi::api::core::v1::PodAffinityTerm> {
+    let mut terms = Vec::new();
+    let (affinity_required, affinity_preferred) = match affinity.pod_affinity.as_mut() {
+        Some(a) => (
+            a.required_during_scheduling_ignored_during_execution
+                .as_mut(),
+            a.preferred_during_scheduling_ignored_during_execution
+                .as_mut(),
+        ),
+        None => (None, None),
+    };
+    let (anti_required, anti_preferred) = match affinity.pod_anti_affinity.as_mut() {
+        Some(a) => (
+            a.required_during_scheduling_ignored_during_execution
+                .as_mut(),
+            a.preferred_during_scheduling_ignored_during_execution
+                .as_mut(),
+        ),
+        None => (None, None),
+    };
+    for required in [affinity_required, anti_required].into_iter().flatten() {
+        terms.extend(required.iter_mut());
+    }
+    for preferred in [affinity_preferred, anti_preferred].into_iter().flatten() {
+        terms.extend(preferred.iter_mut().map(|w| &mut w.pod_affinity_term));
+    }
+    terms
 }
 
 fn env(name: &str, value: &str) -> EnvVar {
@@ -860,6 +882,62 @@ mod tests {
         let annotations = host.metadata.annotations.unwrap();
         assert_eq!(annotations[naming::ANNOTATION_VIRTUAL_UID], "u1");
         assert_eq!(annotations[naming::ANNOTATION_SERVICE_ACCOUNT], "builder");
+    }
+
+    #[test]
+    fn affinity_terms_only_match_copies_of_the_same_tenant_namespace() {
+        let mut p = pod();
+        p.spec.as_mut().unwrap().affinity = Some(
+            serde_json::from_value(json!({
+                "podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{
+                    "weight": 1,
+                    "podAffinityTerm": {"topologyKey": "kubernetes.io/hostname",
+                                        "labelSelector": {"matchLabels": {"app": "web"}}}
+                }]},
+                "podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [{
+                    "topologyKey": "zone", "namespaces": ["other"],
+                    "labelSelector": {"matchLabels": {"app": "db"}}
+                }]}
+            }))
+            .unwrap(),
+        );
+        let host = translator().pod(&p, &[], None);
+        let affinity = host.spec.unwrap().affinity.unwrap();
+        let anti = &affinity
+            .pod_anti_affinity
+            .unwrap()
+            .preferred_during_scheduling_ignored_during_execution
+            .unwrap()[0]
+            .pod_affinity_term;
+        let labels = anti
+            .label_selector
+            .as_ref()
+            .unwrap()
+            .match_labels
+            .as_ref()
+            .unwrap();
+        assert_eq!(labels[naming::LABEL_SYNCED_FROM], "dev");
+        assert_eq!(labels[naming::LABEL_VIRTUAL_NAMESPACE], "default");
+        let with = &affinity
+            .pod_affinity
+            .unwrap()
+            .required_during_scheduling_ignored_during_execution
+            .unwrap()[0];
+        assert_eq!(
+            with.namespaces, None,
+            "host namespaces are not the tenant's"
+        );
+        let selector = with.label_selector.as_ref().unwrap();
+        assert_eq!(
+            selector.match_labels.as_ref().unwrap()[naming::LABEL_SYNCED_FROM],
+            "dev"
+        );
+        let by_namespace = &selector.match_expressions.as_ref().unwrap()[0];
+        assert_eq!(by_namespace.key, naming::LABEL_VIRTUAL_NAMESPACE);
+        assert_eq!(
+            by_namespace.values.as_deref(),
+            Some(&["other".to_string()][..])
+        );
     }
 
     #[test]

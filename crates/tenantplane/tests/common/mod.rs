@@ -5,14 +5,14 @@
 
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{Pod, Secret, ServiceAccount};
+use k8s_openapi::api::core::v1::ServiceAccount;
 use kube::api::{Api, PostParams};
 use kube::{Client, ResourceExt};
 use tenantplane_api::conditions;
 use tenantplane_api::{Phase, TenantCluster};
-use tenantplane_controller::{BuildOptions, Connector, ControllerOptions, names};
+use tenantplane_controller::ControllerOptions;
 use tenantplane_testenv::local_runtime::{self, LocalRuntime};
-use tenantplane_testenv::{TestNamespace, eventually, repo_path, shared};
+use tenantplane_testenv::{TestNamespace, eventually, repo_path, shared, tenant};
 
 pub const WAIT: Duration = Duration::from_secs(90);
 
@@ -44,16 +44,7 @@ impl Operator {
 }
 
 pub fn options(ns: &str) -> ControllerOptions {
-    ControllerOptions {
-        build: BuildOptions {
-            service_cidr: tenantplane_testenv::control_plane::SERVICE_CIDR.into(),
-            local_runtime: true,
-            ..Default::default()
-        },
-        connector: Connector::Local,
-        namespace: Some(ns.to_string()),
-        health_interval: Some(Duration::from_secs(2)),
-    }
+    tenant::local_operator_options(Some(ns.to_string()), Some(Duration::from_secs(2)))
 }
 
 pub fn start_operator(ns: &TestNamespace) -> Operator {
@@ -132,20 +123,7 @@ pub fn condition<'a>(
 /// A client for tenant `name` in `ns`: its kubeconfig Secret, dialled where the local runtime
 /// says the tenant API server answers.
 pub async fn tenant_client(host: &Client, ns: &str, name: &str) -> Client {
-    let secret = Api::<Secret>::namespaced(host.clone(), ns)
-        .get(&names::kubeconfig_secret(name))
-        .await
-        .unwrap();
-    let text = String::from_utf8(secret.data.unwrap()[names::KUBECONFIG_KEY].0.clone()).unwrap();
-    let pod = Api::<Pod>::namespaced(host.clone(), ns)
-        .get(&names::control_plane_pod(name))
-        .await
-        .unwrap();
-    let server = Connector::Local.server(name, ns, &pod).unwrap();
-    let client = Connector::Local
-        .client(&text, name, ns, &server)
-        .await
-        .unwrap();
+    let client = tenant::tenant_client(host, ns, name).await.unwrap();
     // Pods are refused until the tenant's controller manager made the default ServiceAccount.
     let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), "default");
     let ready = eventually(WAIT, || async {

@@ -1,0 +1,57 @@
+//! Reaching a tenant run by the local runtime, as the operator does: for tests, benchmarks and
+//! `tenantplane dev`.
+
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Pod, Secret};
+use kube::Client;
+use kube::api::Api;
+use tenantplane_controller::{BuildOptions, Connector, ControllerOptions, names};
+
+/// The operator's options for the local runtime on the test control plane: the local connector,
+/// control-plane pods labelled for the runtime, the test control plane's service CIDR.
+pub fn local_operator_options(
+    namespace: Option<String>,
+    health_interval: Option<Duration>,
+) -> ControllerOptions {
+    ControllerOptions {
+        build: BuildOptions {
+            service_cidr: crate::control_plane::SERVICE_CIDR.into(),
+            local_runtime: true,
+            ..Default::default()
+        },
+        connector: Connector::Local,
+        namespace,
+        health_interval,
+    }
+}
+
+/// A client for tenant `name` in host namespace `ns`: its kubeconfig Secret, dialled where the
+/// local runtime says the tenant API server answers.
+pub async fn tenant_client(host: &Client, ns: &str, name: &str) -> Result<Client, String> {
+    let secret_name = names::kubeconfig_secret(name);
+    let secret = Api::<Secret>::namespaced(host.clone(), ns)
+        .get(&secret_name)
+        .await
+        .map_err(|e| format!("reading Secret {ns}/{secret_name}: {e}"))?;
+    let kubeconfig = secret
+        .data
+        .as_ref()
+        .and_then(|d| d.get(names::KUBECONFIG_KEY))
+        .map(|v| String::from_utf8_lossy(&v.0).into_owned())
+        .ok_or_else(|| {
+            format!(
+                "Secret {ns}/{secret_name} has no `{}`",
+                names::KUBECONFIG_KEY
+            )
+        })?;
+    let pod_name = names::control_plane_pod(name);
+    let pod = Api::<Pod>::namespaced(host.clone(), ns)
+        .get(&pod_name)
+        .await
+        .map_err(|e| format!("reading pod {ns}/{pod_name}: {e}"))?;
+    let server = Connector::Local.server(name, ns, &pod)?;
+    Connector::Local
+        .client(&kubeconfig, name, ns, &server)
+        .await
+}
