@@ -10,13 +10,14 @@ use common::*;
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec};
-use k8s_openapi::api::core::v1::{ConfigMap, Event, Node, Pod, Secret, Service};
+use k8s_openapi::api::core::v1::{ConfigMap, Event, Node, Pod, Secret, Service, ServiceAccount};
+use k8s_openapi::api::storage::v1::StorageClass;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use serde::Deserialize;
 use serde_json::json;
-use tenantplane_api::TenantCluster;
 use tenantplane_api::conditions::SYNCED;
+use tenantplane_api::{SyncPolicy, TenantCluster};
 use tenantplane_controller::sync::naming;
 use tenantplane_testenv::{eventually, install_crds_and_policies, namespace};
 
@@ -248,7 +249,7 @@ async fn a_deployment_runs_on_the_host_and_everything_converges() {
     );
     let first = &copies[0];
     let token_secret = host_secrets
-        .get(&format!("{}-token", first.name_any()))
+        .get(&format!("{}.token", first.name_any()))
         .await
         .unwrap();
     assert_eq!(
@@ -689,4 +690,96 @@ async fn the_readme_example_workload_runs_in_a_tenant() {
             .unwrap()
             .is_some()
     );
+}
+
+#[tokio::test]
+async fn a_policy_picks_what_syncs_selectors_accounts_and_classes() {
+    install_crds_and_policies();
+    let ns = namespace("sync-policy").await;
+    let _operator = start_operator(&ns);
+    let host = ns.client.clone();
+    // Only pods labelled sync=yes go down; ServiceAccounts go down; StorageClasses come up.
+    let policy_name = format!("{}-policy", ns.name);
+    let policy: SyncPolicy = serde_json::from_value(json!({
+        "apiVersion": "tenantplane.io/v1alpha1",
+        "kind": "SyncPolicy",
+        "metadata": {"name": policy_name},
+        "spec": {
+            "toHost": {
+                "pods": {"enabled": true, "selector": {"matchLabels": {"sync": "yes"}}},
+                "serviceAccounts": {"enabled": true}
+            },
+            "fromHost": {"storageClasses": {"enabled": true}}
+        }
+    }))
+    .unwrap();
+    let policies: Api<SyncPolicy> = Api::all(host.clone());
+    policies
+        .create(&PostParams::default(), &policy)
+        .await
+        .unwrap();
+    let mut tc = example(&ns.name);
+    tc.spec.sync_policy_ref.name = policy_name.clone();
+    create_ready(&host, &tc).await;
+    let tenant = tenant_client(&host, &ns.name, "dev").await;
+
+    let pods: Api<Pod> = Api::namespaced(tenant.clone(), "default");
+    for (name, sync) in [("kept", "yes"), ("skipped", "no")] {
+        let pod: Pod = serde_json::from_value(json!({
+            "metadata": {"name": name, "namespace": "default",
+                         "labels": {"app": "web", "sync": sync}},
+            "spec": {"containers": [container("web")]}
+        }))
+        .unwrap();
+        pods.create(&PostParams::default(), &pod).await.unwrap();
+    }
+    let account: ServiceAccount = serde_json::from_value(json!({
+        "metadata": {"name": "builder", "namespace": "default"}
+    }))
+    .unwrap();
+    Api::<ServiceAccount>::namespaced(tenant.clone(), "default")
+        .create(&PostParams::default(), &account)
+        .await
+        .unwrap();
+
+    let seen = eventually(WAIT, || async {
+        let copies = host_pods(&host, &ns.name, "dev").await;
+        let account = Api::<ServiceAccount>::namespaced(host.clone(), &ns.name)
+            .get_opt("builder-x-default-x-dev")
+            .await
+            .ok()??;
+        let class = Api::<StorageClass>::all(tenant.clone())
+            .get_opt("standard")
+            .await
+            .ok()??;
+        let kept = pods.get("kept").await.ok()?;
+        (copies.len() == 1 && running(&kept)).then_some((copies, account, class))
+    })
+    .await;
+    let (copies, account, class) = seen.expect("the policy's selection never synced");
+    assert_eq!(virtual_name(&copies[0]), "kept");
+    assert_eq!(account.automount_service_account_token, Some(false));
+    assert_eq!(class.labels()[naming::LABEL_SYNCED_FROM], "dev");
+    let skipped = pods.get("skipped").await.unwrap();
+    assert!(
+        skipped.spec.unwrap().node_name.is_none(),
+        "a pod the selector leaves out is not run"
+    );
+    Api::<TenantCluster>::namespaced(host.clone(), &ns.name)
+        .delete("dev", &DeleteParams::default())
+        .await
+        .unwrap();
+    let gone = eventually(WAIT, || async {
+        let tcs = Api::<TenantCluster>::namespaced(host.clone(), &ns.name)
+            .list(&ListParams::default())
+            .await
+            .ok()?;
+        tcs.items.is_empty().then_some(())
+    })
+    .await;
+    assert!(gone.is_some());
+    policies
+        .delete(&policy_name, &DeleteParams::default())
+        .await
+        .unwrap();
 }

@@ -1,7 +1,7 @@
 //! One tenant's sync engine: watches on both sides fill caches and queue keys; workers converge
 //! one key at a time, reading only the caches and writing only on difference.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 use std::fmt::Debug;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -17,7 +17,7 @@ use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams, PostParams, Preconditions};
 use kube::core::{Selector, SelectorExt};
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::events::{self, Event, EventType, Recorder};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource, ResourceExt};
@@ -72,7 +72,7 @@ impl Key {
 }
 
 /// Workers per tenant: writes to two API servers overlap, one key never runs twice at once.
-const WORKERS: usize = 16;
+const WORKERS: usize = 32;
 /// Everything is looked at again this often, whatever the watches said.
 const RESYNC: Duration = Duration::from_secs(300);
 /// A host refusal does not go away by itself; look again at this pace.
@@ -165,13 +165,12 @@ struct Engine {
     hx: HostExtra,
     queue: Arc<WorkQueue<Key>>,
     recorder: Recorder,
-    health: watch::Sender<Health>,
-    notify: Box<dyn Fn() + Send + Sync>,
+    reporter: Verdicts,
     failures: Mutex<HashMap<Key, u32>>,
     /// Tenant pods already told (by Event) why the host refused them, with what message.
     told: Mutex<HashMap<String, String>>,
-    /// Token Secrets whose refresh is scheduled, by host pod uid.
-    refresh_scheduled: Mutex<HashSet<String>>,
+    /// When each host pod's token Secret is due to be minted again, once a pass is scheduled.
+    refresh_scheduled: Mutex<HashMap<String, Timestamp>>,
 }
 
 /// Run the tenant's engine; when it stops (a panic, a bad policy) restart it after a growing
@@ -183,31 +182,72 @@ pub async fn supervise(
     health: watch::Sender<Health>,
     notify: impl Fn() + Send + Sync + 'static,
 ) {
-    let notify: Arc<dyn Fn() + Send + Sync> = Arc::new(notify);
+    let reporter = Verdicts {
+        health: Arc::new(health),
+        notify: Arc::new(notify),
+        policy: spec.policy.clone(),
+    };
     let mut backoff = Duration::from_secs(1);
     loop {
-        let n = notify.clone();
-        let run = tokio::spawn(run(
+        // The engine runs in its own task so that a panic is caught here; the guard stops it
+        // when this task is aborted (the syncer stopped or replaced).
+        let mut engine = AbortOnDrop(tokio::spawn(run(
             spec.clone(),
             tenant.clone(),
             host.clone(),
-            health.clone(),
-            Box::new(move || n()),
-        ));
-        let why = match run.await {
+            reporter.clone(),
+        )));
+        let why = match (&mut engine.0).await {
             Ok(Ok(())) => return,
             Ok(Err(why)) => why,
             Err(e) if e.is_panic() => format!("it panicked: {e}"),
             Err(_) => return,
         };
         warn!(tenant = %spec.tenant, namespace = %spec.host_namespace, error = %why, "syncer stopped; restarting after {backoff:?}");
-        health.send_modify(|h| {
+        reporter.health.send_modify(|h| {
             h.crashed = Some(why);
             h.ready = false;
         });
-        notify();
+        (reporter.notify)();
         tokio::time::sleep(backoff).await;
         backoff = (backoff * 2).min(Duration::from_secs(60));
+    }
+}
+
+/// Aborts the task when dropped.
+struct AbortOnDrop<T>(tokio::task::JoinHandle<T>);
+
+impl<T> Drop for AbortOnDrop<T> {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Where the engine reports failures, and how it tells the controller its verdict changed.
+#[derive(Clone)]
+struct Verdicts {
+    health: Arc<watch::Sender<Health>>,
+    notify: Arc<dyn Fn() + Send + Sync>,
+    policy: SyncPolicySpec,
+}
+
+impl Verdicts {
+    /// Record (or clear) the failure of one object or watch; tell the controller when the verdict
+    /// changes.
+    fn set_error(&self, what: &str, failure: Option<Failure>) {
+        let mut changed = false;
+        self.health.send_if_modified(|h| {
+            let before = h.verdict(&self.policy);
+            let modified = match &failure {
+                Some(f) => h.errors.insert(what.to_string(), f.clone()).as_ref() != Some(f),
+                None => h.errors.remove(what).is_some(),
+            };
+            changed = modified && before != h.verdict(&self.policy);
+            modified
+        });
+        if changed {
+            (self.notify)();
+        }
     }
 }
 
@@ -217,7 +257,7 @@ fn watch_into<K, F>(
     config: watcher::Config,
     keys: F,
     queue: &Arc<WorkQueue<Key>>,
-    tasks: &mut Vec<std::pin::Pin<Box<dyn futures::Future<Output = ()> + Send>>>,
+    tasks: &mut Watches,
 ) -> Store<K>
 where
     K: Resource<DynamicType = ()> + Clone + Debug + DeserializeOwned + Send + Sync + 'static,
@@ -225,27 +265,62 @@ where
 {
     let (reader, writer) = reflector::store();
     let queue = queue.clone();
-    let stream = watcher(api, config)
-        .default_backoff()
-        .reflect(writer)
-        .touched_objects();
-    tasks.push(Box::pin(drain(stream, move |obj: K| {
-        for k in keys(&obj) {
-            queue.add(k);
-        }
-    })));
+    let stream = watcher(api, config).default_backoff().reflect(writer);
+    let what = format!("watch of {} on the {}", K::kind(&()), tasks.side);
+    let reporter = tasks.reporter.clone();
+    tasks
+        .futures
+        .push(Box::pin(drain(stream, what, reporter, move |obj: K| {
+            for k in keys(&obj) {
+                queue.add(k);
+            }
+        })));
     reader
 }
 
+/// The watch tasks of one engine, and which side is being set up.
+struct Watches {
+    futures: Vec<std::pin::Pin<Box<dyn futures::Future<Output = ()> + Send>>>,
+    side: &'static str,
+    reporter: Verdicts,
+}
+
+/// Feed a watch's objects to `each`; a failing watch (it retries by itself) is reported until it
+/// works again, so `Synced` names it instead of waiting silently.
 async fn drain<K>(
-    stream: impl Stream<Item = Result<K, watcher::Error>> + Send,
+    stream: impl Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send,
+    what: String,
+    reporter: Verdicts,
     mut each: impl FnMut(K) + Send,
 ) {
     let mut stream = std::pin::pin!(stream);
+    let mut failing = false;
     while let Some(item) = stream.next().await {
         match item {
-            Ok(obj) => each(obj),
-            Err(e) => debug!(error = %e, "sync watch error; the watcher retries"),
+            Ok(event) => {
+                // Any answer, even an empty list after a reconnect, means the watch works again.
+                if failing {
+                    failing = false;
+                    reporter.set_error(&what, None);
+                }
+                match event {
+                    watcher::Event::Apply(o)
+                    | watcher::Event::Delete(o)
+                    | watcher::Event::InitApply(o) => each(o),
+                    watcher::Event::Init | watcher::Event::InitDone => {}
+                }
+            }
+            Err(e) => {
+                debug!(error = %e, watch = %what, "sync watch error; the watcher retries");
+                failing = true;
+                reporter.set_error(
+                    &what,
+                    Some(Failure {
+                        reason: "WatchFailed",
+                        message: format!("the {what} fails (retrying): {e}"),
+                    }),
+                );
+            }
         }
     }
 }
@@ -261,9 +336,10 @@ async fn run(
     spec: SyncerSpec,
     tenant: Client,
     host: Client,
-    health: watch::Sender<Health>,
-    notify: Box<dyn Fn() + Send + Sync>,
+    reporter: Verdicts,
 ) -> Result<(), String> {
+    // Failures of an earlier run name objects that may be gone; this run finds them again.
+    reporter.health.send_modify(|h| h.errors.clear());
     let policy = spec.policy.clone();
     let to = &policy.to_host;
     let from = &policy.from_host;
@@ -281,7 +357,11 @@ async fn run(
         ingresses: selector("ingresses", &to.ingresses.selector)?,
     };
     let queue = WorkQueue::new();
-    let mut tasks = Vec::new();
+    let mut tasks = Watches {
+        futures: Vec::new(),
+        side: "tenant",
+        reporter: reporter.clone(),
+    };
     let hns = spec.host_namespace.clone();
     let tenant_name = spec.tenant.clone();
     let owned = watcher::Config::default().labels(&naming::synced_selector(&spec.tenant));
@@ -341,10 +421,24 @@ async fn run(
         .service_accounts
         .enabled
         .then(|| tenant_watch!(ServiceAccount, ServiceAccount));
-    let t_ingresses = to
-        .ingresses
-        .enabled
-        .then(|| tenant_watch!(Ingress, Ingress));
+    let t_ingresses = to.ingresses.enabled.then(|| {
+        watch_into(
+            Api::<Ingress>::all(tenant.clone()),
+            watcher::Config::default(),
+            |i: &Ingress| {
+                let (ns, n) = ns_name(i);
+                let tls = i.spec.iter().flat_map(|s| s.tls.iter().flatten());
+                let mut keys: Vec<Key> = tls
+                    .filter_map(|t| t.secret_name.clone())
+                    .map(|s| Key::Secret(ns.clone(), s))
+                    .collect();
+                keys.push(Key::Ingress(ns, n));
+                keys
+            },
+            &queue,
+            &mut tasks,
+        )
+    });
     // Tenant nodes: always watched, so virtual nodes left from an earlier policy are removed.
     let t_nodes = watch_into(
         Api::<Node>::all(tenant.clone()),
@@ -376,6 +470,7 @@ async fn run(
     );
 
     // Host side: the tenant's namespace, only what was synced from this tenant.
+    tasks.side = "host";
     let back = {
         let tenant_name = tenant_name.clone();
         move |meta: &ObjectMeta| naming::virtual_of(meta, &tenant_name)
@@ -494,7 +589,7 @@ async fn run(
         selectors,
         recorder: Recorder::new(
             tenant.clone(),
-            Reporter {
+            events::Reporter {
                 controller: SYNCER_MANAGER.into(),
                 instance: None,
             },
@@ -534,23 +629,22 @@ async fn run(
             ingress_classes: h_ingress_classes,
         },
         queue: queue.clone(),
-        health,
-        notify,
+        reporter,
         failures: Mutex::new(HashMap::new()),
         told: Mutex::new(HashMap::new()),
-        refresh_scheduled: Mutex::new(HashSet::new()),
+        refresh_scheduled: Mutex::new(HashMap::new()),
     });
 
-    let watches = futures::future::join_all(tasks);
+    let watches = futures::future::join_all(tasks.futures);
     let start = {
         let engine = engine.clone();
         async move {
             engine.wait_ready().await;
-            engine.health.send_modify(|h| {
+            engine.reporter.health.send_modify(|h| {
                 h.ready = true;
                 h.crashed = None;
             });
-            (engine.notify)();
+            (engine.reporter.notify)();
             let workers = (0..WORKERS).map(|_| {
                 let engine = engine.clone();
                 async move {
@@ -703,21 +797,8 @@ impl Engine {
         }
     }
 
-    /// Record (or clear) the failure of one object; tell the controller when the verdict changes.
     fn set_error(&self, what: &str, failure: Option<Failure>) {
-        let mut changed = false;
-        self.health.send_if_modified(|h| {
-            let before = h.verdict(&self.policy);
-            let modified = match &failure {
-                Some(f) => h.errors.insert(what.to_string(), f.clone()).as_ref() != Some(f),
-                None => h.errors.remove(what).is_some(),
-            };
-            changed = modified && before != h.verdict(&self.policy);
-            modified
-        });
-        if changed {
-            (self.notify)();
-        }
+        self.reporter.set_error(what, failure);
     }
 
     fn host_pods(&self) -> Api<Pod> {
@@ -750,6 +831,7 @@ impl Engine {
         let Some(t) = t else {
             // Gone from the tenant (or pods not synced): the copy goes too.
             if let Some(h) = h {
+                self.forget_pod(&h);
                 delete_if_present(&self.host_pods(), &h, None).await?;
             }
             return Ok(());
@@ -761,9 +843,11 @@ impl Engine {
             return Ok(());
         }
         let t_uid = t.uid().unwrap_or_default();
-        // A copy of an earlier tenant pod of the same name (StatefulSets reuse names).
+        // A copy of an earlier tenant pod of the same name (StatefulSets reuse names). A copy
+        // whose uid mark was removed by hand is not taken for one: its marks are put back.
         if let Some(h) = &h
-            && naming::virtual_of(&h.metadata, &self.tr.tenant).is_some_and(|v| v.uid != t_uid)
+            && naming::virtual_of(&h.metadata, &self.tr.tenant)
+                .is_some_and(|v| !v.uid.is_empty() && v.uid != t_uid)
         {
             if h.metadata.deletion_timestamp.is_none() {
                 delete_if_present(&self.host_pods(), h, None).await?;
@@ -772,6 +856,7 @@ impl Engine {
         }
         let tenant_pods: Api<Pod> = Api::namespaced(self.tenant.clone(), ns);
         let bound = t.spec.as_ref().and_then(|s| s.node_name.clone());
+        // The copy ran (its status came back), so a missing copy was deleted, not yet made.
         let ran = t
             .status
             .as_ref()
@@ -785,13 +870,17 @@ impl Engine {
                 Some(_) => {}
                 None => {
                     // The host copy is gone: the tenant pod can go, as a kubelet would confirm.
+                    self.told
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .remove(&t_uid);
                     delete_if_present(&tenant_pods, &t, Some(0)).await?;
                 }
             }
             return Ok(());
         }
         let Some(h) = h else {
-            if bound.is_some() && ran {
+            if ran {
                 // The copy was deleted on the host: the pod is gone, as on a node that lost it;
                 // its controller in the tenant makes a new one.
                 delete_if_present(&tenant_pods, &t, Some(0)).await?;
@@ -805,10 +894,21 @@ impl Engine {
             return Ok(());
         }
         let host_node = h.spec.as_ref().and_then(|s| s.node_name.clone());
-        if let (None, Some(node)) = (&bound, &host_node) {
-            if self.policy.from_host.nodes.enabled {
-                self.ensure_virtual_node(node).await?;
+        // Bound only to a virtual node that exists: the tenant's pod garbage collector deletes pods
+        // bound to missing nodes. Without virtual nodes the tenant pod stays unbound.
+        let node_ready = match (&bound, &host_node) {
+            (None, Some(node)) if self.policy.from_host.nodes.enabled => {
+                let exists = self.ensure_virtual_node(node).await?;
+                if !exists {
+                    // The host node is not in the cache yet; bind on the next look.
+                    self.queue
+                        .add_after(Key::Pod(ns.into(), name.into()), Duration::from_secs(1));
+                }
+                exists
             }
+            _ => false,
+        };
+        if let (true, Some(node)) = (node_ready, &host_node) {
             let binding = Binding {
                 metadata: ObjectMeta {
                     name: Some(name.to_string()),
@@ -855,6 +955,22 @@ impl Engine {
         Ok(())
     }
 
+    /// Drop what the engine remembers about a pod whose copy goes.
+    fn forget_pod(&self, h: &Pod) {
+        if let Some(uid) = h.uid() {
+            self.refresh_scheduled
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(&uid);
+        }
+        if let Some(v) = naming::virtual_of(&h.metadata, &self.tr.tenant) {
+            self.told
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(&v.uid);
+        }
+    }
+
     fn tenant_dns(&self) -> Option<String> {
         self.t
             .services
@@ -871,6 +987,8 @@ impl Engine {
             .state()
             .into_iter()
             .filter(|s| s.namespace().as_deref() == Some(ns.as_str()))
+            // The tenant API server's own Service: pods get the variables that reach it.
+            .filter(|s| !(ns == "default" && s.name_any() == "kubernetes"))
             .collect();
         let service_refs: Vec<&Service> = services.iter().map(|s| &**s).collect();
         let desired = self.tr.pod(t, &service_refs, self.tenant_dns().as_deref());
@@ -958,7 +1076,10 @@ impl Engine {
                 .map(|c| (c.name.clone(), c.image.clone()))
                 .collect()
         };
-        let labels_ok = want_labels == live_labels;
+        // Labels others add on the host (webhooks) stay; ours are put back.
+        let labels_ok = want_labels
+            .iter()
+            .all(|(k, v)| live_labels.get(k) == Some(v));
         let annotations_ok = want_annotations
             .iter()
             .all(|(k, v)| live_annotations.get(k) == Some(v));
@@ -966,21 +1087,12 @@ impl Engine {
         if labels_ok && annotations_ok && images_ok {
             return Ok(());
         }
-        let mut labels = serde_json::Map::new();
-        for k in live_labels.keys() {
-            if !want_labels.contains_key(k) {
-                labels.insert(k.clone(), serde_json::Value::Null);
-            }
-        }
-        for (k, v) in &want_labels {
-            labels.insert(k.clone(), json!(v));
-        }
         let containers: Vec<_> = images(t)
             .into_iter()
             .map(|(name, image)| json!({"name": name, "image": image}))
             .collect();
         let patch = json!({
-            "metadata": {"labels": labels, "annotations": want_annotations, "uid": h.uid()},
+            "metadata": {"labels": want_labels, "annotations": want_annotations, "uid": h.uid()},
             "spec": {"containers": containers},
         });
         self.host_pods()
@@ -1095,10 +1207,6 @@ impl Engine {
                 &Patch::Apply(&secret),
             )
             .await?;
-        self.refresh_scheduled
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&h_uid);
         self.schedule_refresh(t, &h_uid, at, now);
         Ok(())
     }
@@ -1108,9 +1216,11 @@ impl Engine {
             .refresh_scheduled
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .insert(h_uid.to_string());
+            .insert(h_uid.to_string(), at)
+            != Some(at);
         if fresh {
-            let wait = at.duration_since(now).as_secs().max(1) as u64;
+            // Rounded up, so that the pass finds the token due rather than a moment early.
+            let wait = at.duration_since(now).as_secs().max(0) as u64 + 1;
             let (ns, n) = ns_name(t);
             self.queue
                 .add_after(Key::Pod(ns, n), Duration::from_secs(wait));
@@ -1119,14 +1229,16 @@ impl Engine {
 
     // ---- nodes -----------------------------------------------------------------------------
 
-    async fn ensure_virtual_node(&self, name: &str) -> KeyResult {
+    /// Make the tenant Node for host node `name` exist and show the host's state; `false` when
+    /// the host node is not known (yet).
+    async fn ensure_virtual_node(&self, name: &str) -> Result<bool, KeyError> {
         let Some(host) = self
             .h
             .nodes
             .as_ref()
             .and_then(|s| s.get(&ObjectRef::new(name)))
         else {
-            return Ok(());
+            return Ok(false);
         };
         let wanted = translate::virtual_node(&host, &self.tr.tenant);
         let nodes: Api<Node> = Api::all(self.tenant.clone());
@@ -1150,7 +1262,7 @@ impl Engine {
                 Err(kube::Error::Api(e)) if e.code == 409 => {}
                 Err(e) => return Err(e.into()),
             },
-            Some(current) if !translate::node_differs(&current, &wanted) => return Ok(()),
+            Some(current) if !translate::node_differs(&current, &wanted) => return Ok(true),
             Some(_) => {}
         }
         // Status is a subresource: written separately, also right after creation. A node the
@@ -1181,15 +1293,17 @@ impl Engine {
                 &Patch::Merge(json!({"status": wanted.status})),
             )
             .await?;
-        Ok(())
+        Ok(true)
     }
 
     async fn sync_node(&self, name: &str) -> KeyResult {
-        // In use: a tenant pod is bound to it, or a copy runs there whose tenant pod is about to be.
+        // In use: a tenant pod is bound to it (whatever the policy says now: the tenant deletes
+        // pods bound to missing nodes), or a copy runs there whose tenant pod is about to be.
         let on_node = |p: &Pod| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(name);
-        let in_use = self.policy.from_host.nodes.enabled
-            && (self.t.pods.state().iter().any(|p| on_node(p))
-                || self.h.pods.state().iter().any(|p| {
+        let bound_here = self.t.pods.state().iter().any(|p| on_node(p));
+        let in_use = bound_here
+            || (self.policy.from_host.nodes.enabled
+                && self.h.pods.state().iter().any(|p| {
                     on_node(p) && naming::virtual_of(&p.metadata, &self.tr.tenant).is_some()
                 }));
         let host_exists = self
@@ -1203,7 +1317,7 @@ impl Engine {
             .as_ref()
             .and_then(|s| s.get(&ObjectRef::new(name)));
         if in_use && host_exists {
-            return self.ensure_virtual_node(name).await;
+            return self.ensure_virtual_node(name).await.map(|_| ());
         }
         if let Some(node) = current
             && node.labels().get(naming::LABEL_SYNCED_FROM) == Some(&self.tr.tenant)
@@ -1230,9 +1344,15 @@ impl Engine {
             });
         let h = self.host_copy(&self.h.services, ns, name);
         let api: Api<Service> = Api::namespaced(self.host.clone(), &self.tr.host_namespace);
+        let tenant_api: Api<Service> = Api::namespaced(self.tenant.clone(), ns);
         let Some(t) = t else {
             if let Some(h) = h {
-                delete_if_present(&api, &h, None).await?;
+                // The cache may be between our own delete and create of the tenant Service (it
+                // takes the host IP that way): ask the tenant before deleting the copy.
+                let live = tenant_api.get_opt(name).await?;
+                if live.is_none() || !self.policy.to_host.services.enabled {
+                    delete_if_present(&api, &h, None).await?;
+                }
             }
             return Ok(());
         };
@@ -1252,8 +1372,9 @@ impl Engine {
             && t_ip.as_deref() != Some("None")
             && h_ip != "None"
             && t_ip.as_deref() != Some(h_ip.as_str())
+            // A Service someone holds with a finalizer is not deleted to take the IP.
+            && t.metadata.finalizers.as_ref().is_none_or(|f| f.is_empty())
         {
-            let tenant_api: Api<Service> = Api::namespaced(self.tenant.clone(), ns);
             let mut copy = (*t).clone();
             copy.metadata = ObjectMeta {
                 name: t.metadata.name.clone(),
@@ -1274,16 +1395,28 @@ impl Engine {
                 spec.health_check_node_port = None;
             }
             copy.status = None;
+            let pp = PostParams {
+                field_manager: Some(SYNCER_MANAGER.into()),
+                ..Default::default()
+            };
             delete_if_present(&tenant_api, &t, None).await?;
-            tenant_api
-                .create(
-                    &PostParams {
-                        field_manager: Some(SYNCER_MANAGER.into()),
-                        ..Default::default()
-                    },
-                    &copy,
-                )
-                .await?;
+            if let Err(e) = tenant_api.create(&pp, &copy).await {
+                // Never leave the tenant without its Service: put it back as it was, with an
+                // address of the tenant's choosing, and say why the host's was refused.
+                let mut original = copy.clone();
+                if let Some(spec) = original.spec.as_mut() {
+                    spec.cluster_ip = None;
+                    spec.cluster_ips = None;
+                }
+                tenant_api.create(&pp, &original).await?;
+                return Err(KeyError {
+                    reason: "ServiceIPNotAdopted",
+                    message: format!(
+                        "the tenant refused the host Service's cluster IP {h_ip} ({e}); is the tenant's service CIDR the host's?"
+                    ),
+                    retry: Some(REJECTED_RETRY),
+                });
+            }
             debug!(service = %format!("{ns}/{name}"), ip = %h_ip, "tenant Service recreated with its host cluster IP");
             return Ok(());
         }
@@ -1358,6 +1491,19 @@ impl Engine {
             .await
     }
 
+    /// Is Secret `ns/name` the TLS certificate of a synced Ingress?
+    fn ingress_tls(&self, ns: &str, name: &str) -> bool {
+        self.policy.to_host.ingresses.enabled
+            && self.t.ingresses.iter().flat_map(|s| s.state()).any(|i| {
+                i.namespace().as_deref() == Some(ns)
+                    && matches(&self.selectors.ingresses, &i.metadata)
+                    && i.spec
+                        .iter()
+                        .flat_map(|s| s.tls.iter().flatten())
+                        .any(|t| t.secret_name.as_deref() == Some(name))
+            })
+    }
+
     async fn sync_secret(&self, ns: &str, name: &str) -> KeyResult {
         let setting = &self.policy.to_host.secrets;
         let t = self
@@ -1369,7 +1515,9 @@ impl Engine {
                     && matches(&self.selectors.secrets, &s.metadata)
                     // Tenant service-account tokens never leave the tenant by this road.
                     && s.type_.as_deref() != Some("kubernetes.io/service-account-token")
-                    && (setting.all || self.referenced(ns, |r| r.secrets.contains(name)))
+                    && (setting.all
+                        || self.referenced(ns, |r| r.secrets.contains(name))
+                        || self.ingress_tls(ns, name))
             });
         let h = self.host_copy(&self.h.secrets, ns, name).filter(|s| {
             !s.annotations()

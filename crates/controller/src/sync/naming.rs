@@ -45,8 +45,10 @@ fn hash(parts: &[&str]) -> String {
 /// The host name of tenant object `name` in `namespace` (empty for cluster-scoped kinds).
 pub fn host_name(name: &str, namespace: &str, tenant: &str) -> String {
     let plain = format!("{name}{SEPARATOR}{namespace}{SEPARATOR}{tenant}");
-    let separators = (0..plain.len())
-        .filter(|&i| plain[i..].starts_with(SEPARATOR))
+    let separators = plain
+        .as_bytes()
+        .windows(SEPARATOR.len())
+        .filter(|w| *w == SEPARATOR.as_bytes())
         .count();
     if plain.len() <= MAX_NAME && separators == 2 {
         return plain;
@@ -172,6 +174,12 @@ mod tests {
         let three = host_name("a-x-b", "c", "t");
         let four = host_name("a", "b-x-c", "t");
         assert_ne!(three, four);
+    }
+
+    #[test]
+    fn names_from_hand_edited_annotations_do_not_panic() {
+        let name = host_name("wéb-ü", "défault", "dev");
+        assert!(!name.is_empty());
     }
 
     #[test]

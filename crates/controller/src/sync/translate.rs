@@ -50,9 +50,11 @@ pub struct References {
 /// The default lifetime kube-apiserver gives the tokens it projects (`kube-api-access-*`).
 const DEFAULT_TOKEN_SECONDS: i64 = 3607;
 
-/// The host Secret holding a pod's tenant service-account tokens.
+/// The host Secret holding a pod's tenant service-account tokens. A translated name never ends in
+/// `.token` (it ends with the tenant's name, which has no dot, or a hash), so this is no other
+/// object's name.
 pub fn token_secret_name(host_pod: &str) -> String {
-    format!("{host_pod}-token")
+    format!("{host_pod}.token")
 }
 
 pub fn virtual_ref(meta: &ObjectMeta) -> Virtual {
@@ -122,6 +124,7 @@ impl Translator {
         spec.scheduler_name = None;
         spec.priority_class_name = None;
         spec.priority = None;
+        spec.preemption_policy = None;
         // The host's own service-account token is never mounted.
         spec.service_account_name = None;
         spec.service_account = None;
@@ -222,6 +225,9 @@ impl Translator {
                 extra_env.extend(service_env(svc));
             }
         }
+        // One value per name, the first: a tenant Service cannot override the API address.
+        let mut seen = BTreeSet::new();
+        extra_env.retain(|e| seen.insert(e.name.clone()));
         let containers = spec
             .containers
             .iter_mut()
@@ -873,7 +879,7 @@ mod tests {
             .unwrap();
         assert!(projected.iter().all(|s| s.service_account_token.is_none()));
         let token = projected[0].secret.as_ref().unwrap();
-        assert_eq!(token.name, "web-0-x-default-x-dev-token");
+        assert_eq!(token.name, "web-0-x-default-x-dev.token");
         assert_eq!(token.items.as_ref().unwrap()[0].key, "token-0");
         assert_eq!(
             projected[1].config_map.as_ref().unwrap().name,
