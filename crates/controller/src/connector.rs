@@ -64,8 +64,8 @@ impl Connector {
         .await
     }
 
-    /// Like [`client`](Self::client), for long watches: the API server ends each watch after a
-    /// few minutes, so no read timeout is set.
+    /// Like [`client`](Self::client), for watches: a request that hears nothing for 60 s fails.
+    /// Watches on it must be ended by the API server sooner (the syncer's run 50 s).
     pub async fn watch_client(
         &self,
         kubeconfig: &str,
@@ -73,8 +73,14 @@ impl Connector {
         namespace: &str,
         server: &str,
     ) -> Result<kube::Client, String> {
-        self.client_with(kubeconfig, tenant, namespace, server, None)
-            .await
+        self.client_with(
+            kubeconfig,
+            tenant,
+            namespace,
+            server,
+            Some(Duration::from_secs(60)),
+        )
+        .await
     }
 
     async fn client_with(

@@ -66,14 +66,9 @@ pub fn service_dns_names(tenant: &str, namespace: &str) -> Vec<String> {
     ]
 }
 
-/// The in-cluster host name of the tenant API server (what synced pods dial).
-pub fn in_cluster_host(tenant: &str, namespace: &str) -> String {
-    format!("{}.{namespace}.svc", service(tenant))
-}
-
 /// The in-cluster HTTPS address of the tenant API server.
 pub fn endpoint(tenant: &str, namespace: &str) -> String {
-    format!("https://{}:{API_PORT}", in_cluster_host(tenant, namespace))
+    format!("https://{}.{namespace}.svc:{API_PORT}", service(tenant))
 }
 
 /// `v1.30.4` runs `<repository>:v1.30.4-k3s1`.

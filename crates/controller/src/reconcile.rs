@@ -336,16 +336,50 @@ async fn apply_tenant(tc: &TenantCluster, ctx: &Context) -> Result<Action, Error
         Ok(pki) => pki,
         Err(detail) => return finish(ctx, &tc, Progress::PkiDamaged(detail)).await,
     };
+    let services: Api<Service> = Api::namespaced(client.clone(), &ns);
+    let service_name = names::service(&tenant);
+    let live_service = cache::get(&caches.services, Some(&ns), &service_name);
+    let cluster_ip = live_service
+        .as_ref()
+        .and_then(|s| s.spec.as_ref()?.cluster_ip.clone());
+    if cluster_ip.as_deref() == Some("None") {
+        // A headless Service (as earlier versions made) cannot take a cluster IP: replace it.
+        apply::ensure_absent(&services, &caches.services, &ns, &service_name).await?;
+        let detail =
+            format!("replacing the headless Service {service_name} with one that has a cluster IP");
+        return finish(
+            ctx,
+            &tc,
+            Progress::ControlPlaneNotReady {
+                detail,
+                stuck: false,
+            },
+        )
+        .await;
+    }
     apply::ensure(
-        &Api::<Service>::namespaced(client.clone(), &ns),
+        &services,
         &caches.services,
         &build::control_plane::desired_service(&tc)?,
     )
     .await?;
+    let Some(api_ip) = cluster_ip.filter(|ip| !ip.is_empty()) else {
+        // The Service's watch brings the tenant back once the address is allocated.
+        let detail = format!("waiting for Service {service_name} to get its cluster IP");
+        return finish(
+            ctx,
+            &tc,
+            Progress::ControlPlaneNotReady {
+                detail,
+                stuck: false,
+            },
+        )
+        .await;
+    };
     let sts_outcome = apply::ensure(
         &Api::<StatefulSet>::namespaced(client.clone(), &ns),
         &caches.statefulsets,
-        &build::control_plane::desired_statefulset(&tc, options)?,
+        &build::control_plane::desired_statefulset(&tc, &api_ip, options)?,
     )
     .await?;
     if sts_outcome == Outcome::Created {
@@ -425,8 +459,7 @@ async fn apply_tenant(tc: &TenantCluster, ctx: &Context) -> Result<Action, Error
         profile: profile.spec.clone(),
         server,
         kubeconfig,
-        api_host: names::in_cluster_host(&tenant, &ns),
-        api_port: names::API_PORT,
+        api_ip,
     };
     let progress = match ctx.syncers.ensure(spec, watch_client).await {
         Ok(summary) => Progress::Synced { version, summary },

@@ -87,15 +87,25 @@ async fn the_seed_lifecycle_from_apply_to_deletion() {
         .get("dev")
         .await
         .unwrap();
-    let image = sts.spec.unwrap().template.spec.unwrap().containers[0]
-        .image
-        .clone();
-    assert_eq!(image.as_deref(), Some("rancher/k3s:v1.30.4-k3s1"));
+    let container = sts.spec.unwrap().template.spec.unwrap().containers[0].clone();
+    assert_eq!(container.image.as_deref(), Some("rancher/k3s:v1.30.4-k3s1"));
     let svc = Api::<Service>::namespaced(c.clone(), &ns.name)
         .get("dev")
         .await
         .unwrap();
-    assert_eq!(svc.spec.unwrap().cluster_ip.as_deref(), Some("None"));
+    let spec = svc.spec.unwrap();
+    let ip = spec.cluster_ip.clone().unwrap();
+    assert_ne!(
+        ip, "None",
+        "synced pods dial the tenant API server by address"
+    );
+    let ports: Vec<i32> = spec.ports.unwrap().iter().map(|p| p.port).collect();
+    assert_eq!(ports, [6443, 443]);
+    let san = format!("--tls-san={ip}");
+    assert!(
+        container.args.unwrap_or_default().contains(&san),
+        "the address is in the serving certificate"
+    );
     let pod = Api::<Pod>::namespaced(c.clone(), &ns.name)
         .get("dev-0")
         .await

@@ -170,6 +170,27 @@ async fn a_deployment_runs_on_the_host_and_everything_converges() {
     // 3 pods in the tenant, 3 copies on the host, Running on both sides, bound to a virtual node.
     let tenant_pods = converged(&host, &tenant, &ns.name, "dev", 3).await;
     let copies = host_pods(&host, &ns.name, "dev").await;
+    let api_ip = Api::<Service>::namespaced(host.clone(), &ns.name)
+        .get("dev")
+        .await
+        .unwrap()
+        .spec
+        .unwrap()
+        .cluster_ip
+        .unwrap();
+    // The tenant's own `kubernetes` Service has that address too: never the host API server's.
+    let kubernetes = eventually(WAIT, || async {
+        let svc = Api::<Service>::namespaced(tenant.clone(), "default")
+            .get("kubernetes")
+            .await
+            .ok()?;
+        (svc.spec?.cluster_ip.as_deref() == Some(api_ip.as_str())).then_some(())
+    })
+    .await;
+    assert!(
+        kubernetes.is_some(),
+        "the tenant's kubernetes Service never took {api_ip}"
+    );
     for copy in &copies {
         let v = virtual_name(copy);
         assert_eq!(copy.name_any(), format!("{v}-x-default-x-dev"));
@@ -193,7 +214,7 @@ async fn a_deployment_runs_on_the_host_and_everything_converges() {
             .unwrap();
         assert_eq!(
             host_var.value.as_deref(),
-            Some(format!("dev.{}.svc", ns.name).as_str()),
+            Some(api_ip.as_str()),
             "pods reach the tenant API, not the host's"
         );
         assert_eq!(

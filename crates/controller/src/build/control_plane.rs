@@ -31,8 +31,14 @@ const DISABLED_CONTROLLERS: &[&str] = &[
     "ttl",
 ];
 
-/// The arguments of `k3s server` for an agentless tenant control plane.
-pub fn k3s_args(tenant: &str, namespace: &str, options: &BuildOptions) -> Vec<String> {
+/// The arguments of `k3s server` for an agentless tenant control plane. `api_ip` is the cluster
+/// IP of its Service, which synced pods dial, so it is in the serving certificate.
+pub fn k3s_args(
+    tenant: &str,
+    namespace: &str,
+    api_ip: &str,
+    options: &BuildOptions,
+) -> Vec<String> {
     let controllers = std::iter::once("*".to_string())
         .chain(DISABLED_CONTROLLERS.iter().map(|c| format!("-{c}")))
         .collect::<Vec<_>>()
@@ -56,12 +62,15 @@ pub fn k3s_args(tenant: &str, namespace: &str, options: &BuildOptions) -> Vec<St
     args.extend(
         names::service_dns_names(tenant, namespace)
             .into_iter()
+            .chain(std::iter::once(api_ip.to_string()))
             .map(|n| format!("--tls-san={n}")),
     );
     args
 }
 
-/// The headless Service that gives the tenant API server its in-cluster name.
+/// The Service that gives the tenant API server its in-cluster name and a cluster IP. Synced
+/// pods dial the IP (a tenant's DNS cannot resolve host names), on 6443 and on 443, where the
+/// tenant's own `kubernetes` Service points them.
 pub fn desired_service(tc: &TenantCluster) -> Result<Service, Error> {
     let (tenant, _) = identity(tc)?;
     typed(
@@ -71,10 +80,13 @@ pub fn desired_service(tc: &TenantCluster) -> Result<Service, Error> {
             "kind": "Service",
             "metadata": owned_metadata(tc, names::service(&tenant))?,
             "spec": {
-                "clusterIP": "None",
+                "type": "ClusterIP",
                 "publishNotReadyAddresses": false,
                 "selector": names::control_plane_selector(&tenant),
-                "ports": [{"name": "https", "port": names::API_PORT, "targetPort": names::API_PORT, "protocol": "TCP"}],
+                "ports": [
+                    {"name": "https", "port": names::API_PORT, "targetPort": names::API_PORT, "protocol": "TCP"},
+                    {"name": "kubernetes", "port": 443, "targetPort": names::API_PORT, "protocol": "TCP"},
+                ],
             },
         }),
     )
@@ -99,6 +111,7 @@ fn smaller_quantity<'a>(a: &'a str, b: &'a str) -> &'a str {
 /// escalation, no capabilities, RuntimeDefault seccomp, no service-account token.
 pub fn desired_statefulset(
     tc: &TenantCluster,
+    api_ip: &str,
     options: &BuildOptions,
 ) -> Result<StatefulSet, Error> {
     let (tenant, ns) = identity(tc)?;
@@ -179,7 +192,7 @@ pub fn desired_statefulset(
                             "name": "k3s",
                             "image": image,
                             "command": ["/bin/k3s"],
-                            "args": k3s_args(&tenant, &ns, options),
+                            "args": k3s_args(&tenant, &ns, api_ip, options),
                             "ports": [{"name": "https", "containerPort": names::API_PORT, "protocol": "TCP"}],
                             "readinessProbe": {
                                 "exec": {"command": [
@@ -231,9 +244,11 @@ mod tests {
     use super::*;
     use crate::build::tests::tenant;
 
+    const TEST_API_IP: &str = "10.96.0.10";
+
     #[test]
     fn the_version_picks_the_k3s_image() {
-        let sts = desired_statefulset(&tenant(), &BuildOptions::default()).unwrap();
+        let sts = desired_statefulset(&tenant(), TEST_API_IP, &BuildOptions::default()).unwrap();
         let spec = sts.spec.unwrap().template.spec.unwrap();
         assert_eq!(
             spec.containers[0].image.as_deref(),
@@ -243,7 +258,7 @@ mod tests {
             k3s_repository: "mirror.example/k3s".into(),
             ..Default::default()
         };
-        let sts = desired_statefulset(&tenant(), &options).unwrap();
+        let sts = desired_statefulset(&tenant(), TEST_API_IP, &options).unwrap();
         let spec = sts.spec.unwrap().template.spec.unwrap();
         assert_eq!(
             spec.containers[0].image.as_deref(),
@@ -257,7 +272,7 @@ mod tests {
 
     #[test]
     fn k3s_runs_agentless_without_add_ons() {
-        let args = k3s_args("dev", "team-dev", &BuildOptions::default());
+        let args = k3s_args("dev", "team-dev", TEST_API_IP, &BuildOptions::default());
         for wanted in [
             "--disable-agent",
             "--disable-scheduler",
@@ -266,6 +281,7 @@ mod tests {
             "--disable-cloud-controller",
             "--egress-selector-mode=disabled",
             "--tls-san=dev.team-dev.svc",
+            "--tls-san=10.96.0.10",
             "--service-cidr=10.96.0.0/12",
         ] {
             assert!(
@@ -279,7 +295,7 @@ mod tests {
 
     #[test]
     fn resources_cap_the_control_plane_which_requests_little() {
-        let sts = desired_statefulset(&tenant(), &BuildOptions::default()).unwrap();
+        let sts = desired_statefulset(&tenant(), TEST_API_IP, &BuildOptions::default()).unwrap();
         let c = &sts.spec.unwrap().template.spec.unwrap().containers[0];
         let r = c.resources.as_ref().unwrap();
         assert_eq!(r.limits.as_ref().unwrap()["cpu"].0, "2");
@@ -288,7 +304,7 @@ mod tests {
         assert_eq!(r.requests.as_ref().unwrap()["memory"].0, "512Mi");
         let mut small = tenant();
         small.spec.resources.cpu = Some("100m".into());
-        let sts = desired_statefulset(&small, &BuildOptions::default()).unwrap();
+        let sts = desired_statefulset(&small, TEST_API_IP, &BuildOptions::default()).unwrap();
         let c = &sts.spec.unwrap().template.spec.unwrap().containers[0];
         let r = c.resources.as_ref().unwrap();
         assert_eq!(
@@ -300,7 +316,7 @@ mod tests {
 
     #[test]
     fn the_pod_meets_restricted_pod_security() {
-        let sts = desired_statefulset(&tenant(), &BuildOptions::default()).unwrap();
+        let sts = desired_statefulset(&tenant(), TEST_API_IP, &BuildOptions::default()).unwrap();
         let spec = sts.spec.unwrap().template.spec.unwrap();
         assert_eq!(spec.automount_service_account_token, Some(false));
         for c in spec
@@ -321,14 +337,14 @@ mod tests {
 
     #[test]
     fn only_the_local_runtime_gets_its_label() {
-        let sts = desired_statefulset(&tenant(), &BuildOptions::default()).unwrap();
+        let sts = desired_statefulset(&tenant(), TEST_API_IP, &BuildOptions::default()).unwrap();
         let labels = sts.spec.unwrap().template.metadata.unwrap().labels.unwrap();
         assert!(!labels.contains_key(names::LABEL_RUNTIME));
         let options = BuildOptions {
             local_runtime: true,
             ..Default::default()
         };
-        let sts = desired_statefulset(&tenant(), &options).unwrap();
+        let sts = desired_statefulset(&tenant(), TEST_API_IP, &options).unwrap();
         let labels = sts.spec.unwrap().template.metadata.unwrap().labels.unwrap();
         assert_eq!(labels[names::LABEL_RUNTIME], names::RUNTIME_LOCAL);
     }

@@ -127,7 +127,7 @@ mod properties {
             p.spec.network_policy.allowed_egress_cidrs = cidrs;
             p.spec.resource_quota.enforce = quota;
             let options = BuildOptions::default();
-            prop_assert!(control_plane::desired_statefulset(&tc, &options).is_ok());
+            prop_assert!(control_plane::desired_statefulset(&tc, "10.96.0.10", &options).is_ok());
             prop_assert!(control_plane::desired_service(&tc).is_ok());
             prop_assert_eq!(isolation::network_policies(&tc, &p, &options).unwrap().len(), if net { 2 } else { 0 });
             prop_assert!(isolation::resource_quota(&tc, &p).is_ok());
@@ -142,7 +142,7 @@ mod properties {
         fn unnamed_tenants_are_errors(drop_name in any::<bool>()) {
             let mut tc = tenant();
             if drop_name { tc.metadata.name = None } else { tc.metadata.namespace = None }
-            prop_assert!(control_plane::desired_statefulset(&tc, &BuildOptions::default()).is_err());
+            prop_assert!(control_plane::desired_statefulset(&tc, "10.96.0.10", &BuildOptions::default()).is_err());
             prop_assert!(isolation::network_policies(&tc, &profile(), &BuildOptions::default()).is_err());
         }
     }

@@ -214,6 +214,15 @@ pub async fn supervise(
     }
 }
 
+/// How long a tenant watch runs before the API server ends it and it is renewed. Shorter than
+/// the watch client's read timeout, so a quiet watch is never cut by the client, while a request
+/// that hangs (an API server coming back) fails and is retried.
+const TENANT_WATCH_SECONDS: u32 = 50;
+
+fn tenant_watch_config() -> watcher::Config {
+    watcher::Config::default().timeout(TENANT_WATCH_SECONDS)
+}
+
 /// Aborts the task when dropped.
 struct AbortOnDrop<T>(tokio::task::JoinHandle<T>);
 
@@ -316,7 +325,7 @@ async fn drain<K>(
                 reporter.set_error(
                     &what,
                     Some(Failure {
-                        reason: "WatchFailed",
+                        reason: super::WATCH_FAILED,
                         message: format!("the {what} fails (retrying): {e}"),
                     }),
                 );
@@ -371,7 +380,7 @@ async fn run(
         ($kind:ty, $key:ident) => {
             watch_into(
                 Api::<$kind>::all(tenant.clone()),
-                watcher::Config::default(),
+                tenant_watch_config(),
                 |o: &$kind| {
                     let (ns, n) = ns_name(o);
                     vec![Key::$key(ns, n)]
@@ -383,7 +392,7 @@ async fn run(
     }
     let t_pods = watch_into(
         Api::<Pod>::all(tenant.clone()),
-        watcher::Config::default(),
+        tenant_watch_config(),
         |p: &Pod| {
             let (ns, name) = ns_name(p);
             let r = translate::references(p);
@@ -405,7 +414,7 @@ async fn run(
     );
     let t_services = watch_into(
         Api::<Service>::all(tenant.clone()),
-        watcher::Config::default(),
+        tenant_watch_config(),
         |s: &Service| {
             let (ns, n) = ns_name(s);
             vec![Key::Service(ns.clone(), n.clone()), Key::Endpoints(ns, n)]
@@ -424,7 +433,7 @@ async fn run(
     let t_ingresses = to.ingresses.enabled.then(|| {
         watch_into(
             Api::<Ingress>::all(tenant.clone()),
-            watcher::Config::default(),
+            tenant_watch_config(),
             |i: &Ingress| {
                 let (ns, n) = ns_name(i);
                 let tls = i.spec.iter().flat_map(|s| s.tls.iter().flatten());
@@ -442,28 +451,28 @@ async fn run(
     // Tenant nodes: always watched, so virtual nodes left from an earlier policy are removed.
     let t_nodes = watch_into(
         Api::<Node>::all(tenant.clone()),
-        watcher::Config::default().labels(naming::LABEL_SYNCED_FROM),
+        tenant_watch_config().labels(naming::LABEL_SYNCED_FROM),
         |n: &Node| vec![Key::Node(n.name_any())],
         &queue,
         &mut tasks,
     );
     let t_events = watch_into(
         Api::<CoreEvent>::all(tenant.clone()),
-        watcher::Config::default().labels(naming::LABEL_SYNCED_FROM),
+        tenant_watch_config().labels(naming::LABEL_SYNCED_FROM),
         |_: &CoreEvent| vec![],
         &queue,
         &mut tasks,
     );
     let t_storage_classes = watch_into(
         Api::<StorageClass>::all(tenant.clone()),
-        watcher::Config::default().labels(naming::LABEL_SYNCED_FROM),
+        tenant_watch_config().labels(naming::LABEL_SYNCED_FROM),
         |s: &StorageClass| vec![Key::StorageClass(s.name_any())],
         &queue,
         &mut tasks,
     );
     let t_ingress_classes = watch_into(
         Api::<IngressClass>::all(tenant.clone()),
-        watcher::Config::default().labels(naming::LABEL_SYNCED_FROM),
+        tenant_watch_config().labels(naming::LABEL_SYNCED_FROM),
         |s: &IngressClass| vec![Key::IngressClass(s.name_any())],
         &queue,
         &mut tasks,
@@ -580,8 +589,7 @@ async fn run(
             tenant: spec.tenant.clone(),
             host_namespace: hns.clone(),
             owner: spec.owner.clone(),
-            api_host: spec.api_host.clone(),
-            api_port: spec.api_port,
+            api_ip: spec.api_ip.clone(),
             node_selector: spec.profile.node_selector.clone(),
             tolerations: spec.profile.tolerations.clone(),
         },
@@ -1331,7 +1339,85 @@ impl Engine {
 
     // ---- services and endpoints ------------------------------------------------------------
 
+    /// Give tenant Service `t` the cluster IP `ip` (delete and create: the field is immutable).
+    /// `false` when there was nothing to do: it has the IP, is headless, or someone holds it with
+    /// a finalizer.
+    async fn take_cluster_ip(
+        &self,
+        t: &Service,
+        ip: &str,
+        ips: Option<Vec<String>>,
+    ) -> Result<bool, KeyError> {
+        let (ns, name) = ns_name(t);
+        let t_ip = t.spec.as_ref().and_then(|s| s.cluster_ip.as_deref());
+        if t_ip == Some("None")
+            || t_ip == Some(ip)
+            || t.metadata
+                .finalizers
+                .as_ref()
+                .is_some_and(|f| !f.is_empty())
+        {
+            return Ok(false);
+        }
+        let tenant_api: Api<Service> = Api::namespaced(self.tenant.clone(), &ns);
+        let mut copy = t.clone();
+        copy.metadata = ObjectMeta {
+            name: t.metadata.name.clone(),
+            namespace: t.metadata.namespace.clone(),
+            labels: t.metadata.labels.clone(),
+            annotations: t.metadata.annotations.clone(),
+            owner_references: t.metadata.owner_references.clone(),
+            ..Default::default()
+        };
+        if let Some(spec) = copy.spec.as_mut() {
+            spec.cluster_ip = Some(ip.to_string());
+            spec.cluster_ips = ips;
+            // Node ports are the host's business; the tenant keeps asking for its own.
+            for p in spec.ports.iter_mut().flatten() {
+                p.node_port = None;
+            }
+            spec.health_check_node_port = None;
+        }
+        copy.status = None;
+        let pp = PostParams {
+            field_manager: Some(SYNCER_MANAGER.into()),
+            ..Default::default()
+        };
+        delete_if_present(&tenant_api, t, None).await?;
+        if let Err(e) = tenant_api.create(&pp, &copy).await {
+            // Never leave the tenant without its Service: put it back as it was, with an address
+            // of the tenant's choosing, and say why the host's was refused.
+            let mut original = copy.clone();
+            if let Some(spec) = original.spec.as_mut() {
+                spec.cluster_ip = None;
+                spec.cluster_ips = None;
+            }
+            tenant_api.create(&pp, &original).await?;
+            return Err(KeyError {
+                reason: "ServiceIPNotAdopted",
+                message: format!(
+                    "the tenant refused the cluster IP {ip} ({e}); is the tenant's service CIDR the host's?"
+                ),
+                retry: Some(REJECTED_RETRY),
+            });
+        }
+        debug!(service = %format!("{ns}/{name}"), ip = %ip, "tenant Service recreated with the host's cluster IP");
+        Ok(true)
+    }
+
     async fn sync_service(&self, ns: &str, name: &str) -> KeyResult {
+        if ns == "default" && name == "kubernetes" {
+            // The tenant API server's own Service stays in the tenant, with the address of the
+            // host Service in front of the tenant API server, so `kubernetes.default` reaches
+            // the tenant from a synced pod, never the host's API server.
+            let Some(t) = self.t.services.get(&ObjectRef::new(name).within(ns)) else {
+                return Ok(());
+            };
+            let ip = self.tr.api_ip.clone();
+            self.take_cluster_ip(&t, &ip, Some(vec![ip.clone()]))
+                .await?;
+            return Ok(());
+        }
         let t = self
             .t
             .services
@@ -1339,8 +1425,6 @@ impl Engine {
             .filter(|s| {
                 self.policy.to_host.services.enabled
                     && matches(&self.selectors.services, &s.metadata)
-                    // The tenant API's own Service; pods reach it through their environment.
-                    && !(ns == "default" && name == "kubernetes")
             });
         let h = self.host_copy(&self.h.services, ns, name);
         let api: Api<Service> = Api::namespaced(self.host.clone(), &self.tr.host_namespace);
@@ -1365,60 +1449,12 @@ impl Engine {
         };
         self.apply_if_drifted(&api, &h, &desired).await?;
         // The tenant's Service takes its host copy's cluster IP, so tenant names reach the host.
-        let t_ip = t.spec.as_ref().and_then(|s| s.cluster_ip.clone());
-        let h_ips = h.spec.as_ref().and_then(|s| s.cluster_ips.clone());
         let h_ip = h.spec.as_ref().and_then(|s| s.cluster_ip.clone());
-        if let Some(h_ip) = h_ip
-            && t_ip.as_deref() != Some("None")
-            && h_ip != "None"
-            && t_ip.as_deref() != Some(h_ip.as_str())
-            // A Service someone holds with a finalizer is not deleted to take the IP.
-            && t.metadata.finalizers.as_ref().is_none_or(|f| f.is_empty())
-        {
-            let mut copy = (*t).clone();
-            copy.metadata = ObjectMeta {
-                name: t.metadata.name.clone(),
-                namespace: t.metadata.namespace.clone(),
-                labels: t.metadata.labels.clone(),
-                annotations: t.metadata.annotations.clone(),
-                owner_references: t.metadata.owner_references.clone(),
-                finalizers: t.metadata.finalizers.clone(),
-                ..Default::default()
-            };
-            if let Some(spec) = copy.spec.as_mut() {
-                spec.cluster_ip = Some(h_ip.clone());
-                spec.cluster_ips = h_ips;
-                // Node ports are the host's business; the tenant keeps asking for its own.
-                for p in spec.ports.iter_mut().flatten() {
-                    p.node_port = None;
-                }
-                spec.health_check_node_port = None;
+        if let Some(h_ip) = h_ip.filter(|ip| ip != "None" && !ip.is_empty()) {
+            let h_ips = h.spec.as_ref().and_then(|s| s.cluster_ips.clone());
+            if self.take_cluster_ip(&t, &h_ip, h_ips).await? {
+                return Ok(());
             }
-            copy.status = None;
-            let pp = PostParams {
-                field_manager: Some(SYNCER_MANAGER.into()),
-                ..Default::default()
-            };
-            delete_if_present(&tenant_api, &t, None).await?;
-            if let Err(e) = tenant_api.create(&pp, &copy).await {
-                // Never leave the tenant without its Service: put it back as it was, with an
-                // address of the tenant's choosing, and say why the host's was refused.
-                let mut original = copy.clone();
-                if let Some(spec) = original.spec.as_mut() {
-                    spec.cluster_ip = None;
-                    spec.cluster_ips = None;
-                }
-                tenant_api.create(&pp, &original).await?;
-                return Err(KeyError {
-                    reason: "ServiceIPNotAdopted",
-                    message: format!(
-                        "the tenant refused the host Service's cluster IP {h_ip} ({e}); is the tenant's service CIDR the host's?"
-                    ),
-                    retry: Some(REJECTED_RETRY),
-                });
-            }
-            debug!(service = %format!("{ns}/{name}"), ip = %h_ip, "tenant Service recreated with its host cluster IP");
-            return Ok(());
         }
         // Load balancer addresses come back.
         let h_lb = h.status.as_ref().and_then(|s| s.load_balancer.clone());

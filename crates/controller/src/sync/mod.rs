@@ -27,6 +27,9 @@ use tracing::{info, warn};
 
 pub use engine::Key;
 
+/// The reason of a failing watch.
+pub const WATCH_FAILED: &str = "WatchFailed";
+
 /// Why a tenant is not (yet) fully synced.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Failure {
@@ -48,6 +51,11 @@ pub struct Health {
 }
 
 impl Health {
+    /// Does a watch fail (the engine names each failing watch)?
+    pub fn watches_failing(&self) -> bool {
+        self.errors.values().any(|f| f.reason == WATCH_FAILED)
+    }
+
     /// The `Synced` verdict: a stable summary when all is well, else the first failure and how
     /// many more there are.
     pub fn verdict(&self, policy: &SyncPolicySpec) -> Result<String, Failure> {
@@ -133,16 +141,22 @@ pub struct SyncerSpec {
     /// Where the tenant API server answers, and with which kubeconfig (for change detection).
     pub server: String,
     pub kubeconfig: String,
-    /// Where pods reach the tenant API server.
-    pub api_host: String,
-    pub api_port: i32,
+    /// The cluster IP of the tenant API server's Service: synced pods dial it, on 6443 directly
+    /// and on 443 through the tenant's `kubernetes` Service, which is given this address.
+    pub api_ip: String,
 }
 
 struct Running {
     spec: SyncerSpec,
     health: watch::Receiver<Health>,
     task: tokio::task::JoinHandle<()>,
+    /// Since when its watches fail although the tenant answers the operator.
+    watches_failing_since: Option<std::time::Instant>,
 }
+
+/// How long a syncer's watches may fail while the tenant answers before the syncer is started
+/// again with a fresh client (its connections may be stuck on an API server that went away).
+const STUCK_WATCHES: Duration = Duration::from_secs(20);
 
 impl Drop for Running {
     fn drop(&mut self) {
@@ -182,10 +196,26 @@ impl Syncers {
         let policy = spec.policy.clone();
         let mut health = {
             let mut running = self.lock();
+            // The caller just reached the tenant: watches failing for long are stuck, not waiting.
+            if let Some(r) = running.get_mut(&key) {
+                let failing = r.health.borrow().watches_failing();
+                r.watches_failing_since = match (failing, r.watches_failing_since) {
+                    (false, _) => None,
+                    (true, None) => Some(std::time::Instant::now()),
+                    (true, since) => since,
+                };
+            }
+            let stuck = running
+                .get(&key)
+                .and_then(|r| r.watches_failing_since)
+                .is_some_and(|since| since.elapsed() > STUCK_WATCHES);
             match running.get(&key) {
-                Some(r) if r.spec == spec && !r.task.is_finished() => r.health.clone(),
+                Some(r) if r.spec == spec && !r.task.is_finished() && !stuck => r.health.clone(),
                 _ => {
-                    if running.remove(&key).is_some() {
+                    if stuck {
+                        drop(running.remove(&key));
+                        warn!(tenant = %spec.tenant, namespace = %spec.host_namespace, "restarting the syncer: its watches fail while the tenant answers");
+                    } else if running.remove(&key).is_some() {
                         info!(tenant = %spec.tenant, namespace = %spec.host_namespace, "restarting the syncer: its settings changed");
                     } else {
                         info!(tenant = %spec.tenant, namespace = %spec.host_namespace, "starting the syncer");
@@ -209,6 +239,7 @@ impl Syncers {
                             spec,
                             health: rx.clone(),
                             task,
+                            watches_failing_since: None,
                         },
                     );
                     rx

@@ -23,9 +23,9 @@ pub struct Translator {
     pub host_namespace: String,
     /// The TenantCluster, so the garbage collector removes every copy with it.
     pub owner: Option<OwnerReference>,
-    /// Where pods reach the tenant API server (`KUBERNETES_SERVICE_HOST`/`_PORT`).
-    pub api_host: String,
-    pub api_port: i32,
+    /// The cluster IP of the tenant API server's host Service; pods reach it on port 443, as
+    /// they would reach `kubernetes.default` (`KUBERNETES_SERVICE_HOST`/`_PORT`).
+    pub api_ip: String,
     pub node_selector: BTreeMap<String, String>,
     pub tolerations: Vec<k8s_openapi::api::core::v1::Toleration>,
 }
@@ -204,21 +204,17 @@ impl Translator {
                 }
             }
         }
+        let ip = &self.api_ip;
+        let address = format!("tcp://{ip}:443");
         let mut extra_env = vec![
-            env("KUBERNETES_SERVICE_HOST", &self.api_host),
-            env("KUBERNETES_SERVICE_PORT", &self.api_port.to_string()),
-            env("KUBERNETES_SERVICE_PORT_HTTPS", &self.api_port.to_string()),
-            env(
-                "KUBERNETES_PORT",
-                &format!("tcp://{}:{}", self.api_host, self.api_port),
-            ),
-            env(
-                "KUBERNETES_PORT_443_TCP",
-                &format!("tcp://{}:{}", self.api_host, self.api_port),
-            ),
+            env("KUBERNETES_SERVICE_HOST", ip),
+            env("KUBERNETES_SERVICE_PORT", "443"),
+            env("KUBERNETES_SERVICE_PORT_HTTPS", "443"),
+            env("KUBERNETES_PORT", &address),
+            env("KUBERNETES_PORT_443_TCP", &address),
             env("KUBERNETES_PORT_443_TCP_PROTO", "tcp"),
-            env("KUBERNETES_PORT_443_TCP_PORT", &self.api_port.to_string()),
-            env("KUBERNETES_PORT_443_TCP_ADDR", &self.api_host),
+            env("KUBERNETES_PORT_443_TCP_PORT", "443"),
+            env("KUBERNETES_PORT_443_TCP_ADDR", ip),
         ];
         if links {
             for svc in services {
@@ -765,8 +761,7 @@ mod tests {
             tenant: "dev".into(),
             host_namespace: "team-dev".into(),
             owner: None,
-            api_host: "dev.team-dev.svc".into(),
-            api_port: 6443,
+            api_ip: "10.96.0.10".into(),
             node_selector: BTreeMap::from([("pool".to_string(), "tenants".to_string())]),
             tolerations: vec![],
         }
@@ -836,7 +831,7 @@ mod tests {
             .collect();
         assert_eq!(
             env["KUBERNETES_SERVICE_HOST"].value.as_deref(),
-            Some("dev.team-dev.svc")
+            Some("10.96.0.10")
         );
         assert_eq!(
             env["KUBERNETES_SERVICE_PORT"].value.as_deref(),
