@@ -132,6 +132,29 @@ async fn synced_condition(host: &Client, ns: &str, name: &str) -> (String, Strin
     (c.status.clone(), c.reason.clone(), c.message.clone())
 }
 
+/// Wait until `Synced` is True again; whether it did.
+async fn synced_again(host: &Client, ns: &str, name: &str) -> bool {
+    eventually(WAIT, || async {
+        let c = synced_condition(host, ns, name).await;
+        (c.0 == "True").then_some(())
+    })
+    .await
+    .is_some()
+}
+
+/// A bare pod labelled `app=web` (plus `labels`) in the tenant's `default` namespace.
+fn bare_pod(name: &str, labels: serde_json::Value) -> Pod {
+    let mut all = json!({"app": "web"});
+    if let (Some(all), Some(extra)) = (all.as_object_mut(), labels.as_object()) {
+        all.extend(extra.clone());
+    }
+    serde_json::from_value(json!({
+        "metadata": {"name": name, "namespace": "default", "labels": all},
+        "spec": {"containers": [container("web")]}
+    }))
+    .unwrap()
+}
+
 #[tokio::test]
 async fn a_deployment_runs_on_the_host_and_everything_converges() {
     install_crds_and_policies();
@@ -574,12 +597,8 @@ async fn a_privileged_pod_never_runs_and_the_tenant_is_told_why() {
 
     // Deleting the pod clears the condition.
     pods.delete("priv", &DeleteParams::default()).await.unwrap();
-    let healed = eventually(WAIT, || async {
-        let c = synced_condition(&host, &ns.name, "dev").await;
-        (c.0 == "True").then_some(())
-    })
-    .await;
-    assert!(healed.is_some(), "Synced stayed False after the pod went");
+    let healed = synced_again(&host, &ns.name, "dev").await;
+    assert!(healed, "Synced stayed False after the pod went");
 }
 
 #[tokio::test]
@@ -594,11 +613,7 @@ async fn two_tenants_with_the_same_pod_never_collide() {
     let mut uids = Vec::new();
     for name in ["alpha", "beta"] {
         let tenant = tenant_client(&host, &ns.name, name).await;
-        let pod: Pod = serde_json::from_value(json!({
-            "metadata": {"name": "web", "namespace": "default", "labels": {"app": "web"}},
-            "spec": {"containers": [container("web")]}
-        }))
-        .unwrap();
+        let pod = bare_pod("web", json!({}));
         let created = Api::<Pod>::namespaced(tenant.clone(), "default")
             .create(&PostParams::default(), &pod)
             .await
@@ -627,13 +642,7 @@ async fn the_syncer_resumes_when_the_tenant_api_server_returns() {
     example_ready(&ns).await;
     let tenant = tenant_client(&host, &ns.name, "dev").await;
     let pods: Api<Pod> = Api::namespaced(tenant.clone(), "default");
-    let pod = |name: &str| -> Pod {
-        serde_json::from_value(json!({
-            "metadata": {"name": name, "namespace": "default", "labels": {"app": "web"}},
-            "spec": {"containers": [container("web")]}
-        }))
-        .unwrap()
-    };
+    let pod = |name: &str| bare_pod(name, json!({}));
     pods.create(&PostParams::default(), &pod("before"))
         .await
         .unwrap();
@@ -658,12 +667,8 @@ async fn the_syncer_resumes_when_the_tenant_api_server_returns() {
         .unwrap();
     let t = converged(&host, &tenant, &ns.name, "dev", 1).await;
     assert_eq!(t[0].name_any(), "after");
-    let healed = eventually(WAIT, || async {
-        let c = synced_condition(&host, &ns.name, "dev").await;
-        (c.0 == "True").then_some(())
-    })
-    .await;
-    assert!(healed.is_some(), "Synced did not return to True");
+    let healed = synced_again(&host, &ns.name, "dev").await;
+    assert!(healed, "Synced did not return to True");
 }
 
 #[tokio::test]
@@ -746,12 +751,7 @@ async fn a_policy_picks_what_syncs_selectors_accounts_and_classes() {
 
     let pods: Api<Pod> = Api::namespaced(tenant.clone(), "default");
     for (name, sync) in [("kept", "yes"), ("skipped", "no")] {
-        let pod: Pod = serde_json::from_value(json!({
-            "metadata": {"name": name, "namespace": "default",
-                         "labels": {"app": "web", "sync": sync}},
-            "spec": {"containers": [container("web")]}
-        }))
-        .unwrap();
+        let pod = bare_pod(name, json!({"sync": sync}));
         pods.create(&PostParams::default(), &pod).await.unwrap();
     }
     let account: ServiceAccount = serde_json::from_value(json!({

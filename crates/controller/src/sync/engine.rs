@@ -1616,21 +1616,36 @@ impl Engine {
         }
     }
 
-    async fn sync_service_account(&self, ns: &str, name: &str) -> KeyResult {
-        let t = self
-            .t
-            .service_accounts
-            .as_ref()
+    /// The tenant object `ns/name` if it should sync (`wanted`), and its host copy.
+    fn pair<K>(
+        &self,
+        tenant: Option<&Store<K>>,
+        host: Option<&Store<K>>,
+        ns: &str,
+        name: &str,
+        wanted: impl Fn(&K) -> bool,
+    ) -> (Option<Arc<K>>, Option<Arc<K>>)
+    where
+        K: Resource<DynamicType = ()> + Clone,
+    {
+        let t = tenant
             .and_then(|s| s.get(&ObjectRef::new(name).within(ns)))
-            .filter(|s| {
+            .filter(|o| wanted(o));
+        let h = host.and_then(|s| self.host_copy(s, ns, name));
+        (t, h)
+    }
+
+    async fn sync_service_account(&self, ns: &str, name: &str) -> KeyResult {
+        let (t, h) = self.pair(
+            self.t.service_accounts.as_ref(),
+            self.h.service_accounts.as_ref(),
+            ns,
+            name,
+            |s| {
                 self.policy.to_host.service_accounts.enabled
                     && matches(&self.selectors.service_accounts, &s.metadata)
-            });
-        let h = self
-            .h
-            .service_accounts
-            .as_ref()
-            .and_then(|s| self.host_copy(s, ns, name));
+            },
+        );
         let api: Api<ServiceAccount> = Api::namespaced(self.host.clone(), &self.tr.host_namespace);
         self.converge_copy(&api, t.as_deref(), h.as_deref(), |s| {
             self.tr.service_account(s)
@@ -1639,20 +1654,16 @@ impl Engine {
     }
 
     async fn sync_ingress(&self, ns: &str, name: &str) -> KeyResult {
-        let t = self
-            .t
-            .ingresses
-            .as_ref()
-            .and_then(|s| s.get(&ObjectRef::new(name).within(ns)))
-            .filter(|i| {
+        let (t, h) = self.pair(
+            self.t.ingresses.as_ref(),
+            self.h.ingresses.as_ref(),
+            ns,
+            name,
+            |i| {
                 self.policy.to_host.ingresses.enabled
                     && matches(&self.selectors.ingresses, &i.metadata)
-            });
-        let h = self
-            .h
-            .ingresses
-            .as_ref()
-            .and_then(|s| self.host_copy(s, ns, name));
+            },
+        );
         let api: Api<Ingress> = Api::namespaced(self.host.clone(), &self.tr.host_namespace);
         self.converge_copy(&api, t.as_deref(), h.as_deref(), |i| self.tr.ingress(i))
             .await?;

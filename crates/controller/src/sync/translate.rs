@@ -439,8 +439,14 @@ impl Translator {
                 *name = self.host_name(&ns, name);
             }
         }
+        let mut metadata = self.host_meta(&ingress.metadata);
+        // Snippet annotations make an ingress controller run configuration the tenant wrote, with
+        // the controller's rights on the host (ingress-nginx reads Secrets that way): never copied.
+        if let Some(a) = metadata.annotations.as_mut() {
+            a.retain(|k, _| !k.to_ascii_lowercase().contains("snippet"));
+        }
         Ingress {
-            metadata: self.host_meta(&ingress.metadata),
+            metadata,
             spec: Some(spec),
             status: None,
         }
@@ -942,6 +948,21 @@ mod tests {
     }
 
     #[test]
+    fn pods_resolve_names_with_the_tenant_dns_when_it_has_one() {
+        let host = translator().pod(&pod(), &[], Some("10.96.0.53"));
+        let spec = host.spec.unwrap();
+        assert_eq!(spec.dns_policy.as_deref(), Some("None"));
+        let dns = spec.dns_config.unwrap();
+        assert_eq!(dns.nameservers.unwrap(), ["10.96.0.53"]);
+        assert_eq!(dns.searches.unwrap()[0], "default.svc.cluster.local");
+        let without = translator().pod(&pod(), &[], None).spec.unwrap();
+        assert_eq!(
+            without.dns_policy, None,
+            "the host's DNS when the tenant runs none"
+        );
+    }
+
+    #[test]
     fn references_and_tokens_are_found() {
         let r = references(&pod());
         assert_eq!(
@@ -981,6 +1002,37 @@ mod tests {
         assert_eq!(
             find("WEB_PORT_80_TCP").as_deref(),
             Some("tcp://10.0.0.9:80")
+        );
+    }
+
+    #[test]
+    fn ingress_backends_are_translated_and_snippets_dropped() {
+        let ingress: Ingress = serde_json::from_value(json!({
+            "metadata": {"name": "web", "namespace": "default", "annotations": {
+                "nginx.ingress.kubernetes.io/configuration-snippet": "more_set_headers x",
+                "nginx.ingress.kubernetes.io/rewrite-target": "/"
+            }},
+            "spec": {
+                "tls": [{"secretName": "web-tls"}],
+                "rules": [{"http": {"paths": [{"path": "/", "pathType": "Prefix",
+                    "backend": {"service": {"name": "web", "port": {"number": 80}}}}]}}]
+            }
+        }))
+        .unwrap();
+        let host = translator().ingress(&ingress);
+        let annotations = host.metadata.annotations.unwrap();
+        assert!(annotations.contains_key("nginx.ingress.kubernetes.io/rewrite-target"));
+        assert!(!annotations.keys().any(|k| k.contains("snippet")));
+        let spec = host.spec.unwrap();
+        assert_eq!(
+            spec.tls.unwrap()[0].secret_name.as_deref(),
+            Some("web-tls-x-default-x-dev")
+        );
+        let rules = spec.rules.unwrap();
+        let backend = &rules[0].http.as_ref().unwrap().paths[0].backend;
+        assert_eq!(
+            backend.service.as_ref().unwrap().name,
+            "web-x-default-x-dev"
         );
     }
 
