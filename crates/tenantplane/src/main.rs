@@ -1,27 +1,145 @@
-//! The `tenantplane` binary: the operator, the local dev cluster, and commands for tenant users.
+//! The `tenantplane` binary: commands for tenant users (also the kubectl plugin `kubectl tenant`),
+//! the operator, and the local dev cluster.
 
 mod dev;
+mod format;
+mod host;
 mod kubeconfig_cmd;
 mod manifests;
+mod tenants;
 
 use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
+use host::HostArgs;
 use tenantplane_controller::{BuildOptions, Connector, ControllerOptions};
 
 #[derive(Parser)]
 #[command(
     name = "tenantplane",
     version,
-    about = "Virtual Kubernetes clusters for teams on a shared host cluster"
+    about = "Virtual Kubernetes clusters for teams on a shared host cluster",
+    after_help = "Installed as `kubectl-tenant` (a symlink to this binary on PATH), it is the kubectl plugin `kubectl tenant` with the tenant commands."
 )]
 struct Cli {
-    /// Kubeconfig of the host cluster (default: $KUBECONFIG, ~/.kube/config, or in-cluster).
-    #[arg(long, global = true, env = "KUBECONFIG", value_name = "FILE")]
-    kubeconfig: Option<PathBuf>,
+    #[command(flatten)]
+    host: HostArgs,
     #[command(subcommand)]
     command: Command,
+}
+
+/// `kubectl tenant …`: the same binary, invoked as `kubectl-tenant`, with the tenant commands only.
+#[derive(Parser)]
+#[command(
+    name = "kubectl-tenant",
+    bin_name = "kubectl tenant",
+    version,
+    about = "Virtual Kubernetes clusters (TenantClusters) for your team: create, list, inspect, connect, delete"
+)]
+struct PluginCli {
+    #[command(flatten)]
+    host: HostArgs,
+    #[command(subcommand)]
+    command: UserCommand,
+}
+
+/// `-n NAMESPACE`, defaulting to the kubeconfig context's namespace.
+#[derive(clap::Args, Clone, Debug)]
+struct NamespaceArg {
+    /// The namespace (default: the current context's namespace, else `default`).
+    #[arg(short, long, value_name = "NAMESPACE")]
+    namespace: Option<String>,
+}
+
+/// How long `--wait` waits.
+#[derive(clap::Args, Clone, Debug)]
+struct WaitArgs {
+    /// Wait until done, printing progress; exit 1 if it fails or times out.
+    #[arg(long)]
+    wait: bool,
+    /// How long --wait waits, such as 90s, 5m or 1h.
+    #[arg(long, value_name = "DURATION", default_value = "5m", value_parser = format::parse_duration)]
+    timeout: Duration,
+}
+
+impl WaitArgs {
+    fn wait(&self) -> Option<Duration> {
+        self.wait.then_some(self.timeout)
+    }
+}
+
+/// The tenant user's commands, also the whole of `kubectl tenant`.
+#[derive(Subcommand)]
+enum UserCommand {
+    /// Create a TenantCluster (the example's settings unless flags say otherwise).
+    #[command(
+        after_help = "With --wait: a line each time the phase or the Ready/Synced reason changes; exit 0 once Ready, 1 when it stays Degraded for 20s (with the condition's message) or on --timeout."
+    )]
+    Create {
+        /// The TenantCluster's name.
+        name: String,
+        #[command(flatten)]
+        namespace: NamespaceArg,
+        /// The tenant's Kubernetes version [default: v1.30.4].
+        #[arg(long, value_name = "vX.Y.Z")]
+        version: Option<String>,
+        /// The IsolationProfile put around the tenant [default: restricted].
+        #[arg(long, value_name = "NAME")]
+        isolation_profile: Option<String>,
+        /// The SyncPolicy of the tenant [default: default].
+        #[arg(long, value_name = "NAME")]
+        sync_policy: Option<String>,
+        #[command(flatten)]
+        wait: WaitArgs,
+    },
+    /// List TenantClusters.
+    #[command(visible_alias = "ls")]
+    List {
+        #[command(flatten)]
+        namespace: NamespaceArg,
+        /// Every namespace.
+        #[arg(short = 'A', long, conflicts_with = "namespace")]
+        all_namespaces: bool,
+        /// Output format.
+        #[arg(short, long, value_enum)]
+        output: Option<tenants::ListOutput>,
+    },
+    /// Show a TenantCluster's phase, endpoint and conditions.
+    Status {
+        /// The TenantCluster's name.
+        name: String,
+        #[command(flatten)]
+        namespace: NamespaceArg,
+        /// Print the object instead.
+        #[arg(short, long, value_enum)]
+        output: Option<tenants::ObjectOutput>,
+    },
+    /// Print the admin kubeconfig of a TenantCluster, or merge it into your kubeconfig.
+    Kubeconfig {
+        /// The TenantCluster's name.
+        name: String,
+        #[command(flatten)]
+        namespace: NamespaceArg,
+        /// Name of the kubeconfig's cluster, user and context (default: the tenant's name).
+        #[arg(long, value_name = "NAME", value_parser = clap::builder::NonEmptyStringValueParser::new())]
+        context_name: Option<String>,
+        /// Merge into your kubeconfig file (the first file of $KUBECONFIG, else ~/.kube/config),
+        /// replacing a cluster, user and context of the same name; the current context stays.
+        #[arg(long)]
+        merge: bool,
+    },
+    /// Delete a TenantCluster; its control plane, kubeconfig and isolation objects go with it.
+    Delete {
+        /// The TenantCluster's name.
+        name: String,
+        #[command(flatten)]
+        namespace: NamespaceArg,
+        #[command(flatten)]
+        wait: WaitArgs,
+    },
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -34,6 +152,8 @@ enum ConnectorArg {
 
 #[derive(Subcommand)]
 enum Command {
+    #[command(flatten)]
+    User(UserCommand),
     /// Print the CustomResourceDefinitions of TenantCluster, IsolationProfile and SyncPolicy as YAML.
     Crds {
         /// Write one file per CRD into this folder instead of printing them.
@@ -65,34 +185,118 @@ enum Command {
         #[arg(long, default_value = ".tenantplane/dev")]
         state_dir: PathBuf,
     },
-    /// Print the admin kubeconfig of a TenantCluster.
-    Kubeconfig {
-        /// The TenantCluster's name.
-        name: String,
-        /// Its namespace (default: the current context's namespace).
-        #[arg(short, long)]
-        namespace: Option<String>,
-    },
 }
 
-async fn host_client(kubeconfig: &Option<PathBuf>) -> anyhow::Result<kube::Client> {
-    let config = match kubeconfig {
-        Some(path) => {
-            let kc = kube::config::Kubeconfig::read_from(path)
-                .with_context(|| format!("reading kubeconfig {}", path.display()))?;
-            kube::Config::from_custom_kubeconfig(kc, &Default::default()).await?
+async fn run_user(host: &HostArgs, command: UserCommand) -> anyhow::Result<()> {
+    let client = host::client(host).await?;
+    let ns = |arg: NamespaceArg| tenants::namespace_or_default(&client, arg.namespace);
+    match command {
+        UserCommand::Create {
+            name,
+            namespace,
+            version,
+            isolation_profile,
+            sync_policy,
+            wait,
+        } => {
+            let options = tenants::CreateOptions {
+                name,
+                version,
+                isolation_profile,
+                sync_policy,
+            };
+            tenants::create(&client, &ns(namespace), &options, wait.wait()).await
         }
-        None => kube::Config::infer()
-            .await
-            .context("no kubeconfig found: pass --kubeconfig or set KUBECONFIG")?,
-    };
-    Ok(kube::Client::try_from(config)?)
+        UserCommand::List {
+            namespace,
+            all_namespaces,
+            output,
+        } => {
+            let namespace = (!all_namespaces).then(|| ns(namespace));
+            tenants::list(&client, namespace.as_deref(), output).await
+        }
+        UserCommand::Status {
+            name,
+            namespace,
+            output,
+        } => tenants::status(&client, &ns(namespace), &name, output).await,
+        UserCommand::Kubeconfig {
+            name,
+            namespace,
+            context_name,
+            merge,
+        } => {
+            let namespace = ns(namespace);
+            let text = kubeconfig_cmd::run(&client, &namespace, &name).await?;
+            if merge {
+                let context_name = context_name.unwrap_or_else(|| name.clone());
+                let target = kubeconfig_cmd::merge_target()?;
+                let merged = kubeconfig_cmd::merge_into_file(&target, &text, &context_name)?;
+                println!(
+                    "Merged TenantCluster {name} (namespace {namespace}) into {}: {}",
+                    target.display(),
+                    kubeconfig_cmd::describe_changes(&merged, &context_name)
+                );
+                println!(
+                    "Use it with `kubectl --context {context_name} get namespaces`, or make it the current context with `kubectl config use-context {context_name}`"
+                );
+            } else {
+                match context_name {
+                    Some(context_name) => {
+                        print!("{}", kubeconfig_cmd::rename(&text, &context_name)?)
+                    }
+                    None => print!("{text}"),
+                }
+            }
+            Ok(())
+        }
+        UserCommand::Delete {
+            name,
+            namespace,
+            wait,
+        } => tenants::delete(&client, &ns(namespace), &name, wait.wait()).await,
+    }
+}
+
+/// Invoked as `kubectl-tenant` (the kubectl plugin)?
+fn invoked_as_plugin(argv0: Option<&std::ffi::OsString>) -> bool {
+    argv0
+        .map(std::path::Path::new)
+        .and_then(|p| p.file_stem())
+        .is_some_and(|stem| stem == "kubectl-tenant")
+}
+
+/// Parse, or print help/version (exit 0) or the usage error (exit 1, as kubectl does).
+fn parse_or_exit<P: Parser>(args: Vec<std::ffi::OsString>) -> P {
+    P::try_parse_from(args).unwrap_or_else(|e| {
+        let _ = e.print();
+        std::process::exit(if e.use_stderr() { 1 } else { 0 })
+    })
 }
 
 #[tokio::main]
-async fn main() -> anyhow::Result<()> {
-    let cli = Cli::parse();
+async fn main() -> ExitCode {
+    let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    let result = if invoked_as_plugin(args.first()) {
+        host::set_program("kubectl tenant");
+        let cli: PluginCli = parse_or_exit(args);
+        run_user(&cli.host, cli.command).await
+    } else {
+        let cli: Cli = parse_or_exit(args);
+        run(cli).await
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
+        Command::User(command) => run_user(&cli.host, command).await?,
         Command::Crds { out: None } => {
             print!(
                 "{}",
@@ -123,7 +327,7 @@ async fn main() -> anyhow::Result<()> {
                         .unwrap_or_else(|_| "info".into()),
                 )
                 .init();
-            let client = host_client(&cli.kubeconfig).await?;
+            let client = host::client(&cli.host).await?;
             let connector = match connector {
                 ConnectorArg::InCluster => Connector::InCluster,
                 ConnectorArg::Local => Connector::Local,
@@ -145,11 +349,6 @@ async fn main() -> anyhow::Result<()> {
             tenantplane_controller::run(client, options, shutdown).await;
         }
         Command::Dev { state_dir } => dev::run(state_dir).await?,
-        Command::Kubeconfig { name, namespace } => {
-            let client = host_client(&cli.kubeconfig).await?;
-            let namespace = namespace.unwrap_or_else(|| client.default_namespace().to_string());
-            print!("{}", kubeconfig_cmd::run(&client, &namespace, &name).await?);
-        }
     }
     Ok(())
 }
