@@ -193,7 +193,7 @@ fn print_next_steps(kubeconfig: &Path, built_kubectl: &Path, log: &Path) {
         .map(|p| p.display().to_string())
         .unwrap_or_else(|_| "tenantplane".into());
     println!(
-        "\nThe dev cluster is ready. In another terminal:\n\n  export KUBECONFIG={kc}\n  {kubectl} get tenantcluster {TENANT} -n {NAMESPACE} -o jsonpath='{{.status.phase}}{{\"\\n\"}}'\n  {kubectl} describe tenantcluster {TENANT} -n {NAMESPACE}\n  {exe} kubeconfig {TENANT} -n {NAMESPACE} > {TENANT}.kubeconfig\n  {kubectl} --kubeconfig {TENANT}.kubeconfig get namespaces\n\n(kubectl: {kubectl}; operator log: {log})\nCtrl-C stops everything.",
+        "\nThe dev cluster is ready. In another terminal:\n\n  export KUBECONFIG={kc}\n  {kubectl} get tenantcluster {TENANT} -n {NAMESPACE} -o jsonpath='{{.status.phase}}{{\"\\n\"}}'\n  {kubectl} describe tenantcluster {TENANT} -n {NAMESPACE}\n  {exe} kubeconfig {TENANT} -n {NAMESPACE} > {TENANT}.kubeconfig\n  {kubectl} --kubeconfig {TENANT}.kubeconfig get namespaces\n  {kubectl} --kubeconfig {TENANT}.kubeconfig apply -f examples/tenant-workload.yaml\n  {kubectl} --kubeconfig {TENANT}.kubeconfig get pods -o wide\n  {kubectl} get pods -n {NAMESPACE} -l tenantplane.io/synced-from={TENANT}\n\n(kubectl: {kubectl}; operator log: {log})\nCtrl-C stops everything.",
         kc = kubeconfig.display(),
         log = log.display(),
     );
