@@ -448,35 +448,27 @@ async fn run(
             &mut tasks,
         )
     });
-    // Tenant nodes: always watched, so virtual nodes left from an earlier policy are removed.
-    let t_nodes = watch_into(
-        Api::<Node>::all(tenant.clone()),
-        tenant_watch_config().labels(naming::LABEL_SYNCED_FROM),
-        |n: &Node| vec![Key::Node(n.name_any())],
-        &queue,
-        &mut tasks,
-    );
-    let t_events = watch_into(
-        Api::<CoreEvent>::all(tenant.clone()),
-        tenant_watch_config().labels(naming::LABEL_SYNCED_FROM),
-        |_: &CoreEvent| vec![],
-        &queue,
-        &mut tasks,
-    );
-    let t_storage_classes = watch_into(
-        Api::<StorageClass>::all(tenant.clone()),
-        tenant_watch_config().labels(naming::LABEL_SYNCED_FROM),
-        |s: &StorageClass| vec![Key::StorageClass(s.name_any())],
-        &queue,
-        &mut tasks,
-    );
-    let t_ingress_classes = watch_into(
-        Api::<IngressClass>::all(tenant.clone()),
-        tenant_watch_config().labels(naming::LABEL_SYNCED_FROM),
-        |s: &IngressClass| vec![Key::IngressClass(s.name_any())],
-        &queue,
-        &mut tasks,
-    );
+    // What the syncer shows in the tenant (it carries our label): always watched, so objects left
+    // from an earlier policy are removed.
+    macro_rules! shown_watch {
+        ($kind:ty, $keys:expr) => {
+            watch_into(
+                Api::<$kind>::all(tenant.clone()),
+                tenant_watch_config().labels(naming::LABEL_SYNCED_FROM),
+                $keys,
+                &queue,
+                &mut tasks,
+            )
+        };
+    }
+    let t_nodes = shown_watch!(Node, |n: &Node| vec![Key::Node(n.name_any())]);
+    let t_events = shown_watch!(CoreEvent, |_: &CoreEvent| vec![]);
+    let t_storage_classes = shown_watch!(StorageClass, |s: &StorageClass| vec![Key::StorageClass(
+        s.name_any()
+    )]);
+    let t_ingress_classes = shown_watch!(IngressClass, |s: &IngressClass| vec![Key::IngressClass(
+        s.name_any()
+    )]);
 
     // Host side: the tenant's namespace, only what was synced from this tenant.
     tasks.side = "host";
