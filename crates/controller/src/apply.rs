@@ -47,6 +47,24 @@ where
     Ok(outcome)
 }
 
+/// [`ensure`] the object when the policy wants one, else [`ensure_absent`] the one named `name`.
+pub async fn ensure_optional<K>(
+    api: &Api<K>,
+    live: &Store<K>,
+    desired: Option<K>,
+    namespace: &str,
+    name: &str,
+) -> Result<(), Error>
+where
+    K: Resource<DynamicType = ()> + Clone + Debug + Serialize + DeserializeOwned,
+{
+    match desired {
+        Some(desired) => drop(ensure(api, live, &desired).await?),
+        None => drop(ensure_absent(api, live, namespace, name).await?),
+    }
+    Ok(())
+}
+
 /// Delete an object we created that should no longer exist. Objects without our label are left
 /// alone: they are someone else's.
 pub async fn ensure_absent<K>(

@@ -304,31 +304,23 @@ async fn apply_tenant(tc: &TenantCluster, ctx: &Context) -> Result<Action, Error
         }
     }
     let quotas: Api<ResourceQuota> = Api::namespaced(client.clone(), &ns);
-    match build::isolation::resource_quota(&tc, &profile)? {
-        Some(quota) => drop(apply::ensure(&quotas, &caches.quotas, &quota).await?),
-        None => drop(
-            apply::ensure_absent(
-                &quotas,
-                &caches.quotas,
-                &ns,
-                &names::resource_quota(&tenant),
-            )
-            .await?,
-        ),
-    }
+    apply::ensure_optional(
+        &quotas,
+        &caches.quotas,
+        build::isolation::resource_quota(&tc, &profile)?,
+        &ns,
+        &names::resource_quota(&tenant),
+    )
+    .await?;
     let limits: Api<LimitRange> = Api::namespaced(client.clone(), &ns);
-    match build::isolation::limit_range(&tc, &profile)? {
-        Some(lr) => drop(apply::ensure(&limits, &caches.limit_ranges, &lr).await?),
-        None => drop(
-            apply::ensure_absent(
-                &limits,
-                &caches.limit_ranges,
-                &ns,
-                &names::limit_range(&tenant),
-            )
-            .await?,
-        ),
-    }
+    apply::ensure_optional(
+        &limits,
+        &caches.limit_ranges,
+        build::isolation::limit_range(&tc, &profile)?,
+        &ns,
+        &names::limit_range(&tenant),
+    )
+    .await?;
 
     // Control plane: PKI (created once, never regenerated), Service, StatefulSet.
     let secrets: Api<Secret> = Api::namespaced(client.clone(), &ns);

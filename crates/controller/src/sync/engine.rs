@@ -539,42 +539,33 @@ async fn run(
     let h_claims = host_watch!(PersistentVolumeClaim, Claim);
     let h_service_accounts = Some(host_watch!(ServiceAccount, ServiceAccount));
     let h_ingresses = Some(host_watch!(Ingress, Ingress));
-    let h_nodes = from.nodes.enabled.then(|| {
-        watch_into(
-            Api::<Node>::all(host.clone()),
-            watcher::Config::default(),
-            |n: &Node| vec![Key::Node(n.name_any())],
-            &queue,
-            &mut tasks,
-        )
-    });
-    let h_events = from.events.enabled.then(|| {
-        watch_into(
-            Api::<CoreEvent>::namespaced(host.clone(), &hns),
-            watcher::Config::default(),
-            |e: &CoreEvent| vec![Key::HostEvent(e.name_any())],
-            &queue,
-            &mut tasks,
-        )
-    });
-    let h_storage_classes = from.storage_classes.enabled.then(|| {
-        watch_into(
-            Api::<StorageClass>::all(host.clone()),
-            watcher::Config::default(),
-            |s: &StorageClass| vec![Key::StorageClass(s.name_any())],
-            &queue,
-            &mut tasks,
-        )
-    });
-    let h_ingress_classes = from.ingress_classes.enabled.then(|| {
-        watch_into(
-            Api::<IngressClass>::all(host.clone()),
-            watcher::Config::default(),
-            |s: &IngressClass| vec![Key::IngressClass(s.name_any())],
-            &queue,
-            &mut tasks,
-        )
-    });
+    // Host objects shown in the tenant, watched only while the policy shows them.
+    macro_rules! shown_from_host {
+        ($enabled:expr, $api:expr, $keys:expr) => {
+            $enabled
+                .then(|| watch_into($api, watcher::Config::default(), $keys, &queue, &mut tasks))
+        };
+    }
+    let h_nodes = shown_from_host!(
+        from.nodes.enabled,
+        Api::<Node>::all(host.clone()),
+        |n: &Node| vec![Key::Node(n.name_any())]
+    );
+    let h_events = shown_from_host!(
+        from.events.enabled,
+        Api::<CoreEvent>::namespaced(host.clone(), &hns),
+        |e: &CoreEvent| vec![Key::HostEvent(e.name_any())]
+    );
+    let h_storage_classes = shown_from_host!(
+        from.storage_classes.enabled,
+        Api::<StorageClass>::all(host.clone()),
+        |s: &StorageClass| vec![Key::StorageClass(s.name_any())]
+    );
+    let h_ingress_classes = shown_from_host!(
+        from.ingress_classes.enabled,
+        Api::<IngressClass>::all(host.clone()),
+        |s: &IngressClass| vec![Key::IngressClass(s.name_any())]
+    );
 
     let engine = Arc::new(Engine {
         tr: Translator {
