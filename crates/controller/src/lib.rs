@@ -7,15 +7,19 @@ pub mod apply;
 pub mod build;
 pub mod cache;
 pub mod connector;
+pub mod leader;
+pub mod metrics;
 pub mod names;
 pub mod reconcile;
 pub mod status;
 pub mod sync;
+pub mod telemetry;
 pub mod tenant_pki;
 
 pub use build::BuildOptions;
 pub use connector::Connector;
-pub use reconcile::{ControllerOptions, run};
+pub use reconcile::{CertificateOptions, ControllerOptions, run};
+pub use telemetry::Telemetry;
 
 /// Everything that can go wrong in a reconcile. Each variant carries what a person needs to act.
 #[derive(Debug, thiserror::Error)]

@@ -16,6 +16,9 @@ pub const COMPONENT_CONTROL_PLANE: &str = "control-plane";
 /// kubelet. Only set when the operator runs with the local connector.
 pub const LABEL_RUNTIME: &str = "tenantplane.io/runtime";
 pub const RUNTIME_LOCAL: &str = "local";
+/// Set on a TenantCluster (any value), it makes the operator issue a new admin certificate and
+/// rewrite the kubeconfig Secret now; the operator removes it when done.
+pub const ROTATE_CERTIFICATES: &str = "tenantplane.io/rotate-certificates";
 /// Where the local runtime says a tenant's API server answers on this machine.
 pub const ANNOTATION_LOCAL_ENDPOINT: &str = "tenantplane.io/local-endpoint";
 
@@ -95,6 +98,16 @@ pub fn control_plane_selector(tenant: &str) -> BTreeMap<String, String> {
     ])
 }
 
+/// A whole number of seconds as a person reads it: `30d`, `12h`, `90m` or `45s`.
+pub fn human_duration(secs: i64) -> String {
+    match secs {
+        s if s != 0 && s % 86_400 == 0 => format!("{}d", s / 86_400),
+        s if s != 0 && s % 3_600 == 0 => format!("{}h", s / 3_600),
+        s if s != 0 && s % 60 == 0 => format!("{}m", s / 60),
+        s => format!("{s}s"),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -109,5 +122,14 @@ mod tests {
             "rancher/k3s:v1.30.4-k3s1"
         );
         assert_eq!(service_dns_names("dev", "t")[3], "dev.t.svc.cluster.local");
+    }
+
+    #[test]
+    fn durations_read_in_their_largest_whole_unit() {
+        assert_eq!(human_duration(30 * 86_400), "30d");
+        assert_eq!(human_duration(7_200), "2h");
+        assert_eq!(human_duration(90), "90s");
+        assert_eq!(human_duration(120), "2m");
+        assert_eq!(human_duration(0), "0s");
     }
 }

@@ -14,13 +14,13 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
-use kube::runtime::finalizer::{Event as FinalizerEvent, finalizer};
+use kube::runtime::finalizer::{Error as FinalizerError, Event as FinalizerEvent, finalizer};
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::{Controller, watcher};
 use kube::{Client, Resource, ResourceExt};
 use serde_json::json;
 use tenantplane_api::{IsolationProfile, SyncPolicy, TenantCluster};
-use tracing::{info, warn};
+use tracing::{Instrument, info, warn};
 
 use crate::Error;
 use crate::apply::{self, Outcome};
@@ -30,7 +30,11 @@ use crate::connector::Connector;
 use crate::names::{self, FIELD_MANAGER, FINALIZER};
 use crate::status::{self, Progress};
 use crate::sync::{SyncerSpec, Syncers};
+use crate::telemetry::Telemetry;
 use crate::tenant_pki::TenantPki;
+
+/// A rotation request finds a certificate issued less than this long ago already rotated.
+const ROTATION_DEBOUNCE_SECS: i64 = 15;
 
 /// How long a control plane may take to become Ready before the tenant counts as Degraded.
 pub const PROVISION_TIMEOUT: Duration = Duration::from_secs(10 * 60);
@@ -44,6 +48,47 @@ pub struct ControllerOptions {
     pub namespace: Option<String>,
     /// How often a Ready tenant is checked for reachability.
     pub health_interval: Option<Duration>,
+    /// How long the admin certificate lives and when it is renewed.
+    pub certificates: CertificateOptions,
+    /// Metrics and readiness.
+    pub telemetry: Telemetry,
+}
+
+/// The lifetime of the leaf certificates the operator issues, and how long before they expire
+/// they are renewed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CertificateOptions {
+    pub validity: Duration,
+    pub renew_before: Duration,
+}
+
+impl Default for CertificateOptions {
+    fn default() -> Self {
+        Self {
+            validity: tenantplane_pki::LEAF_VALIDITY,
+            renew_before: Duration::from_secs(30 * 24 * 3600),
+        }
+    }
+}
+
+impl CertificateOptions {
+    /// A certificate renewed before it is even issued would be renewed at every reconcile.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.renew_before >= self.validity {
+            return Err(format!(
+                "--renew-certificates-before ({}s) must be shorter than --certificate-validity ({}s)",
+                self.renew_before.as_secs(),
+                self.validity.as_secs()
+            ));
+        }
+        if self.validity < Duration::from_secs(10) {
+            return Err(format!(
+                "--certificate-validity ({}s) must be at least 10s",
+                self.validity.as_secs()
+            ));
+        }
+        Ok(())
+    }
 }
 
 /// What every reconcile shares.
@@ -90,7 +135,7 @@ pub async fn run(
     let by_profile = tenants_using(store.clone(), |tc, n| {
         tc.spec.isolation_profile_ref.name == n
     });
-    let by_policy = tenants_using(store, |tc, n| tc.spec.sync_policy_ref.name == n);
+    let by_policy = tenants_using(store.clone(), |tc, n| tc.spec.sync_policy_ref.name == n);
     let profile_mapper = move |profile: IsolationProfile| by_profile(profile.name_any());
     let sync_mapper = move |policy: SyncPolicy| by_policy(policy.name_any());
     // A control-plane pod belongs to the StatefulSet; its tenant is in its label.
@@ -99,6 +144,32 @@ pub async fn run(
         let ns = pod.namespace();
         tenant.zip(ns).map(|(t, ns)| ObjectRef::new(&t).within(&ns))
     };
+    let telemetry = options.telemetry.clone();
+    telemetry.metrics.count_phases_with({
+        let store = store.clone();
+        move || {
+            let mut counts = BTreeMap::new();
+            for tc in store.state() {
+                let phase = tc
+                    .status
+                    .as_ref()
+                    .and_then(|s| s.phase)
+                    .unwrap_or(tenantplane_api::Phase::Pending);
+                *counts.entry(phase.to_string()).or_insert(0) += 1;
+            }
+            counts
+        }
+    });
+    tokio::spawn({
+        let caches = caches.clone();
+        let store = store.clone();
+        let readiness = telemetry.readiness.clone();
+        async move {
+            caches.ready().await;
+            let _ = store.wait_until_ready().await;
+            readiness.set_caches_ready(true);
+        }
+    });
     let context = Arc::new(Context {
         recorder: Recorder::new(
             client.clone(),
@@ -107,7 +178,7 @@ pub async fn run(
                 instance: std::env::var("POD_NAME").ok(),
             },
         ),
-        syncers: Syncers::new(client.clone(), sync_tx),
+        syncers: Syncers::new(client.clone(), sync_tx, telemetry.metrics.clone()),
         client: client.clone(),
         options,
         caches,
@@ -151,18 +222,31 @@ fn error_policy(tc: Arc<TenantCluster>, error: &Error, _: Arc<Context>) -> Actio
     Action::requeue(Duration::from_secs(5))
 }
 
-/// One reconcile, wrapped in the finalizer that cleans the namespace labels on deletion.
+/// One reconcile, wrapped in the finalizer that cleans the namespace labels on deletion. Every
+/// log line in it carries the tenant's namespace and name (its span); it is counted and timed.
 pub async fn reconcile(tc: Arc<TenantCluster>, ctx: Arc<Context>) -> Result<Action, Error> {
     let ns = tc.namespace().unwrap_or_default();
+    let span = tracing::info_span!("reconcile", namespace = %ns, tenant = %tc.name_any());
+    let started = std::time::Instant::now();
     let api: Api<TenantCluster> = Api::namespaced(ctx.client.clone(), &ns);
-    finalizer(&api, FINALIZER, tc, |event| async {
+    let result = finalizer(&api, FINALIZER, tc, |event| async {
         match event {
             FinalizerEvent::Apply(tc) => apply_tenant(&tc, &ctx).await,
             FinalizerEvent::Cleanup(tc) => cleanup(&tc, &ctx).await,
         }
     })
+    .instrument(span)
     .await
-    .map_err(|e| Error::Finalizer(e.to_string()))
+    .map_err(|e| match e {
+        // The reconcile's own error keeps its category.
+        FinalizerError::ApplyFailed(e) | FinalizerError::CleanupFailed(e) => e,
+        other => Error::Finalizer(other.to_string()),
+    });
+    ctx.options.telemetry.metrics.reconciled(
+        result.as_ref().err().map(Error::category),
+        started.elapsed(),
+    );
+    result
 }
 
 async fn publish(ctx: &Context, tc: &TenantCluster, type_: EventType, reason: &str, note: String) {
@@ -220,19 +304,28 @@ async fn report(ctx: &Context, tc: &TenantCluster, progress: &Progress) -> Resul
 
 /// Record progress and decide when to look again.
 async fn finish(ctx: &Context, tc: &TenantCluster, progress: Progress) -> Result<Action, Error> {
+    finish_by(ctx, tc, progress, None).await
+}
+
+/// [`finish`], looking again no later than `wake_by` (when a certificate is due for renewal).
+async fn finish_by(
+    ctx: &Context,
+    tc: &TenantCluster,
+    progress: Progress,
+    wake_by: Option<Duration>,
+) -> Result<Action, Error> {
     report(ctx, tc, &progress).await?;
     let health = ctx
         .options
         .health_interval
         .unwrap_or(Duration::from_secs(60));
-    Ok(match progress {
+    let after = match progress {
         // Policy watches bring the tenant back when the policy appears.
-        Progress::PolicyMissing { .. } | Progress::PkiDamaged(_) => {
-            Action::requeue(Duration::from_secs(300))
-        }
-        Progress::Synced { .. } => Action::requeue(health),
-        _ => Action::requeue(Duration::from_secs(5)),
-    })
+        Progress::PolicyMissing { .. } | Progress::PkiDamaged(_) => Duration::from_secs(300),
+        Progress::Synced { .. } => health,
+        _ => Duration::from_secs(5),
+    };
+    Ok(Action::requeue(wake_by.map_or(after, |w| w.min(after))))
 }
 
 async fn apply_tenant(tc: &TenantCluster, ctx: &Context) -> Result<Action, Error> {
@@ -412,8 +505,14 @@ async fn apply_tenant(tc: &TenantCluster, ctx: &Context) -> Result<Action, Error
         }
     };
 
-    // Kubeconfig.
-    let kubeconfig = ensure_kubeconfig(ctx, &tc, &secrets, &pki).await?;
+    // Kubeconfig: renewed before its certificate expires, or now when the annotation asks.
+    let rotate = tc.annotations().contains_key(names::ROTATE_CERTIFICATES);
+    let (kubeconfig, renew_at) = ensure_kubeconfig(ctx, &tc, &secrets, &pki, rotate).await?;
+    // Look again when the certificate is due, even if nothing else happens by then.
+    let renew_in = Duration::from_secs((renew_at - Timestamp::now().as_second()).max(1) as u64);
+    if rotate {
+        forget_rotation_request(ctx, &tc).await?;
+    }
 
     // Reach the tenant and run the sync pass.
     let server = match ctx.options.connector.server(&tenant, &ns, &pod) {
@@ -461,7 +560,7 @@ async fn apply_tenant(tc: &TenantCluster, ctx: &Context) -> Result<Action, Error
             error: failure.message,
         },
     };
-    finish(ctx, &tc, progress).await
+    finish_by(ctx, &tc, progress, Some(renew_in)).await
 }
 
 fn pod_is_ready(pod: &Pod) -> bool {
@@ -561,30 +660,50 @@ async fn ensure_pki(
     }
 }
 
-/// Make sure `<name>-kubeconfig` holds a sound admin kubeconfig; returns its text.
+/// Make sure `<name>-kubeconfig` holds a sound admin kubeconfig whose certificate is not due for
+/// renewal (or a new one when `rotate`); returns its text and when its certificate is due for
+/// renewal (Unix seconds). The CAs are never touched here.
 async fn ensure_kubeconfig(
     ctx: &Context,
     tc: &TenantCluster,
     secrets: &Api<Secret>,
     pki: &TenantPki,
-) -> Result<String, Error> {
-    let (tenant, _) = build::identity(tc)?;
+    rotate: bool,
+) -> Result<(String, i64), Error> {
+    let (tenant, ns) = build::identity(tc)?;
     let name = names::kubeconfig_secret(&tenant);
-    let (_, ns) = build::identity(tc)?;
+    let certificates = ctx.options.certificates;
     let existing = cache::get(&ctx.caches.secrets, Some(&ns), &name);
     let now_secs = Timestamp::now().as_second();
+    let renew_before = certificates.renew_before.as_secs() as i64;
+    // A rotation asked for is done once: a reconcile that still sees the annotation (its cache
+    // behind our removal of it) finds a certificate issued moments ago and keeps it.
+    let issued_just_now = |secret: &Secret| {
+        build::kubeconfig::stored_text(secret)
+            .and_then(|t| build::kubeconfig::parse(t).ok())
+            .and_then(|k| tenantplane_pki::lifetime(&k.client.cert_pem).ok())
+            .is_some_and(|l| now_secs - l.issued_at < ROTATION_DEBOUNCE_SECS)
+    };
     let why = match existing.as_deref() {
         None => None,
-        Some(secret) => match build::kubeconfig::needs_rewrite(secret, tc, pki, now_secs) {
-            None => {
-                return Ok(build::kubeconfig::stored_text(secret)
-                    .unwrap_or_default()
-                    .to_string());
+        Some(secret) if rotate && !issued_just_now(secret) => Some(format!(
+            "rotation requested by annotation {}",
+            names::ROTATE_CERTIFICATES
+        )),
+        Some(secret) => {
+            match build::kubeconfig::needs_rewrite(secret, tc, pki, now_secs, renew_before) {
+                None => {
+                    let text = build::kubeconfig::stored_text(secret)
+                        .unwrap_or_default()
+                        .to_string();
+                    let expires = record_expiry(ctx, &ns, &tenant, pki, &text);
+                    return Ok((text, expires.unwrap_or(now_secs) - renew_before));
+                }
+                Some(why) => Some(why),
             }
-            Some(why) => Some(why),
-        },
+        }
     };
-    let admin = pki.issue_admin()?;
+    let admin = pki.issue_admin(certificates.validity)?;
     let secret = build::kubeconfig::kubeconfig_secret(tc, pki, &admin)?;
     secrets
         .patch(
@@ -600,13 +719,62 @@ async fn ensure_kubeconfig(
         ),
         Some(why) => (
             "KubeconfigRewritten",
-            format!("rewrote Secret {name}: {why}"),
+            format!("rewrote Secret {name} with a new admin certificate: {why}"),
         ),
     };
+    info!(secret = %name, reason, "{note}");
     publish(ctx, tc, EventType::Normal, reason, note).await;
-    Ok(build::kubeconfig::stored_text(&secret)
+    let text = build::kubeconfig::stored_text(&secret)
         .unwrap_or_default()
-        .to_string())
+        .to_string();
+    let expires = record_expiry(ctx, &ns, &tenant, pki, &text);
+    Ok((text, expires.unwrap_or(now_secs) - renew_before))
+}
+
+/// Export when the tenant's admin certificate and CAs expire; returns when the admin
+/// certificate does.
+fn record_expiry(
+    ctx: &Context,
+    ns: &str,
+    tenant: &str,
+    pki: &TenantPki,
+    kubeconfig: &str,
+) -> Option<i64> {
+    let metrics = &ctx.options.telemetry.metrics;
+    for (ca, at) in pki.ca_expiry() {
+        metrics.certificate_expires(ns, tenant, ca, at);
+    }
+    let at = build::kubeconfig::parse(kubeconfig)
+        .ok()
+        .and_then(|k| tenantplane_pki::lifetime(&k.client.cert_pem).ok())?
+        .not_after;
+    metrics.certificate_expires(ns, tenant, "admin", at);
+    Some(at)
+}
+
+/// The rotation the annotation asked for is done: remove it (a JSON merge patch with null), so
+/// the next reconcile does not rotate again.
+async fn forget_rotation_request(ctx: &Context, tc: &TenantCluster) -> Result<(), Error> {
+    let (tenant, ns) = build::identity(tc)?;
+    let api: Api<TenantCluster> = Api::namespaced(ctx.client.clone(), &ns);
+    api.patch(
+        &tenant,
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"annotations": {names::ROTATE_CERTIFICATES: null}}})),
+    )
+    .await?;
+    publish(
+        ctx,
+        tc,
+        EventType::Normal,
+        "CertificatesRotated",
+        format!(
+            "issued a new admin certificate as annotation {} asked, and removed the annotation; the CAs are unchanged",
+            names::ROTATE_CERTIFICATES
+        ),
+    )
+    .await;
+    Ok(())
 }
 
 /// Server-side apply of the namespace's Pod Security labels under our field manager; applying an
@@ -643,6 +811,7 @@ async fn cleanup(tc: &TenantCluster, ctx: &Context) -> Result<Action, Error> {
         }
         _ => {}
     }
+    ctx.options.telemetry.metrics.forget_tenant(&ns, &tenant);
     info!(tenant = %tenant, namespace = %ns, "tenant deleted; namespace labels removed");
     Ok(Action::await_change())
 }

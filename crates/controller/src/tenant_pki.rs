@@ -3,6 +3,7 @@
 //! while that Secret exists: every kubeconfig and token of the tenant trusts it.
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use k8s_openapi::ByteString;
 use tenantplane_pki::{CertificateAuthority, KeyAndCert, Leaf};
@@ -99,11 +100,28 @@ impl TenantPki {
         })
     }
 
-    /// A fresh admin client certificate for the operator's kubeconfig.
-    pub fn issue_admin(&self) -> Result<KeyAndCert, PkiError> {
+    /// A fresh admin client certificate for the operator's kubeconfig, valid for `validity`.
+    pub fn issue_admin(&self, validity: Duration) -> Result<KeyAndCert, PkiError> {
         Ok(self
             .client_ca
-            .issue(&Leaf::client(ADMIN_USER, &[ADMIN_GROUP]))?)
+            .issue(&Leaf::client(ADMIN_USER, &[ADMIN_GROUP]).valid_for(validity))?)
+    }
+
+    /// The CAs by the name the metrics give them, with when each expires.
+    pub fn ca_expiry(&self) -> Vec<(&'static str, i64)> {
+        [
+            ("server-ca", &self.server_ca),
+            ("client-ca", &self.client_ca),
+            ("request-header-ca", &self.request_header_ca),
+        ]
+        .into_iter()
+        .filter_map(|(name, ca)| {
+            Some((
+                name,
+                tenantplane_pki::lifetime(ca.cert_pem()).ok()?.not_after,
+            ))
+        })
+        .collect()
     }
 }
 
@@ -119,7 +137,7 @@ mod tests {
         let loaded = TenantPki::from_secret_data(&data).unwrap();
         assert_eq!(loaded.server_ca.cert_pem(), pki.server_ca.cert_pem());
         assert_eq!(loaded.client_ca.key_pem(), pki.client_ca.key_pem());
-        let admin = loaded.issue_admin().unwrap();
+        let admin = loaded.issue_admin(Duration::from_secs(3600)).unwrap();
         let info =
             tenantplane_pki::verify_signed_by(&admin.cert_pem, pki.client_ca.cert_pem()).unwrap();
         assert_eq!(info.organizations, [ADMIN_GROUP]);

@@ -327,6 +327,25 @@ fn parse_pem_cert(pem_text: &str) -> Result<Vec<u8>> {
     Ok(pem.contents)
 }
 
+/// When a certificate was issued and when it expires (seconds since the Unix epoch).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Lifetime {
+    /// `notBefore` plus the clock-skew allowance every certificate here is issued with.
+    pub issued_at: i64,
+    pub not_after: i64,
+}
+
+/// The [`Lifetime`] of the certificate in `cert_pem`.
+pub fn lifetime(cert_pem: &str) -> Result<Lifetime> {
+    let der = parse_pem_cert(cert_pem)?;
+    let (_, cert) = x509_parser::parse_x509_certificate(&der)
+        .map_err(|e| Error::Invalid(format!("certificate does not parse: {e}")))?;
+    Ok(Lifetime {
+        issued_at: cert.validity().not_before.timestamp() + CLOCK_SKEW.as_secs() as i64,
+        not_after: cert.validity().not_after.timestamp(),
+    })
+}
+
 /// Parse `cert_pem` and check that `ca_pem` signed it.
 pub fn verify_signed_by(cert_pem: &str, ca_pem: &str) -> Result<CertificateInfo> {
     let cert_der = parse_pem_cert(cert_pem)?;

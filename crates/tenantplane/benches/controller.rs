@@ -104,6 +104,7 @@ async fn main() -> anyhow::Result<()> {
         connector: Connector::InCluster,
         namespace: None,
         health_interval: None,
+        ..Default::default()
     };
     let operator = tokio::spawn(tenantplane_controller::run(
         client,

@@ -113,8 +113,11 @@ pub fn human_duration(seconds: i64) -> String {
 /// A duration as kubectl's `--timeout` takes it: `90s`, `5m`, `1h30m`, `1.5m`; a bare `0` is
 /// zero.
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
-    let bad =
-        || format!("invalid duration {text:?}: use a number with a unit, such as 90s, 5m or 1h30m");
+    let bad = || {
+        format!(
+            "invalid duration {text:?}: use a number with a unit (ms, s, m, h, d), such as 90s, 5m, 1h30m or 30d"
+        )
+    };
     let text = text.trim();
     if text == "0" {
         return Ok(Duration::ZERO);
@@ -141,6 +144,7 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
             "s" => 1.0,
             "m" => 60.0,
             "h" => 3600.0,
+            "d" => 86400.0,
             _ => return Err(bad()),
         };
         total += number * scale;

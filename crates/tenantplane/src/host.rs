@@ -81,6 +81,19 @@ fn load_kubeconfig(args: &HostArgs) -> anyhow::Result<Option<Kubeconfig>> {
 /// A client for the host cluster. Its default namespace is the context's, else `default` (in a
 /// pod: the pod's).
 pub async fn client(args: &HostArgs) -> anyhow::Result<kube::Client> {
+    kube::Client::try_from(config(args).await?).context("building a client for the host cluster")
+}
+
+/// A client that names itself `user_agent` to the API server (its audit log records that).
+pub async fn client_with_agent(args: &HostArgs, user_agent: &str) -> anyhow::Result<kube::Client> {
+    let mut config = config(args).await?;
+    let value = http::HeaderValue::from_str(user_agent)
+        .with_context(|| format!("{user_agent:?} cannot be a User-Agent header"))?;
+    config.headers.push((http::header::USER_AGENT, value));
+    kube::Client::try_from(config).context("building a client for the host cluster")
+}
+
+async fn config(args: &HostArgs) -> anyhow::Result<kube::Config> {
     let options = KubeConfigOptions {
         context: args.context.clone(),
         ..Default::default()
@@ -105,7 +118,7 @@ pub async fn client(args: &HostArgs) -> anyhow::Result<kube::Client> {
             })?
         }
     };
-    kube::Client::try_from(config).context("building a client for the host cluster")
+    Ok(config)
 }
 
 /// What went wrong talking to the host API server, as a sentence. `what` names the object, such

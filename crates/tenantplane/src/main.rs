@@ -6,6 +6,7 @@ mod format;
 mod host;
 mod kubeconfig_cmd;
 mod manifests;
+mod operator;
 mod tenants;
 
 use std::path::PathBuf;
@@ -177,6 +178,8 @@ enum Command {
         /// How the operator reaches tenant API servers.
         #[arg(long, value_enum, default_value = "in-cluster")]
         connector: ConnectorArg,
+        #[command(flatten)]
+        operator: operator::OperatorArgs,
     },
     /// Run the local dev cluster: a real control plane, the operator, the local runtime and the
     /// example tenant, until Ctrl-C.
@@ -320,14 +323,9 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             service_cidr,
             operator_namespace,
             connector,
+            operator,
         } => {
-            tracing_subscriber::fmt()
-                .with_env_filter(
-                    tracing_subscriber::EnvFilter::try_from_default_env()
-                        .unwrap_or_else(|_| "info".into()),
-                )
-                .init();
-            let client = host::client(&cli.host).await?;
+            operator::init_logging(&operator)?;
             let connector = match connector {
                 ConnectorArg::InCluster => Connector::InCluster,
                 ConnectorArg::Local => Connector::Local,
@@ -336,17 +334,16 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 build: BuildOptions {
                     k3s_repository,
                     service_cidr,
-                    operator_namespace,
+                    operator_namespace: operator_namespace.clone(),
                     local_runtime: connector.is_local(),
                 },
                 connector,
                 namespace: watch_namespace,
                 health_interval: None,
+                certificates: operator.certificates()?,
+                telemetry: Default::default(),
             };
-            let shutdown = async {
-                let _ = tokio::signal::ctrl_c().await;
-            };
-            tenantplane_controller::run(client, options, shutdown).await;
+            operator::run(&cli.host, &operator, operator_namespace, options).await?;
         }
         Command::Dev { state_dir } => dev::run(state_dir).await?,
     }

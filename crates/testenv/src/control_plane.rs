@@ -239,26 +239,34 @@ impl ControlPlane {
         )?;
 
         say("starting kube-apiserver");
-        plane.spawn(
-            "kube-apiserver",
-            apiserver_args(&ApiServerConfig {
-                etcd: etcd_url,
-                etcd_prefix: "/registry".into(),
-                port: apiserver_port,
-                cert_dir: dir.join("apiserver-certs"),
-                ca_crt: pki.ca_crt.clone(),
-                serving_crt: pki.serving_crt.clone(),
-                serving_key: pki.serving_key.clone(),
-                sa_key: pki.sa_key.clone(),
-                sa_pub: pki.sa_pub.clone(),
-                front_proxy: Some(FrontProxy {
-                    ca: pki.front_proxy_ca.clone(),
-                    client_crt: pki.front_proxy_crt.clone(),
-                    client_key: pki.front_proxy_key.clone(),
-                }),
+        // Writes are audited, so a test can tell who wrote what (by user agent).
+        write(&dir.join("audit-policy.yaml"), AUDIT_POLICY)?;
+        let audit = args(&[
+            (
+                "audit-policy-file",
+                dir.join("audit-policy.yaml").display().to_string(),
+            ),
+            ("audit-log-path", dir.join(AUDIT_LOG).display().to_string()),
+            ("audit-log-format", "json".into()),
+        ]);
+        let mut apiserver = apiserver_args(&ApiServerConfig {
+            etcd: etcd_url,
+            etcd_prefix: "/registry".into(),
+            port: apiserver_port,
+            cert_dir: dir.join("apiserver-certs"),
+            ca_crt: pki.ca_crt.clone(),
+            serving_crt: pki.serving_crt.clone(),
+            serving_key: pki.serving_key.clone(),
+            sa_key: pki.sa_key.clone(),
+            sa_pub: pki.sa_pub.clone(),
+            front_proxy: Some(FrontProxy {
+                ca: pki.front_proxy_ca.clone(),
+                client_crt: pki.front_proxy_crt.clone(),
+                client_key: pki.front_proxy_key.clone(),
             }),
-            &[],
-        )?;
+        });
+        apiserver.extend(audit);
+        plane.spawn("kube-apiserver", apiserver, &[])?;
         plane.wait_for_api_server()?;
         say("kube-apiserver is ready");
 
@@ -463,6 +471,11 @@ impl ControlPlane {
         &self.kubeconfig
     }
 
+    /// The API server's audit log: one JSON event per write request (see [`AUDIT_POLICY`]).
+    pub fn audit_log_path(&self) -> PathBuf {
+        self.dir.join(AUDIT_LOG)
+    }
+
     /// The folder with the data, PKI and logs.
     pub fn dir(&self) -> &Path {
         &self.dir
@@ -503,6 +516,18 @@ impl ControlPlane {
         }
     }
 }
+
+const AUDIT_LOG: &str = "logs/audit.log";
+
+/// Metadata of every write, once its response is sent; reads are not recorded.
+pub const AUDIT_POLICY: &str = r#"apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: [RequestReceived, ResponseStarted]
+rules:
+  - level: Metadata
+    verbs: [create, update, patch, delete, deletecollection]
+  - level: None
+"#;
 
 /// What a kube-apiserver needs; the local runtime starts tenant API servers with the same flags.
 #[derive(Clone, Debug)]

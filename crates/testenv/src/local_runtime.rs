@@ -249,7 +249,9 @@ impl LocalRuntime {
         );
         let san_refs: Vec<&str> = sans.iter().map(String::as_str).collect();
         let serving = pki.server_ca.issue(&Leaf::server("k3s", &san_refs))?;
-        let admin = pki.issue_admin().map_err(|e| Error::Io(e.to_string()))?;
+        let admin = pki
+            .issue_admin(tenantplane_pki::LEAF_VALIDITY)
+            .map_err(|e| Error::Io(e.to_string()))?;
         let front_proxy = pki
             .request_header_ca
             .issue(&Leaf::client("front-proxy-client", &[]))?;

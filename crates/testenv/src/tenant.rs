@@ -23,6 +23,7 @@ pub fn local_operator_options(
         connector: Connector::Local,
         namespace,
         health_interval,
+        ..Default::default()
     }
 }
 

@@ -15,9 +15,6 @@ use super::{identity, owned_metadata, typed};
 use crate::tenant_pki::{ADMIN_GROUP, TenantPki};
 use crate::{Error, names};
 
-/// Renew the admin certificate when less than this is left of it.
-pub const RENEW_BEFORE_SECS: i64 = 30 * 24 * 3600;
-
 /// A kubeconfig for `server` with the tenant's server CA and a client certificate.
 pub fn render(context: &str, server: &str, ca_pem: &str, client: &KeyAndCert) -> String {
     let doc = json!({
@@ -121,12 +118,13 @@ pub fn stored_text(secret: &Secret) -> Option<&str> {
 
 /// Why a stored kubeconfig Secret must be rewritten, or `None` when it is sound: the right
 /// endpoint, the tenant's server CA, an admin certificate from the tenant's client CA whose key
-/// matches and that does not expire within [`RENEW_BEFORE_SECS`] of `now`.
+/// matches and that does not expire within `renew_before` seconds of `now`.
 pub fn needs_rewrite(
     secret: &Secret,
     tc: &TenantCluster,
     pki: &TenantPki,
     now: i64,
+    renew_before: i64,
 ) -> Option<String> {
     let (tenant, ns) = identity(tc).ok()?;
     let Some(text) = stored_text(secret) else {
@@ -162,8 +160,14 @@ pub fn needs_rewrite(
     if !tenantplane_pki::key_matches_certificate(&parsed.client.key_pem, &parsed.client.cert_pem) {
         return Some("its client key does not match its certificate".into());
     }
-    if info.not_after - now < RENEW_BEFORE_SECS {
-        return Some("its client certificate expires within 30 days".into());
+    if info.not_after - now < renew_before {
+        let at = k8s_openapi::jiff::Timestamp::from_second(info.not_after)
+            .map(|t| t.to_string())
+            .unwrap_or_else(|_| info.not_after.to_string());
+        return Some(format!(
+            "its client certificate expires at {at}, within the renewal window of {}",
+            crate::names::human_duration(renew_before)
+        ));
     }
     None
 }
@@ -172,6 +176,10 @@ pub fn needs_rewrite(
 mod tests {
     use super::*;
     use crate::build::tests::tenant;
+    use std::time::Duration;
+
+    const MONTH: i64 = 30 * 24 * 3600;
+    const YEAR: Duration = Duration::from_secs(365 * 24 * 3600);
 
     fn now() -> i64 {
         std::time::SystemTime::now()
@@ -184,10 +192,10 @@ mod tests {
     fn a_fresh_kubeconfig_is_sound_and_reads_back() {
         let tc = tenant();
         let pki = TenantPki::generate("dev").unwrap();
-        let admin = pki.issue_admin().unwrap();
+        let admin = pki.issue_admin(YEAR).unwrap();
         let secret = kubeconfig_secret(&tc, &pki, &admin).unwrap();
         assert_eq!(secret.metadata.name.as_deref(), Some("dev-kubeconfig"));
-        assert_eq!(needs_rewrite(&secret, &tc, &pki, now()), None);
+        assert_eq!(needs_rewrite(&secret, &tc, &pki, now(), MONTH), None);
         let text = String::from_utf8(secret.data.unwrap()["value"].0.clone()).unwrap();
         let parsed = parse(&text).unwrap();
         assert_eq!(parsed.server, "https://dev.team-dev.svc:6443");
@@ -199,11 +207,11 @@ mod tests {
         let tc = tenant();
         let pki = TenantPki::generate("dev").unwrap();
         let other = TenantPki::generate("other").unwrap();
-        let good = kubeconfig_secret(&tc, &pki, &pki.issue_admin().unwrap()).unwrap();
+        let good = kubeconfig_secret(&tc, &pki, &pki.issue_admin(YEAR).unwrap()).unwrap();
 
-        let foreign = kubeconfig_secret(&tc, &pki, &other.issue_admin().unwrap()).unwrap();
+        let foreign = kubeconfig_secret(&tc, &pki, &other.issue_admin(YEAR).unwrap()).unwrap();
         assert!(
-            needs_rewrite(&foreign, &tc, &pki, now())
+            needs_rewrite(&foreign, &tc, &pki, now(), MONTH)
                 .unwrap()
                 .contains("not signed by the CA")
         );
@@ -214,7 +222,7 @@ mod tests {
             ByteString(b"nope: [".to_vec()),
         )]));
         assert!(
-            needs_rewrite(&garbage, &tc, &pki, now())
+            needs_rewrite(&garbage, &tc, &pki, now(), MONTH)
                 .unwrap()
                 .contains("does not parse")
         );
@@ -222,21 +230,21 @@ mod tests {
         let mut empty = good.clone();
         empty.data = None;
         assert_eq!(
-            needs_rewrite(&empty, &tc, &pki, now()).unwrap(),
+            needs_rewrite(&empty, &tc, &pki, now(), MONTH).unwrap(),
             "key value is missing or not text"
         );
 
         let mut moved = tc.clone();
         moved.metadata.namespace = Some("elsewhere".into());
         assert!(
-            needs_rewrite(&good, &moved, &pki, now())
+            needs_rewrite(&good, &moved, &pki, now(), MONTH)
                 .unwrap()
                 .contains("instead of")
         );
 
         let a_year_on = now() + 360 * 24 * 3600;
         assert!(
-            needs_rewrite(&good, &tc, &pki, a_year_on)
+            needs_rewrite(&good, &tc, &pki, a_year_on, MONTH)
                 .unwrap()
                 .contains("expires")
         );

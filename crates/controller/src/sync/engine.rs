@@ -4,7 +4,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::Debug;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::authentication::v1::{BoundObjectReference, TokenRequest, TokenRequestSpec};
@@ -33,6 +33,7 @@ use super::queue::WorkQueue;
 use super::translate::{self, Translator};
 use super::{Failure, Health, SyncerSpec};
 use crate::apply::contains;
+use crate::metrics::Metrics;
 
 /// What a worker converges: one tenant object (namespace, name) of a kind, a node, a host Event
 /// or a host class.
@@ -53,6 +54,24 @@ pub enum Key {
 }
 
 impl Key {
+    /// The kind, as the metrics label it.
+    fn kind(&self) -> &'static str {
+        match self {
+            Key::Pod(..) => "Pod",
+            Key::Service(..) => "Service",
+            Key::Endpoints(..) => "Endpoints",
+            Key::ConfigMap(..) => "ConfigMap",
+            Key::Secret(..) => "Secret",
+            Key::Claim(..) => "PersistentVolumeClaim",
+            Key::ServiceAccount(..) => "ServiceAccount",
+            Key::Ingress(..) => "Ingress",
+            Key::Node(_) => "Node",
+            Key::HostEvent(_) => "Event",
+            Key::StorageClass(_) => "StorageClass",
+            Key::IngressClass(_) => "IngressClass",
+        }
+    }
+
     fn describe(&self) -> String {
         match self {
             Key::Pod(ns, n) => format!("Pod {ns}/{n}"),
@@ -181,11 +200,13 @@ pub async fn supervise(
     host: Client,
     health: watch::Sender<Health>,
     notify: impl Fn() + Send + Sync + 'static,
+    metrics: Arc<Metrics>,
 ) {
     let reporter = Verdicts {
         health: Arc::new(health),
         notify: Arc::new(notify),
         policy: spec.policy.clone(),
+        metrics,
     };
     let mut backoff = Duration::from_secs(1);
     loop {
@@ -238,6 +259,7 @@ struct Verdicts {
     health: Arc<watch::Sender<Health>>,
     notify: Arc<dyn Fn() + Send + Sync>,
     policy: SyncPolicySpec,
+    metrics: Arc<Metrics>,
 }
 
 impl Verdicts {
@@ -639,8 +661,8 @@ async fn run(
             let workers = (0..WORKERS).map(|_| {
                 let engine = engine.clone();
                 async move {
-                    while let Some(key) = engine.queue.next().await {
-                        engine.work(&key).await;
+                    while let Some((key, since)) = engine.queue.next_timed().await {
+                        engine.work(&key, since).await;
                         engine.queue.done(&key);
                     }
                 }
@@ -740,7 +762,8 @@ impl Engine {
         }
     }
 
-    async fn work(&self, key: &Key) {
+    /// Converge one key, queued at `since` (the sync lag is measured from there).
+    async fn work(&self, key: &Key, since: Instant) {
         let result = match key {
             Key::Pod(ns, n) => self.sync_pod(ns, n).await,
             Key::Service(ns, n) => self.sync_service(ns, n).await,
@@ -756,6 +779,12 @@ impl Engine {
             Key::IngressClass(n) => self.sync_ingress_class(n).await,
         };
         let description = key.describe();
+        let metrics = &self.reporter.metrics;
+        let (ns, tenant) = (&self.tr.host_namespace, &self.tr.tenant);
+        match &result {
+            Ok(()) => metrics.synced(ns, tenant, key.kind(), since.elapsed()),
+            Err(e) => metrics.sync_failed(ns, tenant, key.kind(), e.reason),
+        }
         match result {
             Ok(()) => {
                 self.failures

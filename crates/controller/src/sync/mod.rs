@@ -23,7 +23,9 @@ use kube::api::{Api, DeleteParams, ListParams};
 use kube::runtime::reflector::ObjectRef;
 use tenantplane_api::{IsolationProfileSpec, SyncPolicySpec, TenantCluster};
 use tokio::sync::watch;
-use tracing::{info, warn};
+
+use crate::metrics::Metrics;
+use tracing::{Instrument, info, warn};
 
 pub use engine::Key;
 
@@ -171,17 +173,23 @@ pub struct Syncers {
     host: Client,
     /// Reconciles the TenantCluster when a syncer's health changes.
     notify: UnboundedSender<ObjectRef<TenantCluster>>,
+    metrics: Arc<Metrics>,
 }
 
 /// How long a reconcile waits for a new syncer's first lists before it reports `SyncStarting`.
 const FIRST_LIST_WAIT: Duration = Duration::from_secs(10);
 
 impl Syncers {
-    pub fn new(host: Client, notify: UnboundedSender<ObjectRef<TenantCluster>>) -> Self {
+    pub fn new(
+        host: Client,
+        notify: UnboundedSender<ObjectRef<TenantCluster>>,
+        metrics: Arc<Metrics>,
+    ) -> Self {
         Self {
             running: Arc::new(Mutex::new(HashMap::new())),
             host,
             notify,
+            metrics,
         }
     }
 
@@ -224,15 +232,23 @@ impl Syncers {
                     let notify = self.notify.clone();
                     let target =
                         ObjectRef::<TenantCluster>::new(&spec.tenant).within(&spec.host_namespace);
-                    let task = tokio::spawn(engine::supervise(
-                        spec.clone(),
-                        tenant,
-                        self.host.clone(),
-                        tx,
-                        move || {
-                            let _ = notify.unbounded_send(target.clone());
-                        },
-                    ));
+                    let task = tokio::spawn(
+                        engine::supervise(
+                            spec.clone(),
+                            tenant,
+                            self.host.clone(),
+                            tx,
+                            move || {
+                                let _ = notify.unbounded_send(target.clone());
+                            },
+                            self.metrics.clone(),
+                        )
+                        .instrument(tracing::info_span!(
+                            "syncer",
+                            namespace = %spec.host_namespace,
+                            tenant = %spec.tenant
+                        )),
+                    );
                     running.insert(
                         key,
                         Running {

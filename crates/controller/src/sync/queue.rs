@@ -2,15 +2,17 @@
 //! a key is never worked on by two workers at once, and a key added while it is worked on is
 //! worked on again afterwards. Delayed adds wait on a timer.
 
-use std::collections::{HashSet, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::hash::Hash;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio::sync::Notify;
 
 struct State<K> {
     queue: VecDeque<K>,
+    /// When each waiting or dirty key was first added since it was last handed out.
+    since: HashMap<K, Instant>,
     queued: HashSet<K>,
     processing: HashSet<K>,
     /// Added while processing: requeued when the worker is done.
@@ -29,6 +31,7 @@ impl<K: Clone + Eq + Hash + Send + 'static> WorkQueue<K> {
         Arc::new(Self {
             state: Mutex::new(State {
                 queue: VecDeque::new(),
+                since: HashMap::new(),
                 queued: HashSet::new(),
                 processing: HashSet::new(),
                 dirty: HashSet::new(),
@@ -50,6 +53,7 @@ impl<K: Clone + Eq + Hash + Send + 'static> WorkQueue<K> {
         if s.closed {
             return;
         }
+        s.since.entry(key.clone()).or_insert_with(Instant::now);
         if s.processing.contains(&key) {
             s.dirty.insert(key);
             return;
@@ -74,6 +78,11 @@ impl<K: Clone + Eq + Hash + Send + 'static> WorkQueue<K> {
 
     /// The next key to work on; `None` once the queue is closed.
     pub async fn next(&self) -> Option<K> {
+        self.next_timed().await.map(|(key, _)| key)
+    }
+
+    /// The next key to work on and when it was first added while waiting.
+    pub async fn next_timed(&self) -> Option<(K, Instant)> {
         loop {
             let notified = self.notify.notified();
             {
@@ -83,6 +92,7 @@ impl<K: Clone + Eq + Hash + Send + 'static> WorkQueue<K> {
                 }
                 if let Some(key) = s.queue.pop_front() {
                     s.queued.remove(&key);
+                    let since = s.since.remove(&key).unwrap_or_else(Instant::now);
                     s.processing.insert(key.clone());
                     let more = !s.queue.is_empty();
                     drop(s);
@@ -90,7 +100,7 @@ impl<K: Clone + Eq + Hash + Send + 'static> WorkQueue<K> {
                         // Wake another worker for the rest.
                         self.notify.notify_one();
                     }
-                    return Some(key);
+                    return Some((key, since));
                 }
             }
             notified.await;

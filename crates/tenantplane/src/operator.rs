@@ -1,0 +1,188 @@
+//! `tenantplane controller`: how the operator process runs: logs, the metrics endpoint, SIGTERM,
+//! and leader election among replicas.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::ValueEnum;
+use tenantplane_controller::leader::{self, LeaseSettings};
+use tenantplane_controller::{CertificateOptions, ControllerOptions, telemetry};
+use tracing::info;
+
+use crate::format;
+use crate::host::{self, HostArgs};
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line, with the reconcile's tenant in `span`.
+    Json,
+}
+
+/// The operator process's flags.
+#[derive(clap::Args, Clone, Debug)]
+pub struct OperatorArgs {
+    /// Log format.
+    #[arg(
+        long,
+        value_enum,
+        env = "TENANTPLANE_LOG_FORMAT",
+        default_value = "text"
+    )]
+    pub log_format: LogFormat,
+    /// Log level, or a filter such as `info,tenantplane_controller=debug`.
+    #[arg(long, env = "TENANTPLANE_LOG_LEVEL", default_value = "info")]
+    pub log_level: String,
+    /// Where /metrics, /healthz and /readyz are served.
+    #[arg(long, default_value = "0.0.0.0:8080", value_name = "ADDRESS:PORT")]
+    pub metrics_address: SocketAddr,
+    /// Run only while holding the leader Lease, so that several replicas can run.
+    #[arg(long)]
+    pub leader_elect: bool,
+    /// The Lease's name.
+    #[arg(long, default_value = "tenantplane")]
+    pub lease_name: String,
+    /// The Lease's namespace (default: the operator's namespace).
+    #[arg(long, value_name = "NAMESPACE")]
+    pub lease_namespace: Option<String>,
+    /// This replica's identity in the Lease (default: the pod name, else host name and process id).
+    #[arg(long, env = "POD_NAME", value_name = "NAME")]
+    pub leader_elect_identity: Option<String>,
+    /// How long a standby waits on a Lease that is not renewed before taking it over.
+    #[arg(long, default_value = "15s", value_parser = format::parse_duration)]
+    pub lease_duration: Duration,
+    /// How long the leader keeps leading while its renewals fail.
+    #[arg(long, default_value = "10s", value_parser = format::parse_duration)]
+    pub lease_renew_deadline: Duration,
+    /// How often the leader renews the Lease and a standby looks at it.
+    #[arg(long, default_value = "2s", value_parser = format::parse_duration)]
+    pub lease_retry_period: Duration,
+    /// Lifetime of the admin certificates the operator issues (the CAs last 10 years).
+    #[arg(long, default_value = "365d", value_parser = format::parse_duration)]
+    pub certificate_validity: Duration,
+    /// Renew an admin certificate (and rewrite the kubeconfig Secret) when less than this is left.
+    #[arg(long, default_value = "30d", value_parser = format::parse_duration)]
+    pub renew_certificates_before: Duration,
+}
+
+impl OperatorArgs {
+    pub fn certificates(&self) -> anyhow::Result<CertificateOptions> {
+        let options = CertificateOptions {
+            validity: self.certificate_validity,
+            renew_before: self.renew_certificates_before,
+        };
+        options.validate().map_err(anyhow::Error::msg)?;
+        Ok(options)
+    }
+
+    fn lease(&self, operator_namespace: Option<String>) -> anyhow::Result<LeaseSettings> {
+        let namespace = self.lease_namespace.clone().or(operator_namespace).context(
+            "--leader-elect needs the Lease's namespace: set --lease-namespace, --operator-namespace or POD_NAMESPACE",
+        )?;
+        let identity = self.leader_elect_identity.clone().unwrap_or_else(|| {
+            let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+                .map(|h| h.trim().to_string())
+                .unwrap_or_else(|_| "tenantplane".into());
+            format!("{host}-{}", std::process::id())
+        });
+        let settings = LeaseSettings {
+            namespace,
+            name: self.lease_name.clone(),
+            identity,
+            duration: self.lease_duration,
+            renew_deadline: self.lease_renew_deadline,
+            retry_period: self.lease_retry_period,
+        };
+        settings.validate().map_err(anyhow::Error::msg)?;
+        Ok(settings)
+    }
+}
+
+/// Logs to stdout in the chosen format, at the chosen level.
+pub fn init_logging(args: &OperatorArgs) -> anyhow::Result<()> {
+    let filter = tracing_subscriber::EnvFilter::try_new(&args.log_level).with_context(|| {
+        format!(
+            "--log-level {:?} is not a level (error, warn, info, debug, trace) or a filter such as info,tenantplane_controller=debug",
+            args.log_level
+        )
+    })?;
+    let builder = tracing_subscriber::fmt().with_env_filter(filter);
+    match args.log_format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder
+            .json()
+            .flatten_event(true)
+            .with_current_span(true)
+            .with_span_list(false)
+            .init(),
+    }
+    Ok(())
+}
+
+/// Resolves on SIGTERM (what Kubernetes sends) or Ctrl-C.
+async fn terminated() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = term.recv() => info!("SIGTERM: finishing in-flight work, then stopping"),
+                    _ = tokio::signal::ctrl_c() => info!("interrupted: finishing in-flight work, then stopping"),
+                }
+            }
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}
+
+/// Serve the metrics endpoint and run the controller (under leader election when asked) until
+/// SIGTERM; an error when leadership is lost.
+pub async fn run(
+    host: &HostArgs,
+    args: &OperatorArgs,
+    operator_namespace: Option<String>,
+    options: ControllerOptions,
+) -> anyhow::Result<()> {
+    let lease = args
+        .leader_elect
+        .then(|| args.lease(operator_namespace))
+        .transpose()?;
+    // The user agent names the replica, so the API server's audit log tells replicas apart.
+    let identity = lease.as_ref().map_or("controller", |l| l.identity.as_str());
+    let agent = format!("tenantplane/{} ({identity})", env!("CARGO_PKG_VERSION"));
+    let client = host::client_with_agent(host, &agent).await?;
+    let telemetry = options.telemetry.clone();
+    let endpoint = telemetry::bind(args.metrics_address, telemetry.clone())
+        .await
+        .with_context(|| {
+            format!(
+                "serving metrics on {}: choose another --metrics-address",
+                args.metrics_address
+            )
+        })?;
+    tokio::spawn(endpoint);
+    match lease {
+        Some(lease) => {
+            info!(identity = %lease.identity, lease = %lease.name, namespace = %lease.namespace, "leader election: waiting for the Lease");
+            leader::run_elected(client, options, lease, terminated())
+                .await
+                .map_err(anyhow::Error::msg)?;
+        }
+        None => {
+            telemetry.readiness.set_role(telemetry::Role::Leader);
+            telemetry.metrics.set_leader(true);
+            tenantplane_controller::run(client, options, terminated()).await;
+        }
+    }
+    info!("stopped");
+    Ok(())
+}

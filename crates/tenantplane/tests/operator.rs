@@ -1,0 +1,582 @@
+//! The operator as it runs in a cluster: the built binary (`tenantplane controller`) as separate
+//! processes against the test control plane, with the local runtime in the test. Leader election
+//! between replicas (kill the leader, SIGTERM the next), `/metrics`, `/healthz`, `/readyz`, JSON
+//! logs, and certificate renewal. Who wrote what is read from the API server's audit log, which
+//! records each replica's user agent.
+
+mod common;
+
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Event, Pod, Secret};
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use kube::{Client, ResourceExt};
+use serde_json::{Value, json};
+use tenantplane_api::{Phase, TenantCluster};
+use tenantplane_controller::build::kubeconfig;
+use tenantplane_controller::names;
+use tenantplane_testenv::control_plane::{SERVICE_CIDR, free_port};
+use tenantplane_testenv::local_runtime::{self, LocalRuntime};
+use tenantplane_testenv::{
+    TestNamespace, eventually, install_crds_and_policies, namespace, shared,
+};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use common::{WAIT, tenant_client, tenant_named, wait_for_phase};
+
+const LEASE: &str = "tenantplane";
+
+/// One `tenantplane controller` process; killed when dropped.
+struct Replica {
+    identity: String,
+    child: tokio::process::Child,
+    log: PathBuf,
+    port: u16,
+}
+
+impl Replica {
+    /// `/readyz`'s body once it answers 200.
+    async fn ready(&self) -> Option<String> {
+        eventually(WAIT, || async {
+            self.get("/readyz").await.filter(|(code, _)| *code == 200)
+        })
+        .await
+        .map(|(_, body)| body)
+    }
+
+    fn start(ns: &TestNamespace, identity: &str, extra: &[&str]) -> Replica {
+        let port = free_port().unwrap();
+        let log = shared().dir().join(format!("operator-{identity}.log"));
+        let out = std::fs::File::create(&log).unwrap();
+        let err = out.try_clone().unwrap();
+        let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_tenantplane"));
+        command
+            .arg("--kubeconfig")
+            .arg(shared().kubeconfig_path())
+            .args([
+                "controller",
+                "--connector",
+                "local",
+                "--service-cidr",
+                SERVICE_CIDR,
+            ])
+            .args(["--watch-namespace", &ns.name])
+            .args(["--metrics-address", &format!("127.0.0.1:{port}")])
+            .args(["--log-format", "json", "--log-level", "info"])
+            .args(["--leader-elect-identity", identity])
+            .args(extra)
+            .env_remove("POD_NAME")
+            .env_remove("POD_NAMESPACE")
+            .stdout(Stdio::from(out))
+            .stderr(Stdio::from(err))
+            .kill_on_drop(true);
+        Replica {
+            identity: identity.to_string(),
+            child: command.spawn().unwrap(),
+            log,
+            port,
+        }
+    }
+
+    /// GET `path` on the metrics endpoint: status code and body.
+    async fn get(&self, path: &str) -> Option<(u16, String)> {
+        let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", self.port))
+            .await
+            .ok()?;
+        let request = format!("GET {path} HTTP/1.1\r\nHost: operator\r\nConnection: close\r\n\r\n");
+        stream.write_all(request.as_bytes()).await.ok()?;
+        let mut response = String::new();
+        stream.read_to_string(&mut response).await.ok()?;
+        let code = response.split(' ').nth(1)?.parse().ok()?;
+        let body = response.split_once("\r\n\r\n")?.1.to_string();
+        Some((code, body))
+    }
+
+    /// The value of the metric line that starts with `series` (name and labels).
+    async fn metric(&self, series: &str) -> Option<f64> {
+        let (_, text) = self.get("/metrics").await?;
+        text.lines()
+            .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
+    }
+
+    /// The log so far, one JSON object per line; a line that is not JSON fails the test.
+    fn log_lines(&self) -> Vec<Value> {
+        std::fs::read_to_string(&self.log)
+            .unwrap()
+            .lines()
+            .map(|l| {
+                serde_json::from_str(l).unwrap_or_else(|e| {
+                    panic!(
+                        "replica {}: a log line is not JSON ({e}): {l}",
+                        self.identity
+                    )
+                })
+            })
+            .collect()
+    }
+
+    fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    fn signal(&self, signal: &str) {
+        let pid = self.child.id().expect("the replica runs").to_string();
+        let status = std::process::Command::new("kill")
+            .args([signal, &pid])
+            .status()
+            .unwrap();
+        assert!(status.success(), "kill {signal} {pid}");
+    }
+
+    /// Wait for the process to exit; its exit code.
+    async fn exit_code(&mut self) -> Option<i32> {
+        tokio::time::timeout(WAIT, self.child.wait())
+            .await
+            .unwrap_or_else(|_| {
+                panic!(
+                    "replica {} did not exit:\n{}",
+                    self.identity,
+                    self.log_text()
+                )
+            })
+            .unwrap()
+            .code()
+    }
+}
+
+fn local_runtime_for(ns: &TestNamespace) -> (LocalRuntime, tokio::task::JoinHandle<()>) {
+    local_runtime::start(
+        ns.client.clone(),
+        shared().binaries().clone(),
+        shared().dir().join("runtime"),
+        Some(ns.name.clone()),
+    )
+}
+
+async fn holder(client: &Client, ns: &str) -> Option<String> {
+    Api::<Lease>::namespaced(client.clone(), ns)
+        .get_opt(LEASE)
+        .await
+        .ok()
+        .flatten()?
+        .spec?
+        .holder_identity
+}
+
+async fn wait_for_holder(client: &Client, ns: &str, identity: &str) -> Duration {
+    let started = Instant::now();
+    let held = eventually(WAIT, || async {
+        (holder(client, ns).await.as_deref() == Some(identity)).then_some(())
+    })
+    .await;
+    assert!(
+        held.is_some(),
+        "{identity} never held the Lease; holder: {:?}",
+        holder(client, ns).await
+    );
+    started.elapsed()
+}
+
+/// Write requests in the audit log made by the replica named `identity`: (verb, resource, name).
+fn writes_by(identity: &str) -> Vec<(String, String, String)> {
+    let agent = format!("({identity})");
+    let text = std::fs::read_to_string(shared().audit_log_path()).unwrap_or_default();
+    text.lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|e| e["userAgent"].as_str().is_some_and(|a| a.ends_with(&agent)))
+        .map(|e| {
+            let s = |v: &Value| v.as_str().unwrap_or_default().to_string();
+            (
+                s(&e["verb"]),
+                s(&e["objectRef"]["resource"]),
+                s(&e["objectRef"]["name"]),
+            )
+        })
+        .collect()
+}
+
+fn leader_args(ns: &TestNamespace) -> Vec<String> {
+    [
+        "--leader-elect",
+        "--lease-namespace",
+        &ns.name,
+        "--lease-duration",
+        "6s",
+        "--lease-renew-deadline",
+        "4s",
+        "--lease-retry-period",
+        "1s",
+    ]
+    .map(str::to_string)
+    .to_vec()
+}
+
+async fn create(client: &Client, ns: &str, name: &str) {
+    Api::<TenantCluster>::namespaced(client.clone(), ns)
+        .create(&PostParams::default(), &tenant_named(ns, name))
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn one_replica_leads_and_a_standby_takes_over_without_writing_before() {
+    install_crds_and_policies();
+    let ns = namespace("leader").await;
+    let c = ns.client.clone();
+    let _runtime = local_runtime_for(&ns);
+    let args = leader_args(&ns);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let a = format!("a-{}", ns.name);
+    let b = format!("b-{}", ns.name);
+    let mut replica_a = Replica::start(&ns, &a, &args);
+    wait_for_holder(&c, &ns.name, &a).await;
+    let replica_b = Replica::start(&ns, &b, &args);
+
+    // Both answer; the leader is ready once its caches are, the standby once it has read the Lease.
+    let a_ready = replica_a
+        .ready()
+        .await
+        .expect("the leader never became ready");
+    assert_eq!(a_ready.trim(), "leader: caches synced");
+    let b_ready = replica_b
+        .ready()
+        .await
+        .expect("the standby never became ready");
+    assert_eq!(
+        b_ready.trim(),
+        format!("standby: the Lease is held by {a:?}")
+    );
+    assert_eq!(replica_b.get("/healthz").await.unwrap().0, 200);
+    assert_eq!(replica_b.metric("tenantplane_leader").await, Some(0.0));
+    assert_eq!(replica_a.metric("tenantplane_leader").await, Some(1.0));
+
+    // The leader converges a tenant; its metrics show it.
+    create(&c, &ns.name, "one").await;
+    wait_for_phase(&c, &ns.name, "one", Phase::Ready).await;
+    let metrics = eventually(WAIT, || async {
+        let ready = replica_a
+            .metric("tenantplane_tenants{phase=\"Ready\"}")
+            .await?;
+        (ready == 1.0).then_some(())?;
+        replica_a.get("/metrics").await.map(|(_, body)| body)
+    })
+    .await
+    .expect("the leader's metrics never counted the Ready tenant");
+    let series = |prefix: &str| -> f64 {
+        metrics
+            .lines()
+            .filter_map(|l| l.strip_prefix(prefix))
+            .filter_map(|rest| rest.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    };
+    assert!(
+        series("tenantplane_reconciles_total{result=\"success\"") >= 1.0,
+        "{metrics}"
+    );
+    assert!(series("tenantplane_reconcile_duration_seconds_count{result=\"success\"}") >= 1.0);
+    let tenant_labels = format!("namespace=\"{}\",tenant=\"one\"", ns.name);
+    assert!(
+        series(&format!(
+            "tenantplane_sync_lag_seconds_count{{{tenant_labels}"
+        )) >= 1.0,
+        "no sync lag for the tenant in:\n{metrics}"
+    );
+    let admin_expiry = series(&format!(
+        "tenantplane_certificate_expiry_timestamp_seconds{{{tenant_labels},certificate=\"admin\"}}"
+    ));
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64();
+    assert!(
+        admin_expiry > now + 300.0 * 86400.0,
+        "admin certificate expiry {admin_expiry}"
+    );
+    for ca in ["server-ca", "client-ca", "request-header-ca"] {
+        let at = series(&format!(
+            "tenantplane_certificate_expiry_timestamp_seconds{{{tenant_labels},certificate=\"{ca}\"}}"
+        ));
+        assert!(at > now + 9.0 * 365.0 * 86400.0, "{ca} expiry {at}");
+    }
+
+    // A pod the host refuses counts as a sync error of kind Pod.
+    let tenant = tenant_client(&c, &ns.name, "one").await;
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "priv", "namespace": "default"},
+        "spec": {"containers": [{"name": "c", "image": "busybox", "securityContext": {"privileged": true}}]}
+    }))
+    .unwrap();
+    Api::<Pod>::namespaced(tenant, "default")
+        .create(&PostParams::default(), &pod)
+        .await
+        .unwrap();
+    let errors = format!(
+        "tenantplane_sync_errors_total{{{tenant_labels},kind=\"Pod\",reason=\"HostRejected\"}}"
+    );
+    let counted = eventually(WAIT, || async {
+        replica_a.metric(&errors).await.filter(|n| *n >= 1.0)
+    })
+    .await;
+    assert!(counted.is_some(), "no {errors}");
+
+    // Every line the leader logged inside a reconcile names the tenant.
+    let lines = replica_a.log_lines();
+    let in_reconcile: Vec<&Value> = lines
+        .iter()
+        .filter(|l| l["span"]["name"] == "reconcile")
+        .collect();
+    assert!(!in_reconcile.is_empty(), "no reconcile log lines");
+    for line in &in_reconcile {
+        assert_eq!(line["span"]["namespace"], ns.name.as_str(), "{line}");
+        assert_eq!(line["span"]["tenant"], "one", "{line}");
+    }
+    assert!(
+        lines
+            .iter()
+            .all(|l| l["level"].is_string() && l["timestamp"].is_string()),
+        "log lines without level or timestamp"
+    );
+
+    // The standby has not written anything.
+    assert_eq!(writes_by(&b), vec![], "the standby wrote");
+    assert!(
+        writes_by(&a)
+            .iter()
+            .any(|(verb, resource, _)| verb == "patch" && resource == "tenantclusters"),
+        "the audit log has no status write by the leader: {:?}",
+        writes_by(&a)
+    );
+
+    // Kill the leader: no release, so the standby waits out the Lease, takes over, and converges
+    // a tenant created meanwhile.
+    replica_a.signal("-KILL");
+    let killed = Instant::now();
+    let _ = replica_a.exit_code().await;
+    assert_eq!(
+        writes_by(&b),
+        vec![],
+        "the standby wrote before the leader died"
+    );
+    create(&c, &ns.name, "two").await;
+    let takeover = wait_for_holder(&c, &ns.name, &b).await;
+    wait_for_phase(&c, &ns.name, "two", Phase::Ready).await;
+    let converged = killed.elapsed();
+    eprintln!(
+        "leader killed: {b} held the Lease after {:.1}s and tenant two was Ready after {:.1}s (lease duration 6s)",
+        takeover.as_secs_f64(),
+        converged.as_secs_f64()
+    );
+    let b_writes = writes_by(&b);
+    assert_eq!(
+        (b_writes[0].0.as_str(), b_writes[0].1.as_str()),
+        ("update", "leases"),
+        "the new leader's first write must take the Lease: {b_writes:?}"
+    );
+    assert_eq!(replica_b.metric("tenantplane_leader").await, Some(1.0));
+    let transitions = Api::<Lease>::namespaced(c.clone(), &ns.name)
+        .get(LEASE)
+        .await
+        .unwrap()
+        .spec
+        .unwrap()
+        .lease_transitions;
+    assert_eq!(transitions, Some(2), "created by a, taken by b");
+
+    // SIGTERM: the leader finishes, releases the Lease and exits 0; the next replica leads at
+    // once instead of after the Lease duration.
+    let mut replica_b = replica_b;
+    replica_b.signal("-TERM");
+    assert_eq!(
+        replica_b.exit_code().await,
+        Some(0),
+        "{}",
+        replica_b.log_text()
+    );
+    assert_eq!(
+        holder(&c, &ns.name).await,
+        None,
+        "the Lease was not released"
+    );
+    let log = replica_b.log_text();
+    assert!(log.contains("SIGTERM: finishing in-flight work"), "{log}");
+    assert!(log.contains("released the leader Lease"), "{log}");
+    let c_id = format!("c-{}", ns.name);
+    let started = Instant::now();
+    let _replica_c = Replica::start(&ns, &c_id, &args);
+    wait_for_holder(&c, &ns.name, &c_id).await;
+    let after_release = started.elapsed();
+    eprintln!(
+        "after a graceful stop, a new replica held the released Lease {:.1}s after its start",
+        after_release.as_secs_f64()
+    );
+    create(&c, &ns.name, "three").await;
+    wait_for_phase(&c, &ns.name, "three", Phase::Ready).await;
+}
+
+/// Certificates issued for 40s and renewed 30s before they expire: the admin certificate is
+/// renewed about every 10s, the kubeconfig Secret rewritten, the CAs left alone.
+#[tokio::test]
+async fn short_lived_admin_certificates_are_renewed_before_they_expire() {
+    install_crds_and_policies();
+    let ns = namespace("certs").await;
+    let c = ns.client.clone();
+    let _runtime = local_runtime_for(&ns);
+    let _replica = Replica::start(
+        &ns,
+        &format!("certs-{}", ns.name),
+        &[
+            "--certificate-validity",
+            "40s",
+            "--renew-certificates-before",
+            "30s",
+        ],
+    );
+    create(&c, &ns.name, "dev").await;
+    wait_for_phase(&c, &ns.name, "dev", Phase::Ready).await;
+    let secrets: Api<Secret> = Api::namespaced(c.clone(), &ns.name);
+    let pki_before = secrets.get(&names::pki_secret("dev")).await.unwrap();
+    let admin_cert = |secret: &Secret| -> (String, String) {
+        let text = kubeconfig::stored_text(secret).unwrap();
+        let parsed = kubeconfig::parse(text).unwrap();
+        (parsed.client.cert_pem, parsed.ca_pem)
+    };
+    let first = admin_cert(&secrets.get(&names::kubeconfig_secret("dev")).await.unwrap());
+    let first_life = tenantplane_pki::lifetime(&first.0).unwrap();
+    assert_eq!(first_life.not_after - first_life.issued_at, 40);
+
+    // Two renewals in a row, each with a certificate that outlives the one before.
+    let mut previous = first.clone();
+    for round in 1..=2 {
+        let renewed = eventually(WAIT, || async {
+            let secret = secrets.get(&names::kubeconfig_secret("dev")).await.ok()?;
+            let now = admin_cert(&secret);
+            (now.0 != previous.0).then_some(now)
+        })
+        .await
+        .unwrap_or_else(|| panic!("renewal {round} never came"));
+        let before = tenantplane_pki::lifetime(&previous.0).unwrap();
+        let after = tenantplane_pki::lifetime(&renewed.0).unwrap();
+        assert!(after.not_after > before.not_after, "round {round}");
+        // Renewed while the old one was still valid, with at most 30s left.
+        assert!(
+            before.not_after - after.issued_at <= 31,
+            "round {round}: renewed too early"
+        );
+        assert!(
+            after.issued_at <= before.not_after,
+            "round {round}: renewed after expiry"
+        );
+        assert_eq!(
+            renewed.1, first.1,
+            "the server CA in the kubeconfig changed"
+        );
+        previous = renewed;
+    }
+    // The renewed kubeconfig works, and the CAs are the same Secret, untouched.
+    let tenant = tenant_client(&c, &ns.name, "dev").await;
+    tenant.apiserver_version().await.unwrap();
+    let pki_after = secrets.get(&names::pki_secret("dev")).await.unwrap();
+    assert_eq!(pki_after.resource_version(), pki_before.resource_version());
+    let events = Api::<Event>::namespaced(c.clone(), &ns.name)
+        .list(&ListParams::default())
+        .await
+        .unwrap();
+    let note = events
+        .items
+        .iter()
+        .filter(|e| e.reason.as_deref() == Some("KubeconfigRewritten"))
+        .find_map(|e| e.message.clone())
+        .expect("no KubeconfigRewritten Event");
+    assert!(note.contains("within the renewal window of 30s"), "{note}");
+    assert_eq!(
+        wait_for_phase(&c, &ns.name, "dev", Phase::Ready)
+            .await
+            .name_any(),
+        "dev"
+    );
+}
+
+/// The annotation rotates the admin certificate now, once, and goes away; the CAs stay.
+#[tokio::test]
+async fn the_rotate_annotation_issues_a_new_certificate_now() {
+    install_crds_and_policies();
+    let ns = namespace("rotate").await;
+    let c = ns.client.clone();
+    let _runtime = local_runtime_for(&ns);
+    let replica = Replica::start(&ns, &format!("rotate-{}", ns.name), &[]);
+    create(&c, &ns.name, "dev").await;
+    wait_for_phase(&c, &ns.name, "dev", Phase::Ready).await;
+    let secrets: Api<Secret> = Api::namespaced(c.clone(), &ns.name);
+    let pki_before = secrets.get(&names::pki_secret("dev")).await.unwrap();
+    let cert = |secret: &Secret| {
+        kubeconfig::parse(kubeconfig::stored_text(secret).unwrap())
+            .unwrap()
+            .client
+            .cert_pem
+    };
+    let before = cert(&secrets.get(&names::kubeconfig_secret("dev")).await.unwrap());
+    // Let the first certificate age past the debounce of a repeated request.
+    tokio::time::sleep(Duration::from_secs(16)).await;
+
+    let tenants: Api<TenantCluster> = Api::namespaced(c.clone(), &ns.name);
+    tenants
+        .patch(
+            "dev",
+            &PatchParams::default(),
+            &Patch::Merge(
+                json!({"metadata": {"annotations": {names::ROTATE_CERTIFICATES: "now"}}}),
+            ),
+        )
+        .await
+        .unwrap();
+    let after = eventually(WAIT, || async {
+        let tc = tenants.get("dev").await.ok()?;
+        if tc.annotations().contains_key(names::ROTATE_CERTIFICATES) {
+            return None;
+        }
+        let now = cert(&secrets.get(&names::kubeconfig_secret("dev")).await.ok()?);
+        (now != before).then_some(now)
+    })
+    .await
+    .expect("the annotation never rotated the certificate and went away");
+    let life = tenantplane_pki::lifetime(&after).unwrap();
+    assert_eq!(life.not_after - life.issued_at, 365 * 86400);
+    // Once: a few more reconciles leave it as it is.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(
+        cert(&secrets.get(&names::kubeconfig_secret("dev")).await.unwrap()),
+        after
+    );
+    let pki_after = secrets.get(&names::pki_secret("dev")).await.unwrap();
+    assert_eq!(pki_after.resource_version(), pki_before.resource_version());
+    let rotated = Api::<Event>::namespaced(c.clone(), &ns.name)
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some("CertificatesRotated"))
+        .count();
+    assert_eq!(rotated, 1, "one CertificatesRotated Event");
+    // The metric follows the new certificate.
+    let series = format!(
+        "tenantplane_certificate_expiry_timestamp_seconds{{namespace=\"{}\",tenant=\"dev\",certificate=\"admin\"}}",
+        ns.name
+    );
+    let exported = eventually(WAIT, || async {
+        replica
+            .metric(&series)
+            .await
+            .filter(|at| *at as i64 == life.not_after)
+    })
+    .await;
+    assert!(exported.is_some(), "{series} is not {}", life.not_after);
+    tenant_client(&c, &ns.name, "dev")
+        .await
+        .apiserver_version()
+        .await
+        .unwrap();
+}
