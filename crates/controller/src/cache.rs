@@ -46,6 +46,8 @@ pub struct Caches {
     pub quotas: Store<ResourceQuota>,
     pub limit_ranges: Store<LimitRange>,
     pub pods: Store<Pod>,
+    /// True once every store above holds its first list (see [`Caches::ready`]).
+    ready: tokio::sync::watch::Receiver<bool>,
 }
 
 /// The watch streams behind [`Caches`]; the controller polls them.
@@ -95,19 +97,41 @@ pub fn watch(client: &Client, namespace: Option<&str>) -> (Caches, Triggers) {
     let (quotas, t_quotas) = cached(scoped(client, namespace), owned());
     let (limit_ranges, t_limits) = cached(scoped(client, namespace), owned());
     let (pods, t_pods) = cached(scoped(client, namespace), owned());
+    let (ready_tx, ready) = tokio::sync::watch::channel(false);
+    let caches = Caches {
+        namespaces,
+        profiles,
+        sync_policies,
+        statefulsets,
+        services,
+        secrets,
+        network_policies,
+        quotas,
+        limit_ranges,
+        pods,
+        ready,
+    };
+    // A store's readiness wakes only the last of several concurrent waiters (its signal is a
+    // oneshot channel, which keeps one waker), so exactly one task waits on the stores and
+    // publishes the result where any number of reconciles can wait.
+    let stores = caches.clone();
+    tokio::spawn(async move {
+        let _ = futures::join!(
+            stores.namespaces.wait_until_ready(),
+            stores.profiles.wait_until_ready(),
+            stores.sync_policies.wait_until_ready(),
+            stores.statefulsets.wait_until_ready(),
+            stores.services.wait_until_ready(),
+            stores.secrets.wait_until_ready(),
+            stores.network_policies.wait_until_ready(),
+            stores.quotas.wait_until_ready(),
+            stores.limit_ranges.wait_until_ready(),
+            stores.pods.wait_until_ready(),
+        );
+        let _ = ready_tx.send(true);
+    });
     (
-        Caches {
-            namespaces,
-            profiles,
-            sync_policies,
-            statefulsets,
-            services,
-            secrets,
-            network_policies,
-            quotas,
-            limit_ranges,
-            pods,
-        },
+        caches,
         Triggers {
             namespaces: t_namespaces,
             profiles: t_profiles,
@@ -125,20 +149,10 @@ pub fn watch(client: &Client, namespace: Option<&str>) -> (Caches, Triggers) {
 
 impl Caches {
     /// Wait until every cache holds its first full list, so a reconcile never mistakes "not yet
-    /// listed" for "missing".
+    /// listed" for "missing". Any number of callers may wait at once.
     pub async fn ready(&self) {
-        let _ = futures::join!(
-            self.namespaces.wait_until_ready(),
-            self.profiles.wait_until_ready(),
-            self.sync_policies.wait_until_ready(),
-            self.statefulsets.wait_until_ready(),
-            self.services.wait_until_ready(),
-            self.secrets.wait_until_ready(),
-            self.network_policies.wait_until_ready(),
-            self.quotas.wait_until_ready(),
-            self.limit_ranges.wait_until_ready(),
-            self.pods.wait_until_ready(),
-        );
+        let mut ready = self.ready.clone();
+        let _ = ready.wait_for(|r| *r).await;
     }
 }
 

@@ -162,11 +162,9 @@ pub async fn run(
     });
     tokio::spawn({
         let caches = caches.clone();
-        let store = store.clone();
         let readiness = telemetry.readiness.clone();
         async move {
             caches.ready().await;
-            let _ = store.wait_until_ready().await;
             readiness.set_caches_ready(true);
         }
     });
@@ -183,6 +181,7 @@ pub async fn run(
         options,
         caches,
     });
+    let syncers = context.syncers.clone();
     controller
         .owns_stream(triggers.statefulsets)
         .owns_stream(triggers.services)
@@ -215,7 +214,12 @@ pub async fn run(
             }
         })
         .await;
+    // Shut down: the reconciles in flight have finished; let the syncers finish theirs.
+    syncers.shutdown(SYNCER_GRACE).await;
 }
+
+/// How long the syncers may take to finish what they are converging at shutdown.
+const SYNCER_GRACE: Duration = Duration::from_secs(10);
 
 fn error_policy(tc: Arc<TenantCluster>, error: &Error, _: Arc<Context>) -> Action {
     warn!(tenant = %tc.name_any(), namespace = ?tc.namespace(), category = error.category(), error = %error, "reconcile error; retrying");
@@ -505,6 +509,7 @@ async fn apply_tenant(tc: &TenantCluster, ctx: &Context) -> Result<Action, Error
         }
     };
 
+    tracing::debug!("control plane Ready");
     // Kubeconfig: renewed before its certificate expires, or now when the annotation asks.
     let rotate = tc.annotations().contains_key(names::ROTATE_CERTIFICATES);
     let (kubeconfig, renew_at) = ensure_kubeconfig(ctx, &tc, &secrets, &pki, rotate).await?;
@@ -528,10 +533,12 @@ async fn apply_tenant(tc: &TenantCluster, ctx: &Context) -> Result<Action, Error
         Ok(c) => c,
         Err(detail) => return finish(ctx, &tc, Progress::Unreachable(detail)).await,
     };
+    tracing::debug!(%server, "asking the tenant for its version");
     let version = match tenant_client.apiserver_version().await {
         Ok(info) => info.git_version,
         Err(e) => return finish(ctx, &tc, Progress::Unreachable(format!("{server}: {e}"))).await,
     };
+    tracing::debug!(%version, "the tenant answered");
     // Sync: the tenant's syncer runs continuously; its verdict is the Synced condition.
     let watch_client = match ctx
         .options

@@ -403,6 +403,10 @@ async fn one_replica_leads_and_a_standby_takes_over_without_writing_before() {
     let log = replica_b.log_text();
     assert!(log.contains("SIGTERM: finishing in-flight work"), "{log}");
     assert!(log.contains("released the leader Lease"), "{log}");
+    assert!(
+        log.contains("syncers stopped, each after finishing the objects in hand"),
+        "{log}"
+    );
     let c_id = format!("c-{}", ns.name);
     let started = Instant::now();
     let _replica_c = Replica::start(&ns, &c_id, &args);

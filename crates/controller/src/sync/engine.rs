@@ -201,6 +201,7 @@ pub async fn supervise(
     health: watch::Sender<Health>,
     notify: impl Fn() + Send + Sync + 'static,
     metrics: Arc<Metrics>,
+    stop: watch::Receiver<bool>,
 ) {
     let reporter = Verdicts {
         health: Arc::new(health),
@@ -217,9 +218,12 @@ pub async fn supervise(
             tenant.clone(),
             host.clone(),
             reporter.clone(),
+            stop.clone(),
         )));
         let why = match (&mut engine.0).await {
             Ok(Ok(())) => return,
+            // Stopping: whatever ended it, do not start again.
+            _ if *stop.borrow() => return,
             Ok(Err(why)) => why,
             Err(e) if e.is_panic() => format!("it panicked: {e}"),
             Err(_) => return,
@@ -368,7 +372,14 @@ async fn run(
     tenant: Client,
     host: Client,
     reporter: Verdicts,
+    stop: watch::Receiver<bool>,
 ) -> Result<(), String> {
+    let stopped = || {
+        let mut stop = stop.clone();
+        async move {
+            let _ = stop.wait_for(|s| *s).await;
+        }
+    };
     // Failures of an earlier run name objects that may be gone; this run finds them again.
     reporter.health.send_modify(|h| h.errors.clear());
     let policy = spec.policy.clone();
@@ -652,7 +663,10 @@ async fn run(
     let start = {
         let engine = engine.clone();
         async move {
-            engine.wait_ready().await;
+            tokio::select! {
+                () = engine.wait_ready() => {}
+                () = stopped() => return,
+            }
             engine.reporter.health.send_modify(|h| {
                 h.ready = true;
                 h.crashed = None;
@@ -673,10 +687,21 @@ async fn run(
                     engine.enqueue_everything();
                 }
             };
-            futures::join!(futures::future::join_all(workers), resync);
+            // Asked to stop: hand out no more keys; each worker finishes the key it holds.
+            let resync_until_stopped = async {
+                tokio::select! {
+                    () = resync => {}
+                    () = stopped() => engine.queue.close(),
+                }
+            };
+            futures::join!(futures::future::join_all(workers), resync_until_stopped);
         }
     };
-    futures::join!(watches, start);
+    // The watches run until the engine is dropped; the workers until it is asked to stop.
+    tokio::select! {
+        _ = watches => {}
+        () = start => {}
+    }
     Ok(())
 }
 

@@ -150,6 +150,8 @@ pub struct SyncerSpec {
 
 struct Running {
     spec: SyncerSpec,
+    /// Set to ask the engine to finish the keys in hand and stop.
+    stop: watch::Sender<bool>,
     health: watch::Receiver<Health>,
     task: tokio::task::JoinHandle<()>,
     /// Since when its watches fail although the tenant answers the operator.
@@ -229,6 +231,7 @@ impl Syncers {
                         info!(tenant = %spec.tenant, namespace = %spec.host_namespace, "starting the syncer");
                     }
                     let (tx, rx) = watch::channel(Health::default());
+                    let (stop, stop_rx) = watch::channel(false);
                     let notify = self.notify.clone();
                     let target =
                         ObjectRef::<TenantCluster>::new(&spec.tenant).within(&spec.host_namespace);
@@ -242,6 +245,7 @@ impl Syncers {
                                 let _ = notify.unbounded_send(target.clone());
                             },
                             self.metrics.clone(),
+                            stop_rx,
                         )
                         .instrument(tracing::info_span!(
                             "syncer",
@@ -253,6 +257,7 @@ impl Syncers {
                         key,
                         Running {
                             spec,
+                            stop,
                             health: rx.clone(),
                             task,
                             watches_failing_since: None,
@@ -266,6 +271,25 @@ impl Syncers {
             let _ = tokio::time::timeout(FIRST_LIST_WAIT, health.wait_for(|h| h.ready)).await;
         }
         health.borrow().verdict(&policy)
+    }
+
+    /// Stop every syncer gracefully (on shutdown): each finishes the objects it is converging,
+    /// for at most `grace`; what is left then is aborted, and picked up by the next leader.
+    pub async fn shutdown(&self, grace: Duration) {
+        let mut running: Vec<Running> = self.lock().drain().map(|(_, r)| r).collect();
+        for r in &running {
+            let _ = r.stop.send(true);
+        }
+        let count = running.len();
+        let all = futures::future::join_all(running.iter_mut().map(|r| &mut r.task));
+        match tokio::time::timeout(grace, all).await {
+            Ok(_) => info!(
+                count,
+                "syncers stopped, each after finishing the objects in hand"
+            ),
+            Err(_) => warn!(count, "syncers still busy after {grace:?}; stopping them"),
+        }
+        // Dropping aborts any still running.
     }
 
     /// Is a syncer running for this tenant?
