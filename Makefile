@@ -29,7 +29,7 @@ bench-sync: N ?= 1000
 bench-sync: testenv
 	N=$(N) $(CARGO) bench -p tenantplane --locked --bench sync
 
-## testenv: build etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubectl and kwok
+## testenv: build etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, kwok and helm
 testenv:
 	@bash testenv/build.sh >/dev/null
 
