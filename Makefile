@@ -38,9 +38,10 @@ lint:
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets --locked -- -D warnings
 
-## crds: regenerate deploy/crds from the Rust types
+## crds: regenerate deploy/crds and the Helm chart's copy (charts/tenantplane/crds) from the Rust types
 crds:
 	$(CARGO) run -q -p tenantplane --locked -- crds --out deploy/crds
+	$(CARGO) run -q -p tenantplane --locked -- crds --out charts/tenantplane/crds
 
 ## build: the tenantplane binary
 build:
