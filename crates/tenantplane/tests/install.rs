@@ -220,26 +220,46 @@ fn the_chart_can_leave_out_the_policies() {
     );
 }
 
+fn file_arg(path: &str) -> String {
+    format!("--filename={}", repo_path(path).display())
+}
+
+/// The README's install steps on this binary's control plane, once, before any other test here
+/// touches it: the CRDs and the namespace (deploy/operator/deployment.yaml sorts before
+/// namespace.yaml), until the CRDs are established; then deploy/operator and deploy/policies.
+/// Returns what the last `kubectl apply` printed.
+fn install_as_the_readme_says() -> &'static str {
+    static APPLIED: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    APPLIED.get_or_init(|| {
+        kubectl(&[
+            "apply",
+            "--server-side",
+            &file_arg("deploy/crds"),
+            &file_arg("deploy/operator/namespace.yaml"),
+        ])
+        .expect("the CRDs and the namespace apply");
+        kubectl(&[
+            "wait",
+            "--for=condition=Established",
+            "--timeout=60s",
+            "crd/tenantclusters.tenantplane.io",
+            "crd/isolationprofiles.tenantplane.io",
+            "crd/syncpolicies.tenantplane.io",
+        ])
+        .expect("the CRDs become established");
+        kubectl(&[
+            "apply",
+            "--server-side",
+            &file_arg("deploy/operator"),
+            &file_arg("deploy/policies"),
+        ])
+        .expect("deploy/operator and deploy/policies apply")
+    })
+}
+
 #[tokio::test]
 async fn the_plain_manifests_install_and_the_operator_pods_are_admitted() {
-    let dir = |d: &str| format!("--filename={}", repo_path(d).display());
-    kubectl(&["apply", "--server-side", &dir("deploy/crds")]).expect("the CRDs apply");
-    kubectl(&[
-        "wait",
-        "--for=condition=Established",
-        "--timeout=60s",
-        "crd/tenantclusters.tenantplane.io",
-        "crd/isolationprofiles.tenantplane.io",
-        "crd/syncpolicies.tenantplane.io",
-    ])
-    .expect("the CRDs become established");
-    let applied = kubectl(&[
-        "apply",
-        "--server-side",
-        &dir("deploy/operator"),
-        &dir("deploy/policies"),
-    ])
-    .expect("deploy/operator and deploy/policies apply");
+    let applied = install_as_the_readme_says();
     for object in [
         "namespace/tenantplane-system",
         "serviceaccount/tenantplane",
@@ -327,7 +347,9 @@ fn the_rbac_names_every_resource_and_verb() {
 
 #[tokio::test]
 async fn the_operator_service_account_has_its_rights_and_is_not_an_admin() {
-    operator::token(); // applies namespace, ServiceAccount and RBAC
+    // The CRDs first: kubectl auth can-i finds the TenantPlane resources through discovery.
+    install_as_the_readme_says();
+    operator::token(); // applies namespace, ServiceAccount and RBAC again, harmlessly
     // Everything rbac.yaml grants, granted to the ServiceAccount.
     let check = |rule: &PolicyRule, ns: Option<&str>| {
         for group in rule.api_groups.iter().flatten() {
