@@ -29,7 +29,7 @@ bench-sync: N ?= 1000
 bench-sync: testenv
 	N=$(N) $(CARGO) bench -p tenantplane --locked --bench sync
 
-## testenv: build etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubectl and kwok
+## testenv: build etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, kwok and helm
 testenv:
 	@bash testenv/build.sh >/dev/null
 
@@ -38,9 +38,10 @@ lint:
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets --locked -- -D warnings
 
-## crds: regenerate deploy/crds from the Rust types
+## crds: regenerate deploy/crds and the Helm chart's copy (charts/tenantplane/crds) from the Rust types
 crds:
 	$(CARGO) run -q -p tenantplane --locked -- crds --out deploy/crds
+	$(CARGO) run -q -p tenantplane --locked -- crds --out charts/tenantplane/crds
 
 ## build: the tenantplane binary
 build:

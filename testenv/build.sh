@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
-# Build the test control plane binaries (etcd, kube-apiserver,
-# kube-controller-manager, kube-scheduler, kubectl, kwok) from the Go modules
-# in this directory, with the machine's Go, into a content-addressed cache:
+# Build the test binaries (etcd, kube-apiserver, kube-controller-manager,
+# kube-scheduler, kubectl, kwok, helm) from the Go modules in this directory,
+# with the machine's Go, into a content-addressed cache:
 #
 #   ${TENANTPLANE_CACHE:-$HOME/.cache/tenantplane}/testenv/<key>/bin/
 #
-# <key> is a short hash of every go.mod/go.sum here, this script and
-# `go version`, so any change to them yields a fresh directory.  A complete
-# directory is never rebuilt; a build happens in a temporary directory that is
-# renamed into place only once every binary is there.
+# Each module (etcd/, kube/, kwok/, helm/) is built into a folder of its own,
+# mod-<module>-<module key>, where the module key hashes that module's go.mod
+# and go.sum, its components, the build recipe below and `go version`; so a
+# change to one module rebuilds only that module. <key> hashes the module
+# keys; its bin/ holds hard links to every binary. A complete folder is never
+# rebuilt; builds happen in temporary folders renamed into place only once
+# every binary is there.
 #
 # Usage:
 #   build.sh            build if needed; progress on stderr, bin dir on stdout
@@ -21,7 +24,7 @@ TESTENV_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 CACHE_ROOT="${TENANTPLANE_CACHE:-$HOME/.cache/tenantplane}"
 HEARTBEAT_SECS="${TESTENV_HEARTBEAT_SECS:-30}"
 
-# binary name | module dir | package
+# binary | module dir | package
 COMPONENTS=(
   "etcd|etcd|go.etcd.io/etcd/server/v3"
   "kube-apiserver|kube|k8s.io/kubernetes/cmd/kube-apiserver"
@@ -29,7 +32,9 @@ COMPONENTS=(
   "kube-scheduler|kube|k8s.io/kubernetes/cmd/kube-scheduler"
   "kubectl|kube|k8s.io/kubernetes/cmd/kubectl"
   "kwok|kwok|sigs.k8s.io/kwok/cmd/kwok"
+  "helm|helm|helm.sh/helm/v3/cmd/helm"
 )
+MODULES=(etcd kube kwok helm)
 
 log() { printf 'testenv: %s\n' "$*" >&2; }
 die() { log "error: $*"; exit 1; }
@@ -44,39 +49,92 @@ fi
 export GOTOOLCHAIN=local   # never download another toolchain
 export GOFLAGS=-mod=readonly
 export CGO_ENABLED=0
+GO_VERSION="$("$GO" version)"
 
-compute_key() {
+# The build recipe: the link flags of one module's binaries. Its text is part of every module
+# key, so a change here rebuilds everything; a change elsewhere in this script rebuilds nothing.
+module_ldflags() {
+  local moddir="$1" version pkg
+  local flags="-s -w"
+  case "$moddir" in
+    kube)
+      # Version stamps for the Kubernetes binaries (otherwise v0.0.0-master).
+      version="$(cd "$TESTENV_DIR/kube" && "$GO" list -m -f '{{.Version}}' k8s.io/kubernetes)"
+      [[ "$version" =~ ^v([0-9]+)\.([0-9]+)\. ]] || die "unexpected k8s.io/kubernetes version: $version"
+      for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+        flags+=" -X $pkg.gitVersion=$version"
+        flags+=" -X $pkg.gitMajor=${BASH_REMATCH[1]} -X $pkg.gitMinor=${BASH_REMATCH[2]}"
+        flags+=" -X $pkg.gitTreeState=clean"
+      done
+      ;;
+    helm)
+      version="$(cd "$TESTENV_DIR/helm" && "$GO" list -m -f '{{.Version}}' helm.sh/helm/v3)"
+      flags+=" -X helm.sh/helm/v3/internal/version.version=$version"
+      ;;
+  esac
+  printf '%s' "$flags"
+}
+
+module_components() {
+  local c m
+  for c in "${COMPONENTS[@]}"; do
+    IFS='|' read -r _ m _ <<<"$c"
+    if [[ "$m" == "$1" ]]; then printf '%s\n' "$c"; fi
+  done
+}
+
+module_key() {
+  local moddir="$1"
   {
-    printf 'go-version %s\n' "$("$GO" version)"
-    local f
-    for f in build.sh etcd/go.mod etcd/go.sum kube/go.mod kube/go.sum kwok/go.mod kwok/go.sum; do
-      printf 'file %s\n' "$f"
-      cat "$TESTENV_DIR/$f"
-    done
+    printf 'go-version %s\n' "$GO_VERSION"
+    printf 'env CGO_ENABLED=%s GOFLAGS=%s\n' "$CGO_ENABLED" "$GOFLAGS"
+    printf 'go build -trimpath\n'
+    declare -f module_ldflags
+    module_components "$moddir"
+    printf 'file go.mod\n'
+    cat "$TESTENV_DIR/$moddir/go.mod"
+    printf 'file go.sum\n'
+    cat "$TESTENV_DIR/$moddir/go.sum"
   } | sha256sum | cut -c1-16
 }
 
-KEY="$(compute_key)"
+declare -A MOD_DIR
+KEY_INPUT=""
+for m in "${MODULES[@]}"; do
+  k="$(module_key "$m")"
+  MOD_DIR[$m]="$CACHE_ROOT/testenv/mod-$m-$k"
+  KEY_INPUT+="$m $k"$'\n'
+done
+KEY="$(printf '%s' "$KEY_INPUT" | sha256sum | cut -c1-16)"
 KEY_DIR="$CACHE_ROOT/testenv/$KEY"
 BIN_DIR="$KEY_DIR/bin"
 
-is_complete() {
-  local dir="$1" c
+# has_all DIR [MODULE]: DIR holds .complete and every binary (of MODULE, or of all).
+has_all() {
+  local dir="$1" moddir="${2:-}" c name m
   [[ -f "$dir/.complete" ]] || return 1
   for c in "${COMPONENTS[@]}"; do
-    [[ -x "$dir/${c%%|*}" ]] || return 1
+    IFS='|' read -r name m _ <<<"$c"
+    if [[ -n "$moddir" && "$m" != "$moddir" ]]; then continue; fi
+    [[ -x "$dir/$name" ]] || return 1
   done
 }
 
 case "${1:-}" in
   --bin-dir) printf '%s\n' "$BIN_DIR"; exit 0 ;;
   "") ;;
-  -h|--help) sed -n '2,17p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+  -h|--help) sed -n '2,20p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
   *) die "unknown argument: $1 (try --help)" ;;
 esac
 
-if is_complete "$BIN_DIR"; then
+touch_used() {
+  local m
   touch "$KEY_DIR/.last-used" 2>/dev/null || true
+  for m in "${MODULES[@]}"; do touch "${MOD_DIR[$m]}/.last-used" 2>/dev/null || true; done
+}
+
+if has_all "$BIN_DIR"; then
+  touch_used
   printf '%s\n' "$BIN_DIR"
   exit 0
 fi
@@ -89,14 +147,13 @@ if command -v flock >/dev/null 2>&1; then
     log "another build holds $CACHE_ROOT/testenv/.build.lock; waiting"
     flock 9
   fi
-  if is_complete "$BIN_DIR"; then
+  if has_all "$BIN_DIR"; then
     printf '%s\n' "$BIN_DIR"
     exit 0
   fi
 fi
 
-TMP_DIR="$(mktemp -d "$CACHE_ROOT/testenv/.tmp-$KEY.XXXXXX")"
-chmod 755 "$TMP_DIR"
+TMP_DIR=""
 HEARTBEAT_PID=""
 BUILD_PID=""
 cleanup() {
@@ -105,76 +162,96 @@ cleanup() {
     if [[ -n "$p" ]]; then kill "$p" 2>/dev/null || true; fi
   done
   if [[ -n "$BUILD_PID" ]]; then wait "$BUILD_PID" 2>/dev/null || true; fi
-  rm -rf "$TMP_DIR"
+  if [[ -n "$TMP_DIR" ]]; then rm -rf "$TMP_DIR"; fi
 }
 trap cleanup EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
 
-# Version stamps for the Kubernetes binaries (otherwise v0.0.0-master).
-KUBE_VERSION="$(cd "$TESTENV_DIR/kube" && "$GO" list -m -f '{{.Version}}' k8s.io/kubernetes)"
-[[ "$KUBE_VERSION" =~ ^v([0-9]+)\.([0-9]+)\. ]] || die "unexpected k8s.io/kubernetes version: $KUBE_VERSION"
-KUBE_LDFLAGS=""
-for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
-  KUBE_LDFLAGS+=" -X $pkg.gitVersion=$KUBE_VERSION"
-  KUBE_LDFLAGS+=" -X $pkg.gitMajor=${BASH_REMATCH[1]} -X $pkg.gitMinor=${BASH_REMATCH[2]}"
-  KUBE_LDFLAGS+=" -X $pkg.gitTreeState=clean"
+# What is missing: the components of every module whose folder is not complete.
+TODO=()
+for m in "${MODULES[@]}"; do
+  if ! has_all "${MOD_DIR[$m]}" "$m"; then
+    while IFS= read -r c; do TODO+=("$c"); done < <(module_components "$m")
+  fi
 done
 
-log "building into $BIN_DIR ($("$GO" version | cut -d' ' -f3), kubernetes $KUBE_VERSION)"
 START=$SECONDS
-total=${#COMPONENTS[@]}
+log "building into $BIN_DIR ($(printf '%s' "$GO_VERSION" | cut -d' ' -f3); ${#TODO[@]} of ${#COMPONENTS[@]} binaries to build)"
+total=${#TODO[@]}
 i=0
-for c in "${COMPONENTS[@]}"; do
-  i=$((i + 1))
-  IFS='|' read -r name moddir pkg <<<"$c"
-  log "building $name ($i/$total)… [$((SECONDS - START))s elapsed]"
-  ldflags="-s -w"
-  [[ "$moddir" == kube ]] && ldflags+="$KUBE_LDFLAGS"
-  (
-    exec 9>&- # do not hold the build lock
-    n=0
-    while sleep 1; do
-      n=$((n + 1))
-      if ((n % HEARTBEAT_SECS == 0)); then
-        log "  still building $name ($i/$total)… [$((SECONDS - START))s elapsed]"
-      fi
-    done
-  ) &
-  HEARTBEAT_PID=$!
-  # In the background so that a signal to this script is handled at once
-  # (bash defers traps until a foreground child exits); cleanup kills it.
-  (cd "$TESTENV_DIR/$moddir" && exec "$GO" build -trimpath -ldflags="$ldflags" -o "$TMP_DIR/bin/$name" "$pkg") &
-  BUILD_PID=$!
-  wait "$BUILD_PID" || die "go build of $name failed"
-  BUILD_PID=""
-  kill "$HEARTBEAT_PID" 2>/dev/null || true
-  wait "$HEARTBEAT_PID" 2>/dev/null || true
-  HEARTBEAT_PID=""
+for m in "${MODULES[@]}"; do
+  if has_all "${MOD_DIR[$m]}" "$m"; then
+    log "module $m is cached: ${MOD_DIR[$m]}"
+    continue
+  fi
+  TMP_DIR="$(mktemp -d "$CACHE_ROOT/testenv/.tmp-mod-$m.XXXXXX")"
+  chmod 755 "$TMP_DIR"
+  ldflags="$(module_ldflags "$m")"
+  while IFS='|' read -r name moddir pkg; do
+    i=$((i + 1))
+    log "building $name ($i/$total)… [$((SECONDS - START))s elapsed]"
+    (
+      exec 9>&- # do not hold the build lock
+      n=0
+      while sleep 1; do
+        n=$((n + 1))
+        if ((n % HEARTBEAT_SECS == 0)); then
+          log "  still building $name ($i/$total)… [$((SECONDS - START))s elapsed]"
+        fi
+      done
+    ) &
+    HEARTBEAT_PID=$!
+    # In the background so that a signal to this script is handled at once
+    # (bash defers traps until a foreground child exits); cleanup kills it.
+    (cd "$TESTENV_DIR/$moddir" && exec "$GO" build -trimpath -ldflags="$ldflags" -o "$TMP_DIR/$name" "$pkg") &
+    BUILD_PID=$!
+    wait "$BUILD_PID" || die "go build of $name failed"
+    BUILD_PID=""
+    kill "$HEARTBEAT_PID" 2>/dev/null || true
+    wait "$HEARTBEAT_PID" 2>/dev/null || true
+    HEARTBEAT_PID=""
+  done < <(module_components "$m")
+  {
+    printf 'module %s\n' "$m"
+    printf 'go %s\n' "$GO_VERSION"
+    printf 'ldflags %s\n' "$ldflags"
+    printf 'built %s\n' "$(date -u +%Y-%m-%dT%H:%M:%SZ)"
+  } >"$TMP_DIR/.complete"
+  # Atomic publish: rename the finished temp dir into place.
+  rm -rf "${MOD_DIR[$m]}"
+  mv -T "$TMP_DIR" "${MOD_DIR[$m]}"
+  TMP_DIR=""
 done
 
+# The bin dir: hard links to every module's binaries (copies across file systems).
+TMP_DIR="$(mktemp -d "$CACHE_ROOT/testenv/.tmp-$KEY.XXXXXX")"
+chmod 755 "$TMP_DIR"
+mkdir "$TMP_DIR/bin"
+for c in "${COMPONENTS[@]}"; do
+  IFS='|' read -r name m _ <<<"$c"
+  ln "${MOD_DIR[$m]}/$name" "$TMP_DIR/bin/$name" 2>/dev/null ||
+    cp "${MOD_DIR[$m]}/$name" "$TMP_DIR/bin/$name"
+done
 {
   printf 'key %s\n' "$KEY"
-  printf 'go %s\n' "$("$GO" version)"
-  printf 'kubernetes %s\n' "$KUBE_VERSION"
+  printf '%s' "$KEY_INPUT" | sed 's/^/module /'
+  printf 'go %s\n' "$GO_VERSION"
   printf 'built %s\n' "$(date -u +%Y-%m-%dT%H:%M:%SZ)"
 } >"$TMP_DIR/bin/.complete"
-
-# Atomic publish: rename the finished temp dir into place.
 rm -rf "$KEY_DIR"
 mv -T "$TMP_DIR" "$KEY_DIR"
-touch "$KEY_DIR/.last-used"
+TMP_DIR=""
+touch_used
 
-# Prune other keys unused for 3 days and temp dirs of killed builds.
+# Prune folders unused for 3 days and temp dirs of killed builds.
 find "$CACHE_ROOT/testenv" -mindepth 1 -maxdepth 1 -type d -name '.tmp-*' -mmin +1440 \
   -exec rm -rf {} + 2>/dev/null || true
 for d in "$CACHE_ROOT"/testenv/*/; do
   d="${d%/}"
-  [[ "$d" == "$KEY_DIR" ]] && continue
-  if [[ -z "$(find "$d" -maxdepth 1 -name .last-used -mmin -4320 2>/dev/null)" ]]; then
-    log "pruning unused $d"
-    rm -rf "$d"
-  fi
+  [[ -n "$(find "$d" -maxdepth 1 -name .last-used -mmin -4320 2>/dev/null)" ]] && continue
+  log "pruning unused $d"
+  rm -rf "$d"
 done
 log "done in $((SECONDS - START))s: $BIN_DIR ($(du -sh "$BIN_DIR" | cut -f1))"
 printf '%s\n' "$BIN_DIR"

@@ -62,25 +62,28 @@ pub fn crds_yaml() -> Result<String, serde_yaml::Error> {
 mod tests {
     use super::*;
 
-    /// `make crds` rewrites deploy/crds; this fails when someone changed the types and did not.
+    /// `make crds` rewrites deploy/crds and the Helm chart's copy; this fails when someone changed
+    /// the types and did not, or edited one copy.
     #[test]
     fn committed_crds_match_the_types() {
-        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/crds");
-        for (name, expected) in crd_files().unwrap() {
-            let path = dir.join(&name);
-            let committed = std::fs::read_to_string(&path).unwrap_or_default();
-            assert!(
-                committed == expected,
-                "{} is stale or missing: run `make crds` and commit the result",
-                path.display()
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+        for folder in ["deploy/crds", "charts/tenantplane/crds"] {
+            let dir = root.join(folder);
+            for (name, expected) in crd_files().unwrap() {
+                let path = dir.join(&name);
+                let committed = std::fs::read_to_string(&path).unwrap_or_default();
+                assert!(
+                    committed == expected,
+                    "{folder}/{name} is stale or missing: run `make crds` and commit the result"
+                );
+            }
+            let files = std::fs::read_dir(&dir).map(|d| d.count()).unwrap_or(0);
+            assert_eq!(
+                files,
+                crds().len(),
+                "{folder} holds files that no type generates: run `make crds`, remove the others"
             );
         }
-        let files = std::fs::read_dir(&dir).unwrap().count();
-        assert_eq!(
-            files,
-            crds().len(),
-            "deploy/crds holds files that no type generates"
-        );
     }
 
     #[test]

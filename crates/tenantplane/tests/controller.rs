@@ -15,8 +15,10 @@ use kube::api::{Api, DeleteParams, PostParams};
 use tenantplane_api::conditions::{MODE_SUPPORTED, READY, SYNCED};
 use tenantplane_api::{IsolationProfile, Phase, TenantCluster, TenantMode};
 use tenantplane_controller::{Connector, names};
-use tenantplane_testenv::kubeconfig::{RequestCounter, counting_client};
-use tenantplane_testenv::{eventually, install_crds_and_policies, namespace, repo_path, shared};
+use tenantplane_testenv::kubeconfig::{RequestCounter, counting};
+use tenantplane_testenv::{
+    eventually, install_crds_and_policies, namespace, operator, repo_path, shared,
+};
 
 #[tokio::test]
 async fn the_seed_lifecycle_from_apply_to_deletion() {
@@ -464,9 +466,8 @@ async fn a_reconcile_with_nothing_changed_writes_nothing() {
     install_crds_and_policies();
     let ns = namespace("no-writes").await;
     let counter = std::sync::Arc::new(RequestCounter::default());
-    let client = counting_client(shared().kubeconfig_path(), counter.clone())
-        .await
-        .unwrap();
+    // Counting what the operator sends as its ServiceAccount.
+    let client = counting(operator::config(), counter.clone()).unwrap();
     let operator = start_operator_with(&ns, client);
     example_ready(&ns).await;
     let (_, creation) = counter.get();

@@ -1,4 +1,4 @@
-//! Finding the control-plane binaries that `make testenv` builds into the cache.
+//! Finding the binaries that `make testenv` builds into the cache: the control plane's and helm.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -14,6 +14,10 @@ pub const COMPONENTS: &[&str] = &[
     "kubectl",
     "kwok",
 ];
+
+/// Built with the control plane but needed only by the chart tests, so its absence fails those
+/// tests alone.
+pub const HELM: &str = "helm";
 
 /// The folder holding the built binaries.
 #[derive(Clone, Debug)]
@@ -63,6 +67,19 @@ impl Binaries {
             )));
         }
         Ok(Self { dir })
+    }
+
+    /// The helm binary, or an error saying how to build it.
+    pub fn helm(&self) -> Result<PathBuf> {
+        let path = self.dir.join(HELM);
+        if path.is_file() {
+            Ok(path)
+        } else {
+            Err(Error::NotBuilt(format!(
+                "{HELM} missing from {}",
+                self.dir.display()
+            )))
+        }
     }
 
     /// The path of one binary.

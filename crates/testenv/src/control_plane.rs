@@ -266,6 +266,9 @@ impl ControlPlane {
             }),
         });
         apiserver.extend(audit);
+        // As on hardened clusters: an owner reference that blocks its owner's deletion needs
+        // update on the owner's finalizers, so the operator's RBAC is tested for it too.
+        apiserver.push("--enable-admission-plugins=OwnerReferencesPermissionEnforcement".into());
         plane.spawn("kube-apiserver", apiserver, &[])?;
         plane.wait_for_api_server()?;
         say("kube-apiserver is ready");
@@ -464,6 +467,13 @@ impl ControlPlane {
     /// The API server's address, `https://127.0.0.1:<port>`.
     pub fn server(&self) -> &str {
         &self.server
+    }
+
+    /// The CA that signed the API server's serving certificate, as PEM.
+    pub fn ca_pem(&self) -> Result<String> {
+        let path = self.dir.join("ca.crt");
+        std::fs::read_to_string(&path)
+            .map_err(|e| Error::Io(format!("reading {}: {e}", path.display())))
     }
 
     /// An admin kubeconfig file for this control plane.

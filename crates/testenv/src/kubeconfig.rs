@@ -58,11 +58,20 @@ pub async fn counting_client(
     path: &Path,
     counter: std::sync::Arc<RequestCounter>,
 ) -> Result<kube::Client> {
-    use std::sync::atomic::Ordering::SeqCst;
     let kubeconfig = Kubeconfig::read_from(path).map_err(|e| Error::Client(e.to_string()))?;
     let config = kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
         .await
         .map_err(|e| Error::Client(e.to_string()))?;
+    counting(config, counter)
+}
+
+/// A client for `config` that counts every request it sends. Must be called inside a tokio
+/// runtime, which the client is bound to.
+pub fn counting(
+    config: kube::Config,
+    counter: std::sync::Arc<RequestCounter>,
+) -> Result<kube::Client> {
+    use std::sync::atomic::Ordering::SeqCst;
     let count = tower::util::MapRequestLayer::new(move |req: http::Request<kube::client::Body>| {
         if req.method() == http::Method::GET {
             counter.reads.fetch_add(1, SeqCst);
@@ -75,4 +84,48 @@ pub async fn counting_client(
         .map_err(|e| Error::Client(e.to_string()))?
         .with_layer(&count)
         .build())
+}
+
+/// A client configuration that authenticates with a bearer `token` (a ServiceAccount's, say) to
+/// the API server at `server`, whose serving certificate `ca_pem` signed.
+pub fn token_config(server: &str, ca_pem: &str, token: &str) -> Result<kube::Config> {
+    let url = server
+        .parse()
+        .map_err(|e| Error::Client(format!("{server} is not a URL: {e}")))?;
+    let mut config = kube::Config::new(url);
+    config.root_cert = Some(pem_to_der(ca_pem)?);
+    config.auth_info = serde_json::from_value(serde_json::json!({ "token": token }))
+        .map_err(|e| Error::Client(format!("a token credential: {e}")))?;
+    Ok(config)
+}
+
+/// A client for [`token_config`]. Must be called inside a tokio runtime, which the client is
+/// bound to.
+pub fn token_client(server: &str, ca_pem: &str, token: &str) -> Result<kube::Client> {
+    kube::Client::try_from(token_config(server, ca_pem, token)?)
+        .map_err(|e| Error::Client(e.to_string()))
+}
+
+/// The DER bytes of every certificate in a PEM bundle.
+fn pem_to_der(pem: &str) -> Result<Vec<Vec<u8>>> {
+    use base64::Engine;
+    let mut certs = Vec::new();
+    let mut body: Option<String> = None;
+    for line in pem.lines().map(str::trim) {
+        if line == "-----BEGIN CERTIFICATE-----" {
+            body = Some(String::new());
+        } else if line == "-----END CERTIFICATE-----" {
+            let text = body.take().unwrap_or_default();
+            let der = base64::engine::general_purpose::STANDARD
+                .decode(text)
+                .map_err(|e| Error::Client(format!("a CA certificate is not base64: {e}")))?;
+            certs.push(der);
+        } else if let Some(text) = body.as_mut() {
+            text.push_str(line);
+        }
+    }
+    if certs.is_empty() {
+        return Err(Error::Client("no certificate in the CA bundle".into()));
+    }
+    Ok(certs)
 }

@@ -12,7 +12,7 @@ use tenantplane_api::conditions;
 use tenantplane_api::{Phase, TenantCluster};
 use tenantplane_controller::ControllerOptions;
 use tenantplane_testenv::local_runtime::{self, LocalRuntime};
-use tenantplane_testenv::{TestNamespace, eventually, repo_path, shared, tenant};
+use tenantplane_testenv::{TestNamespace, eventually, operator, repo_path, shared, tenant};
 
 pub const WAIT: Duration = Duration::from_secs(90);
 
@@ -20,6 +20,8 @@ pub const WAIT: Duration = Duration::from_secs(90);
 pub struct Operator {
     pub tasks: Vec<tokio::task::JoinHandle<()>>,
     pub runtime: LocalRuntime,
+    /// The operator's client: ServiceAccount `tenantplane-system/tenantplane`.
+    pub client: Client,
 }
 
 impl Drop for Operator {
@@ -36,7 +38,7 @@ impl Operator {
     pub fn restart_controller(&mut self, ns: &TestNamespace) {
         self.tasks[0].abort();
         self.tasks[0] = tokio::spawn(tenantplane_controller::run(
-            ns.client.clone(),
+            self.client.clone(),
             options(&ns.name),
             futures::future::pending(),
         ));
@@ -47,11 +49,14 @@ pub fn options(ns: &str) -> ControllerOptions {
     tenant::local_operator_options(Some(ns.to_string()), Some(Duration::from_secs(2)))
 }
 
+/// The operator, authenticated as its ServiceAccount with the rights `deploy/operator/rbac.yaml`
+/// gives it (never as an admin), and the local runtime for `ns`.
 pub fn start_operator(ns: &TestNamespace) -> Operator {
-    start_operator_with(ns, ns.client.clone())
+    start_operator_with(ns, operator::client())
 }
 
-/// The operator talking through `client`; the local runtime through the namespace's client.
+/// The operator talking through `client` (made from [`operator::config`]); the local runtime
+/// through the namespace's admin client.
 pub fn start_operator_with(ns: &TestNamespace, client: Client) -> Operator {
     // The operator's log, shown for failing tests; `RUST_LOG` picks the detail.
     let _ = tracing_subscriber::fmt()
@@ -62,7 +67,7 @@ pub fn start_operator_with(ns: &TestNamespace, client: Client) -> Operator {
         .with_test_writer()
         .try_init();
     let controller = tokio::spawn(tenantplane_controller::run(
-        client,
+        client.clone(),
         options(&ns.name),
         futures::future::pending(),
     ));
@@ -75,6 +80,7 @@ pub fn start_operator_with(ns: &TestNamespace, client: Client) -> Operator {
     Operator {
         tasks: vec![controller, task],
         runtime,
+        client,
     }
 }
 
