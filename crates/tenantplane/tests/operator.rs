@@ -2,7 +2,8 @@
 //! processes against the test control plane, with the local runtime in the test. Leader election
 //! between replicas (kill the leader, SIGTERM the next), `/metrics`, `/healthz`, `/readyz`, JSON
 //! logs, and certificate renewal. Who wrote what is read from the API server's audit log, which
-//! records each replica's user agent.
+//! records each replica's user agent. The replicas run as the operator's ServiceAccount, with the
+//! RBAC of `deploy/operator`, as a Deployment of it would.
 
 mod common;
 
@@ -27,7 +28,9 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use common::{WAIT, tenant_client, tenant_named, wait_for_phase};
 
+/// The Lease as deploy/operator's Role allows it (this binary's one leader election test).
 const LEASE: &str = "tenantplane";
+const LEASE_NAMESPACE: &str = tenantplane_testenv::operator::NAMESPACE;
 
 /// One `tenantplane controller` process; killed when dropped.
 struct Replica {
@@ -54,8 +57,9 @@ impl Replica {
         let err = out.try_clone().unwrap();
         let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_tenantplane"));
         command
+            // As the operator's ServiceAccount, with deploy/operator's RBAC.
             .arg("--kubeconfig")
-            .arg(shared().kubeconfig_path())
+            .arg(tenantplane_testenv::operator::kubeconfig_file())
             .args([
                 "controller",
                 "--connector",
@@ -156,8 +160,8 @@ fn local_runtime_for(ns: &TestNamespace) -> (LocalRuntime, tokio::task::JoinHand
     )
 }
 
-async fn holder(client: &Client, ns: &str) -> Option<String> {
-    Api::<Lease>::namespaced(client.clone(), ns)
+async fn holder(client: &Client) -> Option<String> {
+    Api::<Lease>::namespaced(client.clone(), LEASE_NAMESPACE)
         .get_opt(LEASE)
         .await
         .ok()
@@ -166,16 +170,16 @@ async fn holder(client: &Client, ns: &str) -> Option<String> {
         .holder_identity
 }
 
-async fn wait_for_holder(client: &Client, ns: &str, identity: &str) -> Duration {
+async fn wait_for_holder(client: &Client, identity: &str) -> Duration {
     let started = Instant::now();
     let held = eventually(WAIT, || async {
-        (holder(client, ns).await.as_deref() == Some(identity)).then_some(())
+        (holder(client).await.as_deref() == Some(identity)).then_some(())
     })
     .await;
     assert!(
         held.is_some(),
         "{identity} never held the Lease; holder: {:?}",
-        holder(client, ns).await
+        holder(client).await
     );
     started.elapsed()
 }
@@ -198,11 +202,11 @@ fn writes_by(identity: &str) -> Vec<(String, String, String)> {
         .collect()
 }
 
-fn leader_args(ns: &TestNamespace) -> Vec<String> {
+fn leader_args() -> Vec<String> {
     [
         "--leader-elect",
         "--lease-namespace",
-        &ns.name,
+        LEASE_NAMESPACE,
         "--lease-duration",
         "6s",
         "--lease-renew-deadline",
@@ -227,12 +231,12 @@ async fn one_replica_leads_and_a_standby_takes_over_without_writing_before() {
     let ns = namespace("leader").await;
     let c = ns.client.clone();
     let _runtime = local_runtime_for(&ns);
-    let args = leader_args(&ns);
+    let args = leader_args();
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let a = format!("a-{}", ns.name);
     let b = format!("b-{}", ns.name);
     let mut replica_a = Replica::start(&ns, &a, &args);
-    wait_for_holder(&c, &ns.name, &a).await;
+    wait_for_holder(&c, &a).await;
     let replica_b = Replica::start(&ns, &b, &args);
 
     // Both answer; the leader is ready once its caches are, the standby once it has read the Lease.
@@ -361,7 +365,7 @@ async fn one_replica_leads_and_a_standby_takes_over_without_writing_before() {
         "the standby wrote before the leader died"
     );
     create(&c, &ns.name, "two").await;
-    let takeover = wait_for_holder(&c, &ns.name, &b).await;
+    let takeover = wait_for_holder(&c, &b).await;
     wait_for_phase(&c, &ns.name, "two", Phase::Ready).await;
     let converged = killed.elapsed();
     eprintln!(
@@ -376,7 +380,7 @@ async fn one_replica_leads_and_a_standby_takes_over_without_writing_before() {
         "the new leader's first write must take the Lease: {b_writes:?}"
     );
     assert_eq!(replica_b.metric("tenantplane_leader").await, Some(1.0));
-    let transitions = Api::<Lease>::namespaced(c.clone(), &ns.name)
+    let transitions = Api::<Lease>::namespaced(c.clone(), LEASE_NAMESPACE)
         .get(LEASE)
         .await
         .unwrap()
@@ -395,11 +399,7 @@ async fn one_replica_leads_and_a_standby_takes_over_without_writing_before() {
         "{}",
         replica_b.log_text()
     );
-    assert_eq!(
-        holder(&c, &ns.name).await,
-        None,
-        "the Lease was not released"
-    );
+    assert_eq!(holder(&c).await, None, "the Lease was not released");
     let log = replica_b.log_text();
     assert!(log.contains("SIGTERM: finishing in-flight work"), "{log}");
     assert!(log.contains("released the leader Lease"), "{log}");
@@ -410,7 +410,7 @@ async fn one_replica_leads_and_a_standby_takes_over_without_writing_before() {
     let c_id = format!("c-{}", ns.name);
     let started = Instant::now();
     let _replica_c = Replica::start(&ns, &c_id, &args);
-    wait_for_holder(&c, &ns.name, &c_id).await;
+    wait_for_holder(&c, &c_id).await;
     let after_release = started.elapsed();
     eprintln!(
         "after a graceful stop, a new replica held the released Lease {:.1}s after its start",

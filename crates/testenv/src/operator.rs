@@ -67,3 +67,29 @@ pub fn client() -> kube::Client {
     kubeconfig::token_client(plane.server(), &ca, token())
         .expect("a client for the operator's ServiceAccount")
 }
+
+/// A kubeconfig file for the operator's ServiceAccount, for running the `tenantplane` binary as
+/// the operator; written once per test binary.
+pub fn kubeconfig_file() -> &'static std::path::Path {
+    static FILE: OnceLock<std::path::PathBuf> = OnceLock::new();
+    FILE.get_or_init(|| {
+        use base64::Engine;
+        let plane = shared();
+        let ca = plane.ca_pem().expect("the control plane's CA");
+        let doc = serde_json::json!({
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [{"name": "testenv", "cluster": {
+                "server": plane.server(),
+                "certificate-authority-data": base64::engine::general_purpose::STANDARD.encode(ca),
+            }}],
+            "users": [{"name": SERVICE_ACCOUNT, "user": {"token": token()}}],
+            "contexts": [{"name": SERVICE_ACCOUNT, "context": {"cluster": "testenv", "user": SERVICE_ACCOUNT}}],
+            "current-context": SERVICE_ACCOUNT,
+        });
+        let path = plane.dir().join("operator.kubeconfig");
+        std::fs::write(&path, serde_yaml::to_string(&doc).expect("YAML"))
+            .expect("writing the operator's kubeconfig");
+        path
+    })
+}
