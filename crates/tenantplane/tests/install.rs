@@ -11,7 +11,7 @@ use k8s_openapi::api::rbac::v1::{ClusterRole, PolicyRule};
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use serde::Deserialize;
 use serde_json::Value;
-use tenantplane_testenv::{Binaries, eventually, kubectl, operator, repo_path};
+use tenantplane_testenv::{Binaries, eventually, kubectl, operator, repo_path, wait_for_crds};
 
 /// Every document of every `.yaml` file in `dir` (sorted by file name), as JSON values.
 fn manifests(dir: &str) -> Vec<Value> {
@@ -238,15 +238,7 @@ fn install_as_the_readme_says() -> &'static str {
             &file_arg("deploy/operator/namespace.yaml"),
         ])
         .expect("the CRDs and the namespace apply");
-        kubectl(&[
-            "wait",
-            "--for=condition=Established",
-            "--timeout=60s",
-            "crd/tenantclusters.tenantplane.io",
-            "crd/isolationprofiles.tenantplane.io",
-            "crd/syncpolicies.tenantplane.io",
-        ])
-        .expect("the CRDs become established");
+        wait_for_crds();
         kubectl(&[
             "apply",
             "--server-side",
