@@ -436,15 +436,7 @@ async fn apply_tenant(tc: &TenantCluster, ctx: &Context) -> Result<Action, Error
         apply::ensure_absent(&services, &caches.services, &ns, &service_name).await?;
         let detail =
             format!("replacing the headless Service {service_name} with one that has a cluster IP");
-        return finish(
-            ctx,
-            &tc,
-            Progress::ControlPlaneNotReady {
-                detail,
-                stuck: false,
-            },
-        )
-        .await;
+        return finish(ctx, &tc, waiting(detail)).await;
     }
     apply::ensure(
         &services,
@@ -455,15 +447,7 @@ async fn apply_tenant(tc: &TenantCluster, ctx: &Context) -> Result<Action, Error
     let Some(api_ip) = cluster_ip.filter(|ip| !ip.is_empty()) else {
         // The Service's watch brings the tenant back once the address is allocated.
         let detail = format!("waiting for Service {service_name} to get its cluster IP");
-        return finish(
-            ctx,
-            &tc,
-            Progress::ControlPlaneNotReady {
-                detail,
-                stuck: false,
-            },
-        )
-        .await;
+        return finish(ctx, &tc, waiting(detail)).await;
     };
     let sts_outcome = apply::ensure(
         &Api::<StatefulSet>::namespaced(client.clone(), &ns),
@@ -568,6 +552,14 @@ async fn apply_tenant(tc: &TenantCluster, ctx: &Context) -> Result<Action, Error
         },
     };
     finish_by(ctx, &tc, progress, Some(renew_in)).await
+}
+
+/// The control plane is on its way (not stuck): `detail` says what it waits for.
+fn waiting(detail: String) -> Progress {
+    Progress::ControlPlaneNotReady {
+        detail,
+        stuck: false,
+    }
 }
 
 fn pod_is_ready(pod: &Pod) -> bool {

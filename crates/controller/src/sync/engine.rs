@@ -1895,31 +1895,31 @@ impl Engine {
     }
 
     async fn sync_storage_class(&self, name: &str) -> KeyResult {
-        let host = self
-            .hx
-            .storage_classes
-            .as_ref()
-            .and_then(|s| s.get(&ObjectRef::new(name)));
-        let current = self
-            .tx
-            .storage_classes
-            .as_ref()
-            .and_then(|s| s.get(&ObjectRef::new(name)));
-        self.show_cluster_object(name, host.as_deref(), current.as_deref())
+        self.show_class(name, &self.hx.storage_classes, &self.tx.storage_classes)
             .await
     }
 
     async fn sync_ingress_class(&self, name: &str) -> KeyResult {
-        let host = self
-            .hx
-            .ingress_classes
-            .as_ref()
-            .and_then(|s| s.get(&ObjectRef::new(name)));
-        let current = self
-            .tx
-            .ingress_classes
-            .as_ref()
-            .and_then(|s| s.get(&ObjectRef::new(name)));
+        self.show_class(name, &self.hx.ingress_classes, &self.tx.ingress_classes)
+            .await
+    }
+
+    /// Show host class `name` in the tenant as the host has it, from the two sides' caches.
+    async fn show_class<K>(
+        &self,
+        name: &str,
+        host: &Option<Store<K>>,
+        tenant: &Option<Store<K>>,
+    ) -> KeyResult
+    where
+        K: Resource<DynamicType = (), Scope = k8s_openapi::ClusterResourceScope>
+            + Clone
+            + Debug
+            + Serialize
+            + DeserializeOwned,
+    {
+        let get = |side: &Option<Store<K>>| side.as_ref()?.get(&ObjectRef::new(name));
+        let (host, current) = (get(host), get(tenant));
         self.show_cluster_object(name, host.as_deref(), current.as_deref())
             .await
     }
