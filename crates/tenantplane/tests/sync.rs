@@ -11,6 +11,7 @@ use common::*;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec};
 use k8s_openapi::api::core::v1::{ConfigMap, Event, Node, Pod, Secret, Service, ServiceAccount};
+use k8s_openapi::api::networking::v1::{Ingress, IngressClass};
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
@@ -801,6 +802,171 @@ async fn a_policy_picks_what_syncs_selectors_accounts_and_classes() {
     assert!(gone.is_some());
     policies
         .delete(&policy_name, &DeleteParams::default())
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn an_ingress_goes_down_with_its_tls_secret_and_its_address_comes_back() {
+    install_crds_and_policies();
+    let ns = namespace("sync-ingress").await;
+    let _operator = start_operator(&ns);
+    let host = ns.client.clone();
+    // A host IngressClass the tenant is shown; Ingresses go down.
+    let class_name = format!("{}-nginx", ns.name);
+    let class: IngressClass = serde_json::from_value(json!({
+        "metadata": {"name": class_name},
+        "spec": {"controller": "example.org/ingress"}
+    }))
+    .unwrap();
+    let classes: Api<IngressClass> = Api::all(host.clone());
+    classes
+        .create(&PostParams::default(), &class)
+        .await
+        .unwrap();
+    let policy_name = format!("{}-policy", ns.name);
+    let policy: SyncPolicy = serde_json::from_value(json!({
+        "apiVersion": "tenantplane.io/v1alpha1",
+        "kind": "SyncPolicy",
+        "metadata": {"name": policy_name},
+        "spec": {
+            "toHost": {"ingresses": {"enabled": true}},
+            "fromHost": {"ingressClasses": {"enabled": true}}
+        }
+    }))
+    .unwrap();
+    let policies: Api<SyncPolicy> = Api::all(host.clone());
+    policies
+        .create(&PostParams::default(), &policy)
+        .await
+        .unwrap();
+    let mut tc = example(&ns.name);
+    tc.spec.sync_policy_ref.name = policy_name.clone();
+    create_ready(&host, &tc).await;
+    let tenant = tenant_client(&host, &ns.name, "dev").await;
+
+    let service: Service = serde_json::from_value(json!({
+        "metadata": {"name": "web", "namespace": "default"},
+        "spec": {"selector": {"app": "web"}, "ports": [{"port": 80}]}
+    }))
+    .unwrap();
+    Api::<Service>::namespaced(tenant.clone(), "default")
+        .create(&PostParams::default(), &service)
+        .await
+        .unwrap();
+    let tls: Secret = serde_json::from_value(json!({
+        "metadata": {"name": "web-tls", "namespace": "default"},
+        "type": "kubernetes.io/tls",
+        "stringData": {"tls.crt": "not checked here", "tls.key": "not checked here"}
+    }))
+    .unwrap();
+    Api::<Secret>::namespaced(tenant.clone(), "default")
+        .create(&PostParams::default(), &tls)
+        .await
+        .unwrap();
+    let ingress: Ingress = serde_json::from_value(json!({
+        "metadata": {"name": "web", "namespace": "default",
+                     "annotations": {"nginx.ingress.kubernetes.io/configuration-snippet": "return 200;"}},
+        "spec": {
+            "ingressClassName": class_name,
+            "tls": [{"hosts": ["web.example.org"], "secretName": "web-tls"}],
+            "rules": [{"host": "web.example.org", "http": {"paths": [{
+                "path": "/", "pathType": "Prefix",
+                "backend": {"service": {"name": "web", "port": {"number": 80}}}
+            }]}}]
+        }
+    }))
+    .unwrap();
+    let t_ingresses: Api<Ingress> = Api::namespaced(tenant.clone(), "default");
+    t_ingresses
+        .create(&PostParams::default(), &ingress)
+        .await
+        .unwrap();
+
+    // The copy points at the Service's and the Secret's copies, without the snippet; the tenant
+    // sees the host's class.
+    let h_ingresses: Api<Ingress> = Api::namespaced(host.clone(), &ns.name);
+    let copy_name = "web-x-default-x-dev";
+    let seen = eventually(WAIT, || async {
+        let copy = h_ingresses.get_opt(copy_name).await.ok()??;
+        Api::<Secret>::namespaced(host.clone(), &ns.name)
+            .get_opt("web-tls-x-default-x-dev")
+            .await
+            .ok()??;
+        Api::<IngressClass>::all(tenant.clone())
+            .get_opt(&class_name)
+            .await
+            .ok()??;
+        Some(copy)
+    })
+    .await
+    .expect("the Ingress, its TLS Secret and the class never synced");
+    let spec = seen.spec.clone().unwrap();
+    assert_eq!(
+        spec.ingress_class_name.as_deref(),
+        Some(class_name.as_str())
+    );
+    let backend = &spec.rules.as_ref().unwrap()[0].http.as_ref().unwrap().paths[0].backend;
+    assert_eq!(
+        backend.service.as_ref().unwrap().name,
+        "web-x-default-x-dev"
+    );
+    assert_eq!(
+        spec.tls.as_ref().unwrap()[0].secret_name.as_deref(),
+        Some("web-tls-x-default-x-dev")
+    );
+    assert!(
+        seen.annotations().keys().all(|k| !k.contains("snippet")),
+        "{:?}",
+        seen.annotations()
+    );
+
+    // The host's ingress controller publishes an address; the tenant's Ingress shows it.
+    h_ingresses
+        .patch_status(
+            copy_name,
+            &PatchParams::default(),
+            &Patch::Merge(
+                json!({"status": {"loadBalancer": {"ingress": [{"ip": "203.0.113.10"}]}}}),
+            ),
+        )
+        .await
+        .unwrap();
+    let address = eventually(WAIT, || async {
+        let t = t_ingresses.get("web").await.ok()?;
+        t.status?.load_balancer?.ingress?.first()?.ip.clone()
+    })
+    .await;
+    assert_eq!(address.as_deref(), Some("203.0.113.10"));
+
+    // Deleted in the tenant, gone from the host.
+    t_ingresses
+        .delete("web", &DeleteParams::default())
+        .await
+        .unwrap();
+    let gone = eventually(WAIT, || async {
+        h_ingresses
+            .get_opt(copy_name)
+            .await
+            .ok()?
+            .is_none()
+            .then_some(())
+    })
+    .await;
+    assert!(
+        gone.is_some(),
+        "the Ingress copy outlived the tenant's Ingress"
+    );
+    Api::<TenantCluster>::namespaced(host.clone(), &ns.name)
+        .delete("dev", &DeleteParams::default())
+        .await
+        .unwrap();
+    policies
+        .delete(&policy_name, &DeleteParams::default())
+        .await
+        .unwrap();
+    classes
+        .delete(&class_name, &DeleteParams::default())
         .await
         .unwrap();
 }
