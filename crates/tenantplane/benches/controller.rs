@@ -61,24 +61,7 @@ async fn main() -> anyhow::Result<()> {
     let nodes = n.div_ceil(100);
     plane.add_kwok_nodes(nodes)?;
     say(start, &format!("{} simulated nodes Ready", nodes + 1));
-    for dir in ["deploy/crds", "deploy/policies"] {
-        let out = plane
-            .kubectl()
-            .args(["apply", "-f"])
-            .arg(repo_path(dir))
-            .output()?;
-        if !out.status.success() {
-            bail!("applying {dir}: {}", String::from_utf8_lossy(&out.stderr));
-        }
-    }
-    plane
-        .kubectl()
-        .args([
-            "wait",
-            "--for=condition=Established",
-            "crd/tenantclusters.tenantplane.io",
-        ])
-        .output()?;
+    plane.install_crds_and_policies()?;
     let admin = plane.client().await?;
     let namespaces: Vec<String> = (0..n).map(|i| format!("bench-{i}")).collect();
     stream::iter(namespaces.iter().cloned())

@@ -464,6 +464,27 @@ impl ControlPlane {
         self.kubectl_output(args).map(|_| ())
     }
 
+    /// Wait until the API server serves the three CRDs.
+    pub fn wait_for_crds(&self) -> Result<()> {
+        self.kubectl_ok(&[
+            "wait",
+            "--for=condition=Established",
+            "--timeout=60s",
+            "crd/tenantclusters.tenantplane.io",
+            "crd/isolationprofiles.tenantplane.io",
+            "crd/syncpolicies.tenantplane.io",
+        ])
+    }
+
+    /// Apply the committed CRDs, wait until they are served, then apply the default policies
+    /// (before that, the policies' kinds may not be known yet).
+    pub fn install_crds_and_policies(&self) -> Result<()> {
+        let path = |dir: &str| crate::repo_path(dir).display().to_string();
+        self.kubectl_ok(&["apply", "-f", &path("deploy/crds")])?;
+        self.wait_for_crds()?;
+        self.kubectl_ok(&["apply", "-f", &path("deploy/policies")])
+    }
+
     /// The API server's address, `https://127.0.0.1:<port>`.
     pub fn server(&self) -> &str {
         &self.server

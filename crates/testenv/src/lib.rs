@@ -148,29 +148,21 @@ pub fn repo_path(path: &str) -> std::path::PathBuf {
         .join(path)
 }
 
-/// Wait until the API server serves the three CRDs (as the README's install steps do).
+/// Wait until the shared control plane serves the three CRDs (as the README's install steps do).
 pub fn wait_for_crds() {
-    kubectl(&[
-        "wait",
-        "--for=condition=Established",
-        "--timeout=60s",
-        "crd/tenantclusters.tenantplane.io",
-        "crd/isolationprofiles.tenantplane.io",
-        "crd/syncpolicies.tenantplane.io",
-    ])
-    .expect("the CRDs become established");
+    shared()
+        .wait_for_crds()
+        .expect("the CRDs become established");
 }
 
-/// Apply the committed CRDs and default policies with kubectl, once per test binary.
+/// Apply the committed CRDs and default policies to the shared control plane, once per test
+/// binary.
 pub fn install_crds_and_policies() {
     static DONE: OnceLock<()> = OnceLock::new();
     DONE.get_or_init(|| {
-        let crds = repo_path("deploy/crds");
-        kubectl(&["apply", "-f", &crds.display().to_string()]).expect("the CRDs apply");
-        wait_for_crds();
-        let policies = repo_path("deploy/policies");
-        kubectl(&["apply", "-f", &policies.display().to_string()])
-            .expect("the default policies apply");
+        shared()
+            .install_crds_and_policies()
+            .expect("the CRDs and the default policies apply");
     });
 }
 
