@@ -108,7 +108,7 @@ enum UserCommand {
         #[arg(short, long, value_enum)]
         output: Option<tenants::ListOutput>,
     },
-    /// Show a TenantCluster's phase, endpoint and conditions.
+    /// Show a TenantCluster's phase, endpoint, admin certificate expiry and conditions.
     Status {
         /// The TenantCluster's name.
         name: String,

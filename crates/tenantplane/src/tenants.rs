@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use futures::{Stream, StreamExt};
+use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
@@ -13,8 +14,10 @@ use kube::{Client, Resource, ResourceExt};
 use serde_json::{Value, json};
 use tenantplane_api::conditions::{self, MODE_SUPPORTED, READY, SYNCED};
 use tenantplane_api::{Phase, PolicyRef, TenantCluster};
+use tenantplane_controller::build::kubeconfig;
+use tenantplane_controller::names;
 
-use crate::format::{age, or_none, show_duration, table};
+use crate::format::{age, human_duration, or_none, show_duration, table};
 use crate::host::{explain, is_not_found, program, tenant_not_found};
 
 /// How long `create --wait` tolerates `Degraded` before it gives up: a tenant passes through it
@@ -441,12 +444,29 @@ pub async fn status(
     if let Some(output) = output {
         return print_object(&printable(&tc), output == ObjectOutput::Json);
     }
-    print!("{}", describe(&tc));
+    let expiry = admin_certificate_expiry(client, namespace, name).await;
+    print!("{}", describe(&tc, expiry));
     Ok(())
 }
 
-/// The `status` view: phase, endpoint, and the conditions as a table.
-fn describe(tc: &TenantCluster) -> String {
+/// When the admin certificate in the tenant's kubeconfig Secret expires (Unix seconds); `None`
+/// when there is none yet or the caller may not read it.
+async fn admin_certificate_expiry(client: &Client, namespace: &str, name: &str) -> Option<i64> {
+    let secret = Api::<Secret>::namespaced(client.clone(), namespace)
+        .get_opt(&names::kubeconfig_secret(name))
+        .await
+        .ok()??;
+    let parsed = kubeconfig::parse(kubeconfig::stored_text(&secret)?).ok()?;
+    Some(
+        tenantplane_pki::lifetime(&parsed.client.cert_pem)
+            .ok()?
+            .not_after,
+    )
+}
+
+/// The `status` view: phase, endpoint, the admin certificate's expiry when known, and the
+/// conditions as a table.
+fn describe(tc: &TenantCluster, admin_expiry: Option<i64>) -> String {
     let status = tc.status.clone().unwrap_or_default();
     let mut out = String::new();
     let mut field = |label: &str, value: String| {
@@ -459,6 +479,19 @@ fn describe(tc: &TenantCluster) -> String {
     field("Mode", tc.spec.mode.to_string());
     field("Version", tc.spec.kubernetes_version.clone());
     field("Age", age(tc.meta().creation_timestamp.as_ref()));
+    if let Some(at) = admin_expiry.and_then(|at| k8s_openapi::jiff::Timestamp::from_second(at).ok())
+    {
+        let left = at.as_second() - k8s_openapi::jiff::Timestamp::now().as_second();
+        let when = if left > 0 {
+            format!("in {}", human_duration(left))
+        } else {
+            "expired".to_string()
+        };
+        field(
+            "Admin cert",
+            format!("expires {at} ({when}; the operator renews it before)"),
+        );
+    }
     if tc.meta().deletion_timestamp.is_some() {
         field("Deleting", "yes (waiting for finalizers)".to_string());
     }

@@ -249,6 +249,13 @@ async fn a_tenant_user_creates_lists_inspects_connects_to_and_deletes_a_tenant()
         status.stdout.contains(&format!("Endpoint:   {endpoint}\n")),
         "{status:?}"
     );
+    // The admin certificate's expiry, a year out (the kubeconfig Secret is readable here).
+    let expiry = status
+        .stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("Admin cert: expires "))
+        .unwrap_or_else(|| panic!("no admin certificate line: {status:?}"));
+    assert!(expiry.contains("(in 36"), "{expiry}");
     let table: Vec<Vec<&str>> = rows(&status.stdout)
         .into_iter()
         .skip_while(|r| r.first() != Some(&"TYPE"))
