@@ -231,8 +231,8 @@ impl Elector {
         Ok(())
     }
 
-    /// Wait until we hold the Lease, trying every retry period; `on_standby` hears who holds it
-    /// each time, and `on_contact` whether the API server answered.
+    /// Wait until we hold the Lease, trying every retry period; `on_try` hears each attempt's
+    /// outcome (who holds it, or the API server's error).
     pub async fn acquire(&mut self, mut on_try: impl FnMut(Result<&Attempt, &kube::Error>)) {
         let mut last_holder = None;
         loop {

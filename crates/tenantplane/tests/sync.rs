@@ -20,7 +20,7 @@ use serde_json::json;
 use tenantplane_api::conditions::SYNCED;
 use tenantplane_api::{SyncPolicy, TenantCluster};
 use tenantplane_controller::sync::naming;
-use tenantplane_testenv::{eventually, install_crds_and_policies, namespace};
+use tenantplane_testenv::{TestNamespace, eventually, install_crds_and_policies, namespace};
 
 /// A container that passes Pod Security `restricted`.
 fn container(name: &str) -> serde_json::Value {
@@ -719,25 +719,19 @@ async fn the_readme_example_workload_runs_in_a_tenant() {
     );
 }
 
-#[tokio::test]
-async fn a_policy_picks_what_syncs_selectors_accounts_and_classes() {
-    install_crds_and_policies();
-    let ns = namespace("sync-policy").await;
-    let _operator = start_operator(&ns);
+/// The example tenant under a SyncPolicy of its own (`<namespace>-policy`, with `spec`), Ready:
+/// a client for the tenant, and the policies' Api and the policy's name for the clean-up.
+async fn tenant_with_policy(
+    ns: &TestNamespace,
+    spec: serde_json::Value,
+) -> (Client, Api<SyncPolicy>, String) {
     let host = ns.client.clone();
-    // Only pods labelled sync=yes go down; ServiceAccounts go down; StorageClasses come up.
     let policy_name = format!("{}-policy", ns.name);
     let policy: SyncPolicy = serde_json::from_value(json!({
         "apiVersion": "tenantplane.io/v1alpha1",
         "kind": "SyncPolicy",
         "metadata": {"name": policy_name},
-        "spec": {
-            "toHost": {
-                "pods": {"enabled": true, "selector": {"matchLabels": {"sync": "yes"}}},
-                "serviceAccounts": {"enabled": true}
-            },
-            "fromHost": {"storageClasses": {"enabled": true}}
-        }
+        "spec": spec
     }))
     .unwrap();
     let policies: Api<SyncPolicy> = Api::all(host.clone());
@@ -748,7 +742,31 @@ async fn a_policy_picks_what_syncs_selectors_accounts_and_classes() {
     let mut tc = example(&ns.name);
     tc.spec.sync_policy_ref.name = policy_name.clone();
     create_ready(&host, &tc).await;
-    let tenant = tenant_client(&host, &ns.name, "dev").await;
+    (
+        tenant_client(&host, &ns.name, "dev").await,
+        policies,
+        policy_name,
+    )
+}
+
+#[tokio::test]
+async fn a_policy_picks_what_syncs_selectors_accounts_and_classes() {
+    install_crds_and_policies();
+    let ns = namespace("sync-policy").await;
+    let _operator = start_operator(&ns);
+    let host = ns.client.clone();
+    // Only pods labelled sync=yes go down; ServiceAccounts go down; StorageClasses come up.
+    let (tenant, policies, policy_name) = tenant_with_policy(
+        &ns,
+        json!({
+            "toHost": {
+                "pods": {"enabled": true, "selector": {"matchLabels": {"sync": "yes"}}},
+                "serviceAccounts": {"enabled": true}
+            },
+            "fromHost": {"storageClasses": {"enabled": true}}
+        }),
+    )
+    .await;
 
     let pods: Api<Pod> = Api::namespaced(tenant.clone(), "default");
     for (name, sync) in [("kept", "yes"), ("skipped", "no")] {
@@ -824,26 +842,14 @@ async fn an_ingress_goes_down_with_its_tls_secret_and_its_address_comes_back() {
         .create(&PostParams::default(), &class)
         .await
         .unwrap();
-    let policy_name = format!("{}-policy", ns.name);
-    let policy: SyncPolicy = serde_json::from_value(json!({
-        "apiVersion": "tenantplane.io/v1alpha1",
-        "kind": "SyncPolicy",
-        "metadata": {"name": policy_name},
-        "spec": {
+    let (tenant, policies, policy_name) = tenant_with_policy(
+        &ns,
+        json!({
             "toHost": {"ingresses": {"enabled": true}},
             "fromHost": {"ingressClasses": {"enabled": true}}
-        }
-    }))
-    .unwrap();
-    let policies: Api<SyncPolicy> = Api::all(host.clone());
-    policies
-        .create(&PostParams::default(), &policy)
-        .await
-        .unwrap();
-    let mut tc = example(&ns.name);
-    tc.spec.sync_policy_ref.name = policy_name.clone();
-    create_ready(&host, &tc).await;
-    let tenant = tenant_client(&host, &ns.name, "dev").await;
+        }),
+    )
+    .await;
 
     let service: Service = serde_json::from_value(json!({
         "metadata": {"name": "web", "namespace": "default"},
