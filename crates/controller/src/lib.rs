@@ -12,7 +12,6 @@ pub mod metrics;
 pub mod names;
 pub mod reconcile;
 pub mod status;
-pub mod sync;
 pub mod telemetry;
 pub mod tenant_pki;
 
@@ -20,6 +19,8 @@ pub use build::BuildOptions;
 pub use connector::Connector;
 pub use reconcile::{CertificateOptions, ControllerOptions, run};
 pub use telemetry::Telemetry;
+/// The syncer, its own crate; re-exported for the binary and the tests.
+pub use tenantplane_syncer as sync;
 
 /// Everything that can go wrong in a reconcile. Each variant carries what a person needs to act.
 #[derive(Debug, thiserror::Error)]

@@ -271,6 +271,16 @@ fn duration_histogram() -> Histogram {
 /// Shared by the controller, the syncers and the HTTP endpoint.
 pub type SharedMetrics = Arc<Metrics>;
 
+impl tenantplane_syncer::Observer for Metrics {
+    fn synced(&self, namespace: &str, tenant: &str, kind: &'static str, lag: Duration) {
+        Metrics::synced(self, namespace, tenant, kind, lag);
+    }
+
+    fn sync_failed(&self, namespace: &str, tenant: &str, kind: &'static str, reason: &'static str) {
+        Metrics::sync_failed(self, namespace, tenant, kind, reason);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

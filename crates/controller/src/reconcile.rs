@@ -29,9 +29,9 @@ use crate::cache::{self, Caches};
 use crate::connector::Connector;
 use crate::names::{self, FIELD_MANAGER, FINALIZER};
 use crate::status::{self, Progress};
-use crate::sync::{SyncerSpec, Syncers};
 use crate::telemetry::Telemetry;
 use crate::tenant_pki::TenantPki;
+use tenantplane_syncer::{SyncerSpec, Syncers};
 
 /// A rotation request finds a certificate issued less than this long ago already rotated.
 const ROTATION_DEBOUNCE_SECS: i64 = 15;
@@ -536,7 +536,8 @@ async fn apply_tenant(tc: &TenantCluster, ctx: &Context) -> Result<Action, Error
     let spec = SyncerSpec {
         tenant: tenant.clone(),
         host_namespace: ns.clone(),
-        owner: Some(build::owner_reference(&tc)?),
+        owner: build::owner_reference(&tc)?,
+        scope: ctx.options.namespace.clone(),
         policy: sync_policy.spec.clone(),
         profile: profile.spec.clone(),
         server,

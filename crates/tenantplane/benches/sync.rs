@@ -25,7 +25,7 @@ use tenantplane_testenv::{
     install_crds_and_policies, local_runtime, namespace, repo_path, shared, tenant,
 };
 
-use tenantplane_controller::sync::naming::{
+use tenantplane_syncer::naming::{
     ANNOTATION_VIRTUAL_NAME, ANNOTATION_VIRTUAL_NAMESPACE, LABEL_SYNCED_FROM,
 };
 

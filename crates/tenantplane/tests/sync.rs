@@ -19,7 +19,7 @@ use serde::Deserialize;
 use serde_json::json;
 use tenantplane_api::conditions::SYNCED;
 use tenantplane_api::{SyncPolicy, TenantCluster};
-use tenantplane_controller::sync::naming;
+use tenantplane_syncer::naming;
 use tenantplane_testenv::{TestNamespace, eventually, install_crds_and_policies, namespace};
 
 /// A container that passes Pod Security `restricted`.
@@ -437,22 +437,20 @@ async fn a_deployment_runs_on_the_host_and_everything_converges() {
         "the pod deleted on the host was not replaced"
     );
 
-    // An orphan (a copy whose tenant object does not exist) is removed.
-    let orphan: ConfigMap = serde_json::from_value(json!({
-        "metadata": {
-            "name": "ghost-x-default-x-dev",
-            "labels": naming::owner_labels("dev", "default", "ghost"),
-            "annotations": {
-                naming::ANNOTATION_TENANT: "dev",
-                naming::ANNOTATION_VIRTUAL_NAMESPACE: "default",
-                naming::ANNOTATION_VIRTUAL_NAME: "ghost",
-                naming::ANNOTATION_VIRTUAL_UID: "nope",
-            }
-        },
-        "data": {"a": "b"}
-    }))
-    .unwrap();
-    host_cms.create(&pp, &orphan).await.unwrap();
+    // An orphan (a copy whose tenant object does not exist) is removed; an object that only
+    // carries the marks (written through a template, say) is not the syncer's and stays.
+    let tc = Api::<TenantCluster>::namespaced(host.clone(), &ns.name)
+        .get("dev")
+        .await
+        .unwrap();
+    host_cms
+        .create(&pp, &marked_config_map("ghost", Some(&tc)))
+        .await
+        .unwrap();
+    host_cms
+        .create(&pp, &marked_config_map("forged", None))
+        .await
+        .unwrap();
     let gone = eventually(WAIT, || async {
         host_cms
             .get_opt("ghost-x-default-x-dev")
@@ -463,6 +461,14 @@ async fn a_deployment_runs_on_the_host_and_everything_converges() {
     })
     .await;
     assert!(gone.is_some(), "the orphan stayed on the host");
+    assert!(
+        host_cms
+            .get_opt("forged-x-default-x-dev")
+            .await
+            .unwrap()
+            .is_some(),
+        "an object with forged marks was taken for a copy"
+    );
 
     // An operator restart mid-sync: objects made while it is down converge once it is back,
     // with no duplicates.
@@ -522,6 +528,43 @@ async fn a_deployment_runs_on_the_host_and_everything_converges() {
         "synced objects outlived their TenantCluster"
     );
     drop(operator);
+}
+
+/// A host ConfigMap carrying the marks of a copy of tenant ConfigMap `default/<name>` of tenant
+/// `dev`, owned by `owner` (a real copy) or by nothing (forged marks).
+fn marked_config_map(name: &str, owner: Option<&TenantCluster>) -> ConfigMap {
+    let mut cm: ConfigMap = serde_json::from_value(json!({
+        "metadata": {
+            "name": format!("{name}-x-default-x-dev"),
+            "labels": naming::owner_labels("dev", "default", name),
+            "annotations": {
+                naming::ANNOTATION_TENANT: "dev",
+                naming::ANNOTATION_VIRTUAL_NAMESPACE: "default",
+                naming::ANNOTATION_VIRTUAL_NAME: name,
+                naming::ANNOTATION_VIRTUAL_UID: "nope",
+            }
+        },
+        "data": {"a": "b"}
+    }))
+    .unwrap();
+    if let Some(tc) = owner {
+        let uid = tc.uid().unwrap();
+        cm.metadata
+            .annotations
+            .get_or_insert_default()
+            .insert(naming::ANNOTATION_TENANT_UID.into(), uid.clone());
+        cm.metadata.owner_references = Some(vec![
+            k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
+                api_version: "tenantplane.io/v1alpha1".into(),
+                kind: "TenantCluster".into(),
+                name: "dev".into(),
+                uid,
+                controller: Some(true),
+                block_owner_deletion: Some(true),
+            },
+        ]);
+    }
+    cm
 }
 
 /// The tenant's `app=web` pods once both sides agree, all Running; `None` otherwise.
@@ -975,4 +1018,201 @@ async fn an_ingress_goes_down_with_its_tls_secret_and_its_address_comes_back() {
         .delete(&class_name, &DeleteParams::default())
         .await
         .unwrap();
+}
+
+/// Write requests in the host's audit log for `resource` `namespace/name` that the API server
+/// refused with `code`.
+fn refused_writes(namespace: &str, resource: &str, name: &str, code: i64) -> usize {
+    let text =
+        std::fs::read_to_string(tenantplane_testenv::shared().audit_log_path()).unwrap_or_default();
+    text.lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|e| {
+            e["objectRef"]["namespace"] == namespace
+                && e["objectRef"]["resource"] == resource
+                && e["objectRef"]["name"] == name
+                && matches!(e["verb"].as_str(), Some("create" | "patch" | "update"))
+                && e["responseStatus"]["code"] == code
+        })
+        .count()
+}
+
+#[tokio::test]
+async fn removals_reach_the_host_copies_and_forged_copies_are_left_alone() {
+    install_crds_and_policies();
+    let ns = namespace("sync-removals").await;
+    let _operator = start_operator(&ns);
+    let host = ns.client.clone();
+    example_ready(&ns).await;
+    let tenant = tenant_client(&host, &ns.name, "dev").await;
+    let pp = PostParams::default();
+    let cms: Api<ConfigMap> = Api::namespaced(tenant.clone(), "default");
+    let mut conf = config_map("conf", "one");
+    conf.data
+        .get_or_insert_default()
+        .insert("extra".into(), "two".into());
+    conf.metadata.labels = Some(
+        [("team", "a"), ("env", "x")]
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+    );
+    cms.create(&pp, &conf).await.unwrap();
+    let mut pod = bare_pod("web", json!({"tier": "front"}));
+    let spec = pod.spec.as_mut().unwrap();
+    spec.volumes = Some(vec![
+        serde_json::from_value(json!({"name": "conf", "configMap": {"name": "conf"}})).unwrap(),
+    ]);
+    let pods: Api<Pod> = Api::namespaced(tenant.clone(), "default");
+    pods.create(&pp, &pod).await.unwrap();
+    let svc: Service = serde_json::from_value(json!({
+        "metadata": {"name": "web", "namespace": "default"},
+        "spec": {"selector": {"app": "web", "tier": "front"}, "ports": [{"port": 80}]}
+    }))
+    .unwrap();
+    let services: Api<Service> = Api::namespaced(tenant.clone(), "default");
+    services.create(&pp, &svc).await.unwrap();
+    converged(&host, &tenant, &ns.name, "dev", 1).await;
+    let before = host_pods(&host, &ns.name, "dev").await[0].uid();
+
+    // A host pod and ConfigMap that carry dev's marks but that the syncer did not make.
+    let h_pods: Api<Pod> = Api::namespaced(host.clone(), &ns.name);
+    let h_cms: Api<ConfigMap> = Api::namespaced(host.clone(), &ns.name);
+    let forged_cm = marked_config_map("forged", None);
+    h_cms.create(&pp, &forged_cm).await.unwrap();
+    let forged_pod: Pod = serde_json::from_value(json!({
+        "metadata": {
+            "name": "impostor-x-default-x-dev",
+            "labels": forged_cm.metadata.labels,
+            "annotations": {
+                naming::ANNOTATION_TENANT: "dev",
+                naming::ANNOTATION_VIRTUAL_NAMESPACE: "default",
+                naming::ANNOTATION_VIRTUAL_NAME: "impostor",
+                naming::ANNOTATION_VIRTUAL_UID: "nope",
+            }
+        },
+        "spec": {"containers": [container("web")]}
+    }))
+    .unwrap();
+    h_pods.create(&pp, &forged_pod).await.unwrap();
+
+    // The tenant takes a key out of the ConfigMap, a label off it and off the pod, and a term
+    // out of the Service's selector.
+    let merge = |v: serde_json::Value| Patch::Merge(v);
+    cms.patch(
+        "conf",
+        &PatchParams::default(),
+        &merge(json!({"data": {"extra": null}, "metadata": {"labels": {"env": null}}})),
+    )
+    .await
+    .unwrap();
+    pods.patch(
+        "web",
+        &PatchParams::default(),
+        &merge(json!({"metadata": {"labels": {"tier": null}}})),
+    )
+    .await
+    .unwrap();
+    services
+        .patch(
+            "web",
+            &PatchParams::default(),
+            &merge(json!({"spec": {"selector": {"tier": null}}})),
+        )
+        .await
+        .unwrap();
+    let h_services: Api<Service> = Api::namespaced(host.clone(), &ns.name);
+    let last = std::sync::Mutex::new(String::new());
+    let removed = eventually(WAIT, || async {
+        let cm = h_cms.get("conf-x-default-x-dev").await.ok()?;
+        let p = h_pods.get("web-x-default-x-dev").await.ok()?;
+        let s = h_services.get("web-x-default-x-dev").await.ok()?;
+        let data = cm.data.clone().unwrap_or_default();
+        let selector = s.spec.clone()?.selector.unwrap_or_default();
+        *last.lock().unwrap() = format!(
+            "ConfigMap data {:?} labels {:?}; pod labels {:?}; selector {:?}",
+            data.keys().collect::<Vec<_>>(),
+            cm.labels(),
+            p.labels(),
+            selector
+        );
+        (!data.contains_key("extra")
+            && data.contains_key("value")
+            && !cm.labels().contains_key("env")
+            && cm.labels().contains_key("team")
+            && !p.labels().contains_key("tier")
+            && p.labels().get("app").map(String::as_str) == Some("web")
+            && !selector.contains_key("tier")
+            && selector.contains_key("app"))
+        .then_some(p)
+    })
+    .await;
+    let p = removed.unwrap_or_else(|| {
+        panic!(
+            "the removals never reached the host: {}",
+            last.lock().unwrap()
+        )
+    });
+    assert_eq!(p.uid(), before, "the pod copy was changed in place");
+    assert!(
+        synced_again(&host, &ns.name, "dev").await,
+        "Synced did not stay True"
+    );
+    // The forged objects are still there: no syncer took them for copies.
+    assert!(
+        h_cms
+            .get_opt("forged-x-default-x-dev")
+            .await
+            .unwrap()
+            .is_some()
+    );
+    let impostor = h_pods.get_opt("impostor-x-default-x-dev").await.unwrap();
+    assert!(
+        impostor.is_some_and(|p| p.metadata.deletion_timestamp.is_none()),
+        "a pod with forged marks was deleted"
+    );
+}
+
+#[tokio::test]
+async fn a_pod_the_host_refuses_backs_off() {
+    install_crds_and_policies();
+    let ns = namespace("sync-backoff").await;
+    let _operator = start_operator(&ns);
+    let host = ns.client.clone();
+    example_ready(&ns).await;
+    let tenant = tenant_client(&host, &ns.name, "dev").await;
+    let mut c = container("root");
+    c["securityContext"] = json!({"privileged": true});
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "priv", "namespace": "default"},
+        "spec": {"containers": [c]}
+    }))
+    .unwrap();
+    Api::<Pod>::namespaced(tenant.clone(), "default")
+        .create(&PostParams::default(), &pod)
+        .await
+        .unwrap();
+    let copy = "priv-x-default-x-dev";
+    let first = eventually(WAIT, || async {
+        (refused_writes(&ns.name, "pods", copy, 403) > 0).then_some(())
+    })
+    .await;
+    assert!(first.is_some(), "the host never refused the copy");
+    let started = std::time::Instant::now();
+    let window = std::time::Duration::from_secs(300);
+    tokio::time::sleep(window).await;
+    let attempts = refused_writes(&ns.name, "pods", copy, 403);
+    println!(
+        "refused creates of one pod in {:?}: {attempts}",
+        started.elapsed()
+    );
+    assert!(
+        (2..=6).contains(&attempts),
+        "{attempts} host create attempts in 5 minutes (1 refused pod)"
+    );
+    let (status, reason, _) = synced_condition(&host, &ns.name, "dev").await;
+    assert_eq!(
+        (status.as_str(), reason.as_str()),
+        ("False", "HostRejected")
+    );
 }

@@ -1,15 +1,28 @@
-//! The syncer: per Ready tenant, a supervised task that watches the tenant API and the tenant's
-//! host namespace and converges them under the tenant's SyncPolicy. Tenant objects are copied to
-//! the host under translated names (see [`naming`]); their state comes back (pod status, virtual
-//! nodes, Events); deletes flow both ways; host copies edited by hand are restored and copies
-//! whose tenant object is gone are removed.
+//! The syncer: per Ready tenant, a supervised task that converges the tenant API and the tenant's
+//! host namespace under the tenant's SyncPolicy. Tenant objects are copied to the host under
+//! translated names (see [`naming`]); their state comes back (pod status, virtual nodes, Events);
+//! deletes flow both ways; host copies edited by hand are restored and copies whose tenant
+//! object is gone are removed.
+//!
+//! - [`kinds`]: one module per resource kind behind [`kind::Kind`]; [`copy`] drives the kinds
+//!   whose copy is "translate, then converge".
+//! - [`tenant`]: one tenant's engine (watches, work queue, workers); [`host`]: the host watches
+//!   every tenant shares.
+//! - [`converge`]: the one way an object is converged, shared with the controller.
 
-mod engine;
+pub mod converge;
+pub mod copy;
+pub mod error;
+pub mod health;
+pub mod host;
+pub mod kind;
+pub mod kinds;
 pub mod naming;
 pub mod queue;
+pub mod tenant;
 pub mod translate;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -18,118 +31,24 @@ use k8s_openapi::api::core::v1::{
     ConfigMap, Endpoints, PersistentVolumeClaim, Pod, Secret, Service, ServiceAccount,
 };
 use k8s_openapi::api::networking::v1::Ingress;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::Client;
 use kube::api::{Api, DeleteParams, ListParams};
 use kube::runtime::reflector::ObjectRef;
 use tenantplane_api::{IsolationProfileSpec, SyncPolicySpec, TenantCluster};
 use tokio::sync::watch;
-
-use crate::metrics::Metrics;
 use tracing::{Instrument, info, warn};
 
-pub use engine::Key;
+pub use error::Error;
+pub use health::{Failure, Health, WATCH_FAILED, summary};
+pub use kind::Key;
 
-/// The reason of a failing watch.
-pub const WATCH_FAILED: &str = "WatchFailed";
-
-/// Why a tenant is not (yet) fully synced.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Failure {
-    /// CamelCase, for the `Synced` condition.
-    pub reason: &'static str,
-    /// Names the resource and the error.
-    pub message: String,
-}
-
-/// What a syncer reports to the TenantCluster controller.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Health {
-    /// Every watch on both sides holds its first list.
-    pub ready: bool,
-    /// Objects that failed to sync, by a description of the object.
-    pub errors: BTreeMap<String, Failure>,
-    /// Why the syncer itself stopped, while it waits to restart.
-    pub crashed: Option<String>,
-}
-
-impl Health {
-    /// Does a watch fail (the engine names each failing watch)?
-    pub fn watches_failing(&self) -> bool {
-        self.errors.values().any(|f| f.reason == WATCH_FAILED)
-    }
-
-    /// The `Synced` verdict: a stable summary when all is well, else the first failure and how
-    /// many more there are.
-    pub fn verdict(&self, policy: &SyncPolicySpec) -> Result<String, Failure> {
-        if let Some(why) = &self.crashed {
-            return Err(Failure {
-                reason: "SyncerRestarting",
-                message: format!("the syncer stopped and restarts after a back-off: {why}"),
-            });
-        }
-        if !self.ready {
-            return Err(Failure {
-                reason: "SyncStarting",
-                message: "the syncer is reading the tenant and the host namespace".into(),
-            });
-        }
-        if let Some((_, first)) = self.errors.iter().next() {
-            let more = self.errors.len() - 1;
-            let message = if more == 0 {
-                first.message.clone()
-            } else {
-                format!("{} (and {more} more)", first.message)
-            };
-            return Err(Failure {
-                reason: first.reason,
-                message,
-            });
-        }
-        Ok(summary(policy))
-    }
-}
-
-/// One sentence naming what moves; stable, so a healthy tenant's status never changes.
-pub fn summary(policy: &SyncPolicySpec) -> String {
-    let to = &policy.to_host;
-    let down: Vec<&str> = [
-        ("pods", to.pods.enabled),
-        ("services", to.services.enabled),
-        ("endpoints", to.endpoints.enabled),
-        ("configmaps", to.config_maps.enabled),
-        ("secrets", to.secrets.enabled),
-        (
-            "persistentvolumeclaims",
-            to.persistent_volume_claims.enabled,
-        ),
-        ("serviceaccounts", to.service_accounts.enabled),
-        ("ingresses", to.ingresses.enabled),
-    ]
-    .into_iter()
-    .filter_map(|(k, on)| on.then_some(k))
-    .collect();
-    let from = &policy.from_host;
-    let up: Vec<&str> = [
-        ("virtual nodes", from.nodes.enabled),
-        ("events", from.events.enabled),
-        ("storageclasses", from.storage_classes.enabled),
-        ("ingressclasses", from.ingress_classes.enabled),
-    ]
-    .into_iter()
-    .filter_map(|(k, on)| on.then_some(k))
-    .collect();
-    let list = |v: &[&str]| {
-        if v.is_empty() {
-            "nothing".to_string()
-        } else {
-            v.join(", ")
-        }
-    };
-    format!(
-        "in sync: {} to the host; {} from the host",
-        list(&down),
-        list(&up)
-    )
+/// Where the syncers report what they did, for the operator's metrics.
+pub trait Observer: Send + Sync {
+    /// `kind` converged for a tenant, `lag` after it was queued.
+    fn synced(&self, namespace: &str, tenant: &str, kind: &'static str, lag: Duration);
+    /// `kind` failed for a tenant, with a reason.
+    fn sync_failed(&self, namespace: &str, tenant: &str, kind: &'static str, reason: &'static str);
 }
 
 /// Everything a syncer runs with; a change restarts it.
@@ -137,7 +56,10 @@ pub fn summary(policy: &SyncPolicySpec) -> String {
 pub struct SyncerSpec {
     pub tenant: String,
     pub host_namespace: String,
-    pub owner: Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference>,
+    /// The TenantCluster's owner reference: every copy carries it.
+    pub owner: OwnerReference,
+    /// The namespace the operator is limited to, if it is: the host watches stay inside it.
+    pub scope: Option<String>,
     pub policy: SyncPolicySpec,
     pub profile: IsolationProfileSpec,
     /// Where the tenant API server answers, and with which kubeconfig (for change detection).
@@ -175,7 +97,9 @@ pub struct Syncers {
     host: Client,
     /// Reconciles the TenantCluster when a syncer's health changes.
     notify: UnboundedSender<ObjectRef<TenantCluster>>,
-    metrics: Arc<Metrics>,
+    observer: Arc<dyn Observer>,
+    /// Shared by every tenant's syncer.
+    watches: Arc<host::HostWatches>,
 }
 
 /// How long a reconcile waits for a new syncer's first lists before it reports `SyncStarting`.
@@ -185,13 +109,14 @@ impl Syncers {
     pub fn new(
         host: Client,
         notify: UnboundedSender<ObjectRef<TenantCluster>>,
-        metrics: Arc<Metrics>,
+        observer: Arc<dyn Observer>,
     ) -> Self {
         Self {
             running: Arc::new(Mutex::new(HashMap::new())),
             host,
             notify,
-            metrics,
+            observer,
+            watches: Arc::new(crate::host::HostWatches::new()),
         }
     }
 
@@ -235,16 +160,21 @@ impl Syncers {
                     let notify = self.notify.clone();
                     let target =
                         ObjectRef::<TenantCluster>::new(&spec.tenant).within(&spec.host_namespace);
+                    let reporter = tenant::Verdicts {
+                        health: Arc::new(tx),
+                        notify: Arc::new(move || {
+                            let _ = notify.unbounded_send(target.clone());
+                        }),
+                        policy: spec.policy.clone(),
+                        observer: self.observer.clone(),
+                    };
                     let task = tokio::spawn(
-                        engine::supervise(
+                        tenant::supervise(
                             spec.clone(),
                             tenant,
                             self.host.clone(),
-                            tx,
-                            move || {
-                                let _ = notify.unbounded_send(target.clone());
-                            },
-                            self.metrics.clone(),
+                            self.watches.clone(),
+                            reporter,
                             stop_rx,
                         )
                         .instrument(tracing::info_span!(
@@ -342,35 +272,5 @@ where
             warn!(error = %e, "deleting synced objects failed");
             Err(e)
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_verdict_names_the_first_failure_and_counts_the_rest() {
-        let policy = SyncPolicySpec::default();
-        let mut h = Health {
-            ready: true,
-            ..Default::default()
-        };
-        assert_eq!(
-            h.verdict(&policy).unwrap(),
-            "in sync: pods, services, endpoints, configmaps, secrets, persistentvolumeclaims to the host; virtual nodes, events from the host"
-        );
-        for n in ["a", "b"] {
-            h.errors.insert(
-                format!("Pod default/{n}"),
-                Failure {
-                    reason: "HostRejected",
-                    message: format!("Pod default/{n}: refused"),
-                },
-            );
-        }
-        let f = h.verdict(&policy).unwrap_err();
-        assert_eq!(f.reason, "HostRejected");
-        assert_eq!(f.message, "Pod default/a: refused (and 1 more)");
     }
 }

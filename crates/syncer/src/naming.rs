@@ -3,9 +3,16 @@
 //! in the tenant's host namespace. When that is longer than 63 characters, or could be read as
 //! another triple (a part contains `-x-`), the name is cut and a hash of the whole triple is added,
 //! so two triples never share a host name.
+//!
+//! Ownership is decided here too: a host object is a tenant's copy only when the marks the syncer
+//! wrote at creation (labels, annotations with the TenantCluster's UID) agree with its owner
+//! reference to that TenantCluster. A tenant can write labels and annotations into templates the
+//! host expands (an ephemeral volume's claim), never an owner reference, so marks alone are not
+//! trusted.
 
 use std::collections::BTreeMap;
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::ObjectMeta;
 
 /// Every synced host object carries these labels…
@@ -18,6 +25,10 @@ pub const ANNOTATION_TENANT: &str = "tenantplane.io/tenant";
 pub const ANNOTATION_VIRTUAL_NAMESPACE: &str = "tenantplane.io/virtual-namespace";
 pub const ANNOTATION_VIRTUAL_NAME: &str = "tenantplane.io/virtual-name";
 pub const ANNOTATION_VIRTUAL_UID: &str = "tenantplane.io/virtual-uid";
+/// The UID of the TenantCluster the copy was made for, recorded at creation.
+pub const ANNOTATION_TENANT_UID: &str = "tenantplane.io/tenant-uid";
+/// A hash of what the syncer or the controller last applied (see `converge`).
+pub const ANNOTATION_APPLIED_HASH: &str = "tenantplane.io/applied-hash";
 /// The tenant service account a host pod runs as (for people reading the host).
 pub const ANNOTATION_SERVICE_ACCOUNT: &str = "tenantplane.io/service-account";
 /// On a host token Secret: when its token should be minted again (RFC 3339).
@@ -100,10 +111,25 @@ pub fn owner_labels(tenant: &str, namespace: &str, name: &str) -> BTreeMap<Strin
     ])
 }
 
+/// The TenantCluster a syncer works for: its name and UID, and the owner reference every copy
+/// carries.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TenantRef {
+    pub name: String,
+    pub owner: OwnerReference,
+}
+
+impl TenantRef {
+    pub fn uid(&self) -> &str {
+        &self.owner.uid
+    }
+}
+
 /// The ownership annotations of a host copy.
-pub fn owner_annotations(tenant: &str, of: &Virtual) -> BTreeMap<String, String> {
+pub fn owner_annotations(tenant: &TenantRef, of: &Virtual) -> BTreeMap<String, String> {
     BTreeMap::from([
-        (ANNOTATION_TENANT.to_string(), tenant.to_string()),
+        (ANNOTATION_TENANT.to_string(), tenant.name.clone()),
+        (ANNOTATION_TENANT_UID.to_string(), tenant.uid().to_string()),
         (
             ANNOTATION_VIRTUAL_NAMESPACE.to_string(),
             of.namespace.clone(),
@@ -118,7 +144,28 @@ pub fn synced_selector(tenant: &str) -> String {
     format!("{LABEL_SYNCED_FROM}={tenant}")
 }
 
-/// The tenant object a host object was synced from, if it is `tenant`'s.
+/// The tenant object a host object was made for, if the syncer of `tenant` made it: its marks
+/// name this TenantCluster (UID included) and so does its owner reference.
+pub fn copy_of(meta: &ObjectMeta, tenant: &TenantRef) -> Option<Virtual> {
+    let uid = tenant.uid();
+    let owned = meta
+        .owner_references
+        .iter()
+        .flatten()
+        .any(|o| o.uid == uid && o.kind == tenant.owner.kind && o.controller == Some(true));
+    let recorded = meta
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(ANNOTATION_TENANT_UID))
+        .map(String::as_str);
+    if !owned || recorded != Some(uid) {
+        return None;
+    }
+    virtual_of(meta, &tenant.name)
+}
+
+/// The tenant object a host object's marks name, if they name `tenant`. Marks can be forged:
+/// decisions use [`copy_of`].
 pub fn virtual_of(meta: &ObjectMeta, tenant: &str) -> Option<Virtual> {
     let labels = meta.labels.as_ref()?;
     if labels.get(LABEL_SYNCED_FROM).map(String::as_str) != Some(tenant) {
@@ -145,7 +192,7 @@ pub fn copyable(map: Option<&BTreeMap<String, String>>) -> BTreeMap<String, Stri
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use proptest::prelude::*;
 
@@ -190,8 +237,23 @@ mod tests {
         assert_eq!(label_value(""), "");
     }
 
+    pub(crate) fn tenant_ref(name: &str, uid: &str) -> TenantRef {
+        TenantRef {
+            name: name.into(),
+            owner: OwnerReference {
+                api_version: "tenantplane.io/v1alpha1".into(),
+                kind: "TenantCluster".into(),
+                name: name.into(),
+                uid: uid.into(),
+                controller: Some(true),
+                block_owner_deletion: Some(true),
+            },
+        }
+    }
+
     #[test]
     fn ownership_round_trips_and_refuses_other_tenants() {
+        let dev = tenant_ref("dev", "tc-1");
         let of = Virtual {
             namespace: "default".into(),
             name: "web".into(),
@@ -199,11 +261,29 @@ mod tests {
         };
         let meta = ObjectMeta {
             labels: Some(owner_labels("dev", "default", "web")),
-            annotations: Some(owner_annotations("dev", &of)),
+            annotations: Some(owner_annotations(&dev, &of)),
+            owner_references: Some(vec![dev.owner.clone()]),
             ..Default::default()
         };
-        assert_eq!(virtual_of(&meta, "dev"), Some(of));
+        assert_eq!(copy_of(&meta, &dev), Some(of.clone()));
         assert_eq!(virtual_of(&meta, "other"), None);
+        // A later TenantCluster of the same name is another tenant.
+        assert_eq!(copy_of(&meta, &tenant_ref("dev", "tc-2")), None);
+        // Marks without the owner reference (written through a template) are forged.
+        let forged = ObjectMeta {
+            owner_references: None,
+            ..meta.clone()
+        };
+        assert_eq!(virtual_of(&forged, "dev"), Some(of));
+        assert_eq!(copy_of(&forged, &dev), None);
+        // An owner reference without the recorded UID is not enough either.
+        let mut unrecorded = meta;
+        unrecorded
+            .annotations
+            .as_mut()
+            .unwrap()
+            .remove(ANNOTATION_TENANT_UID);
+        assert_eq!(copy_of(&unrecorded, &dev), None);
     }
 
     #[test]

@@ -1,0 +1,111 @@
+//! Why one object failed to sync. Each variant is a category: it names the `Synced` reason, the
+//! `reason` label of `tenantplane_sync_errors_total`, and how soon the key is tried again.
+
+use std::time::Duration;
+
+/// A failure while converging one key.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The host API refused the copy (admission, validation, quota).
+    #[error("the host refused it: {0}")]
+    HostRejected(String),
+    /// A host object of the copy's name exists that the syncer did not make.
+    #[error(
+        "a host {kind} named {name} exists that the syncer did not create; rename or delete it"
+    )]
+    HostNameTaken { kind: String, name: String },
+    /// The tenant refused the cluster IP of the host copy of a Service.
+    #[error(
+        "the tenant refused the cluster IP {ip} ({message}); is the tenant's service CIDR the host's?"
+    )]
+    ServiceIpNotAdopted { ip: String, message: String },
+    /// The tenant API minted no token for a service account.
+    #[error("the tenant API returned no token for ServiceAccount {0}")]
+    TokenRequestFailed(String),
+    /// An object could not be turned into JSON (a bug, not the user's).
+    #[error("serializing {kind}: {source}")]
+    Serialize {
+        kind: String,
+        source: serde_json::Error,
+    },
+    /// Any other API error: usually passing (a conflict, a timeout), so retried soon.
+    #[error("{0}")]
+    Api(#[from] kube::Error),
+}
+
+impl Error {
+    /// CamelCase, for the `Synced` condition and the metrics.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Error::HostRejected(_) => "HostRejected",
+            Error::HostNameTaken { .. } => "HostNameTaken",
+            Error::ServiceIpNotAdopted { .. } => "ServiceIPNotAdopted",
+            Error::TokenRequestFailed(_) => "TokenRequestFailed",
+            Error::Serialize { .. } | Error::Api(_) => "SyncFailed",
+        }
+    }
+
+    /// The first delay of the key's back-off. A refusal does not go away by itself: it is looked
+    /// at again slowly (or as soon as the tenant object changes); anything else soon.
+    pub fn first_retry(&self) -> Duration {
+        match self {
+            Error::HostRejected(_)
+            | Error::HostNameTaken { .. }
+            | Error::ServiceIpNotAdopted { .. } => Duration::from_secs(10),
+            _ => Duration::from_millis(250),
+        }
+    }
+}
+
+impl From<crate::converge::Error> for Error {
+    fn from(e: crate::converge::Error) -> Self {
+        match e {
+            crate::converge::Error::Api(e) => Error::Api(e),
+            crate::converge::Error::Serialize { kind, source } => Error::Serialize { kind, source },
+            crate::converge::Error::NameTaken { kind, name } => Error::HostNameTaken { kind, name },
+        }
+    }
+}
+
+impl Error {
+    /// A failure writing a host copy: the host's refusal is named as such.
+    pub fn on_host(e: crate::converge::Error) -> Self {
+        match e {
+            crate::converge::Error::Api(e) => Error::from_api(e),
+            other => other.into(),
+        }
+    }
+
+    /// An API error writing a host copy: a refusal (403 Forbidden by admission or quota, 422
+    /// Invalid) is the host's verdict on the object; anything else passes.
+    pub fn from_api(e: kube::Error) -> Self {
+        match e {
+            kube::Error::Api(r) if r.code == 403 || r.code == 422 => Error::HostRejected(r.message),
+            other => Error::Api(other),
+        }
+    }
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn refusals_wait_longer_than_passing_errors() {
+        let refused = Error::HostRejected("pods \"x\" is forbidden".into());
+        assert_eq!(refused.reason(), "HostRejected");
+        assert_eq!(
+            refused.to_string(),
+            "the host refused it: pods \"x\" is forbidden"
+        );
+        let taken = Error::HostNameTaken {
+            kind: "ConfigMap".into(),
+            name: "a-x-b-x-c".into(),
+        };
+        assert!(taken.first_retry() > Duration::from_secs(1));
+        let passing = Error::TokenRequestFailed("default/default".into());
+        assert!(passing.first_retry() < Duration::from_secs(1));
+    }
+}

@@ -1,0 +1,139 @@
+//! What a syncer reports to the TenantCluster controller: whether it has read both sides, which
+//! objects fail and why, and the sentence `Synced` shows when all is well.
+
+use std::collections::BTreeMap;
+
+use tenantplane_api::SyncPolicySpec;
+
+/// The reason of a failing watch.
+pub const WATCH_FAILED: &str = "WatchFailed";
+
+/// Why a tenant is not (yet) fully synced.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Failure {
+    /// CamelCase, for the `Synced` condition.
+    pub reason: &'static str,
+    /// Names the resource and the error.
+    pub message: String,
+}
+
+/// What a syncer reports to the TenantCluster controller.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Health {
+    /// Every watch on both sides holds its first list.
+    pub ready: bool,
+    /// Objects that failed to sync, by a description of the object.
+    pub errors: BTreeMap<String, Failure>,
+    /// Why the syncer itself stopped, while it waits to restart.
+    pub crashed: Option<String>,
+}
+
+impl Health {
+    /// Does a watch fail (the engine names each failing watch)?
+    pub fn watches_failing(&self) -> bool {
+        self.errors.values().any(|f| f.reason == WATCH_FAILED)
+    }
+
+    /// The `Synced` verdict: a stable summary when all is well, else the first failure and how
+    /// many more there are.
+    pub fn verdict(&self, policy: &SyncPolicySpec) -> Result<String, Failure> {
+        if let Some(why) = &self.crashed {
+            return Err(Failure {
+                reason: "SyncerRestarting",
+                message: format!("the syncer stopped and restarts after a back-off: {why}"),
+            });
+        }
+        if !self.ready {
+            return Err(Failure {
+                reason: "SyncStarting",
+                message: "the syncer is reading the tenant and the host namespace".into(),
+            });
+        }
+        if let Some((_, first)) = self.errors.iter().next() {
+            let more = self.errors.len() - 1;
+            let message = if more == 0 {
+                first.message.clone()
+            } else {
+                format!("{} (and {more} more)", first.message)
+            };
+            return Err(Failure {
+                reason: first.reason,
+                message,
+            });
+        }
+        Ok(summary(policy))
+    }
+}
+
+/// One sentence naming what moves; stable, so a healthy tenant's status never changes.
+pub fn summary(policy: &SyncPolicySpec) -> String {
+    let to = &policy.to_host;
+    let down: Vec<&str> = [
+        ("pods", to.pods.enabled),
+        ("services", to.services.enabled),
+        ("endpoints", to.endpoints.enabled),
+        ("configmaps", to.config_maps.enabled),
+        ("secrets", to.secrets.enabled),
+        (
+            "persistentvolumeclaims",
+            to.persistent_volume_claims.enabled,
+        ),
+        ("serviceaccounts", to.service_accounts.enabled),
+        ("ingresses", to.ingresses.enabled),
+    ]
+    .into_iter()
+    .filter_map(|(k, on)| on.then_some(k))
+    .collect();
+    let from = &policy.from_host;
+    let up: Vec<&str> = [
+        ("virtual nodes", from.nodes.enabled),
+        ("events", from.events.enabled),
+        ("storageclasses", from.storage_classes.enabled),
+        ("ingressclasses", from.ingress_classes.enabled),
+    ]
+    .into_iter()
+    .filter_map(|(k, on)| on.then_some(k))
+    .collect();
+    let list = |v: &[&str]| {
+        if v.is_empty() {
+            "nothing".to_string()
+        } else {
+            v.join(", ")
+        }
+    };
+    format!(
+        "in sync: {} to the host; {} from the host",
+        list(&down),
+        list(&up)
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_verdict_names_the_first_failure_and_counts_the_rest() {
+        let policy = SyncPolicySpec::default();
+        let mut h = Health {
+            ready: true,
+            ..Default::default()
+        };
+        assert_eq!(
+            h.verdict(&policy).unwrap(),
+            "in sync: pods, services, endpoints, configmaps, secrets, persistentvolumeclaims to the host; virtual nodes, events from the host"
+        );
+        for n in ["a", "b"] {
+            h.errors.insert(
+                format!("Pod default/{n}"),
+                Failure {
+                    reason: "HostRejected",
+                    message: format!("Pod default/{n}: refused"),
+                },
+            );
+        }
+        let f = h.verdict(&policy).unwrap_err();
+        assert_eq!(f.reason, "HostRejected");
+        assert_eq!(f.message, "Pod default/a: refused (and 1 more)");
+    }
+}

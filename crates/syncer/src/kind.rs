@@ -1,0 +1,142 @@
+//! The one interface every resource kind's syncer implements: what it watches on each side,
+//! which keys a change maps to, and its converge step. The engine knows kinds only through it.
+
+use futures::future::BoxFuture;
+use kube::api::Api;
+use kube::runtime::watcher;
+use kube::{Client, Resource, ResourceExt};
+use serde::Serialize;
+use tenantplane_api::SyncPolicySpec;
+
+use crate::error::Result;
+use crate::host::{HostObject, Scope};
+use crate::naming;
+use crate::tenant::Tenant;
+
+/// What a worker converges: one object of a kind. The namespace is empty for cluster-scoped
+/// kinds and for host Events, whose name is the host's.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Key {
+    pub kind: &'static str,
+    pub namespace: String,
+    pub name: String,
+}
+
+impl Key {
+    pub fn new(kind: &'static str, namespace: impl Into<String>, name: impl Into<String>) -> Self {
+        Self {
+            kind,
+            namespace: namespace.into(),
+            name: name.into(),
+        }
+    }
+
+    /// The key of kind `S` for `namespace/name`.
+    pub fn of<S: Kind>(namespace: impl Into<String>, name: impl Into<String>) -> Self {
+        Self::new(S::NAME, namespace, name)
+    }
+
+    /// The key of kind `S` for a tenant object.
+    pub fn for_object<S: Kind>(obj: &impl Resource) -> Self {
+        Self::of::<S>(
+            obj.meta().namespace.clone().unwrap_or_default(),
+            obj.meta().name.clone().unwrap_or_default(),
+        )
+    }
+
+    /// How a person reads it: `Pod default/web`, `Node kwok-node-0`.
+    pub fn describe(&self) -> String {
+        if self.namespace.is_empty() {
+            format!("{} {}", self.kind, self.name)
+        } else {
+            format!("{} {}/{}", self.kind, self.namespace, self.name)
+        }
+    }
+}
+
+/// The object type a kind's syncer watches and writes.
+pub trait Object: HostObject + Serialize {}
+impl<K: HostObject + Serialize> Object for K {}
+
+/// How long a tenant watch runs before the API server ends it and it is renewed. Shorter than
+/// the watch client's read timeout, so a quiet watch is never cut by the client, while a request
+/// that hangs (an API server coming back) fails and is retried.
+const TENANT_WATCH_SECONDS: u32 = 50;
+
+/// The tenant-side watch of everything of a kind.
+pub fn tenant_watch_config() -> watcher::Config {
+    watcher::Config::default().timeout(TENANT_WATCH_SECONDS)
+}
+
+/// The tenant-side watch of what the syncer shows in the tenant (it carries our label): always
+/// watched, so objects left from an earlier policy are removed.
+pub fn shown_watch_config() -> watcher::Config {
+    tenant_watch_config().labels(naming::LABEL_SYNCED_FROM)
+}
+
+/// One resource kind's syncer.
+pub trait Kind: Sized + Send + Sync + 'static {
+    /// The kind, as keys, messages and metrics name it.
+    const NAME: &'static str;
+    type Object: Object;
+
+    /// The tenant-side watch under `policy`; `None`: the tenant side is not watched.
+    fn tenant_watch(_policy: &SyncPolicySpec) -> Option<watcher::Config> {
+        Some(tenant_watch_config())
+    }
+
+    /// The keys a change of tenant object `obj` wakes. The first is the object's own: a change
+    /// of the object itself (not of its status) ends its back-off.
+    fn tenant_keys(obj: &Self::Object) -> Vec<Key> {
+        vec![Key::for_object::<Self>(obj)]
+    }
+
+    /// The shared host watch this kind reads under `policy`, if any.
+    fn host_scope(policy: &SyncPolicySpec) -> Option<Scope>;
+
+    /// The Api of that host watch (`namespace`: the operator's scope, if it has one).
+    fn host_api(client: Client, namespace: Option<&str>) -> Api<Self::Object>;
+
+    /// The keys a change of host object `obj` in this tenant's slice wakes. Marks are enough to
+    /// wake a key (its converge step checks ownership).
+    fn host_keys(obj: &Self::Object, tenant: &str) -> Vec<Key> {
+        naming::virtual_of(obj.meta(), tenant)
+            .map(|v| vec![Key::of::<Self>(v.namespace, v.name)])
+            .unwrap_or_default()
+    }
+
+    /// Converge one key: read the caches, write only what differs.
+    fn converge<'a>(cx: &'a Tenant, key: &'a Key) -> BoxFuture<'a, Result<()>>;
+
+    /// Every key to look at in a periodic resync or after a host relist.
+    fn everything(cx: &Tenant) -> Vec<Key> {
+        let mut keys: Vec<Key> = cx
+            .tenant_list::<Self::Object>()
+            .iter()
+            .map(|o| Key::for_object::<Self>(&**o))
+            .collect();
+        for h in cx.host_slice::<Self::Object>() {
+            keys.extend(Self::host_keys(&h, cx.tr.name()));
+        }
+        keys
+    }
+}
+
+/// A host Api in the operator's scope: one namespace, or every namespace.
+pub fn scoped_api<K>(client: Client, namespace: Option<&str>) -> Api<K>
+where
+    K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>,
+{
+    match namespace {
+        Some(ns) => Api::namespaced(client, ns),
+        None => Api::all(client),
+    }
+}
+
+/// The name of a cluster-scoped object, or a namespaced one's `namespace/name`, for logs.
+pub fn describe_object(obj: &impl Resource) -> String {
+    match obj.meta().namespace.as_deref() {
+        Some(ns) => format!("{ns}/{}", obj.name_any()),
+        None => obj.name_any(),
+    }
+}

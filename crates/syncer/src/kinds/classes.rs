@@ -1,0 +1,130 @@
+//! Host classes (StorageClasses, IngressClasses) shown in the tenant as the host has them, so
+//! the tenant's claims and Ingresses can name them. A tenant's own class of the same name wins.
+
+use std::marker::PhantomData;
+
+use k8s_openapi::api::networking::v1::IngressClass;
+use k8s_openapi::api::storage::v1::StorageClass;
+use kube::api::{Api, ObjectMeta};
+use kube::runtime::watcher;
+use kube::{Client, Resource, ResourceExt};
+use tenantplane_api::SyncPolicySpec;
+
+use crate::converge::{self, Target, delete_if_present};
+use crate::error::Result;
+use crate::host::Scope;
+use crate::kind::{Key, Kind, Object, shown_watch_config};
+use crate::naming::{self, SYNCER_MANAGER};
+use crate::tenant::Tenant;
+
+/// A cluster-scoped host kind shown in tenants.
+pub trait Class: Object + Resource<Scope = k8s_openapi::ClusterResourceScope> {
+    const NAME: &'static str;
+    /// Shown under `policy`?
+    fn shown(policy: &SyncPolicySpec) -> bool;
+}
+
+impl Class for StorageClass {
+    const NAME: &'static str = "StorageClass";
+    fn shown(policy: &SyncPolicySpec) -> bool {
+        policy.from_host.storage_classes.enabled
+    }
+}
+
+impl Class for IngressClass {
+    const NAME: &'static str = "IngressClass";
+    fn shown(policy: &SyncPolicySpec) -> bool {
+        policy.from_host.ingress_classes.enabled
+    }
+}
+
+/// The syncer of one class kind.
+pub struct Classes<K>(PhantomData<K>);
+
+impl<K: Class> Kind for Classes<K> {
+    const NAME: &'static str = <K as Class>::NAME;
+    type Object = K;
+
+    fn tenant_watch(_: &SyncPolicySpec) -> Option<watcher::Config> {
+        Some(shown_watch_config())
+    }
+
+    fn host_scope(policy: &SyncPolicySpec) -> Option<Scope> {
+        K::shown(policy).then_some(Scope::Cluster)
+    }
+
+    fn host_api(client: Client, _: Option<&str>) -> Api<K> {
+        Api::all(client)
+    }
+
+    fn host_keys(obj: &K, _: &str) -> Vec<Key> {
+        vec![Key::of::<Self>("", obj.name_any())]
+    }
+
+    fn converge<'a>(cx: &'a Tenant, key: &'a Key) -> futures::future::BoxFuture<'a, Result<()>> {
+        Box::pin(show_class::<K>(cx, &key.name))
+    }
+}
+
+/// The tenant's copy of host class `host`, labelled as shown by this tenant's syncer.
+pub fn shown_class<K: Class>(host: &K, tenant: &str) -> K {
+    let mut copy = host.clone();
+    let mut labels = naming::copyable(host.meta().labels.as_ref());
+    labels.insert(naming::LABEL_SYNCED_FROM.into(), tenant.to_string());
+    *copy.meta_mut() = ObjectMeta {
+        name: host.meta().name.clone(),
+        labels: Some(labels),
+        ..Default::default()
+    };
+    copy
+}
+
+/// Show host class `name` in the tenant as the host has it, from the two sides' caches.
+async fn show_class<K: Class>(cx: &Tenant, name: &str) -> Result<()> {
+    let api: Api<K> = Api::all(cx.tenant.clone());
+    let current = cx.tenant_get::<K>("", name);
+    let ours = current
+        .as_ref()
+        .is_some_and(|c| c.labels().get(naming::LABEL_SYNCED_FROM) == Some(&cx.tr.tenant.name));
+    let host = cx.host_get::<K>(false, name);
+    let Some(host) = host.filter(|_| K::shown(&cx.policy)) else {
+        if let (Some(c), true) = (current, ours) {
+            delete_if_present(&api, &*c, None).await?;
+        }
+        return Ok(());
+    };
+    if current.is_some() && !ours {
+        return Ok(()); // the tenant's own object of that name wins
+    }
+    converge::converge(
+        &api,
+        SYNCER_MANAGER,
+        current.as_deref(),
+        &shown_class(&*host, cx.tr.name()),
+        Target::Any,
+    )
+    .await?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn a_shown_class_keeps_the_host_spec_and_names_the_tenant() {
+        let host: StorageClass = serde_json::from_value(json!({
+            "metadata": {"name": "standard", "uid": "h1", "resourceVersion": "3",
+                         "labels": {"tier": "ssd", "tenantplane.io/synced-from": "x"}},
+            "provisioner": "example.org/disk"
+        }))
+        .unwrap();
+        let shown = shown_class(&host, "dev");
+        assert_eq!(shown.provisioner, "example.org/disk");
+        assert_eq!(shown.metadata.uid, None);
+        let labels = shown.metadata.labels.unwrap();
+        assert_eq!(labels["tier"], "ssd");
+        assert_eq!(labels[naming::LABEL_SYNCED_FROM], "dev");
+    }
+}

@@ -1,0 +1,73 @@
+//! One module per resource kind, each behind [`Kind`](crate::kind::Kind); [`all`] is the one
+//! list of them the engine runs.
+
+use futures::future::BoxFuture;
+use k8s_openapi::api::networking::v1::IngressClass;
+use k8s_openapi::api::storage::v1::StorageClass;
+
+use crate::error::Result;
+use crate::kind::{Key, Kind};
+use crate::tenant::{Setup, Tenant};
+
+pub mod classes;
+pub mod configmaps;
+pub mod endpoints;
+pub mod events;
+pub mod ingresses;
+pub mod nodes;
+pub mod persistentvolumeclaims;
+pub mod pod_translate;
+pub mod pods;
+pub mod secrets;
+pub mod serviceaccounts;
+pub mod services;
+pub mod tokens;
+
+/// A kind as the engine runs it.
+pub struct Entry {
+    pub name: &'static str,
+    pub converge: for<'a> fn(&'a Tenant, &'a Key) -> BoxFuture<'a, Result<()>>,
+    pub everything: fn(&Tenant) -> Vec<Key>,
+    pub wire: fn(&mut Setup<'_>),
+}
+
+fn entry<S: Kind>() -> Entry {
+    Entry {
+        name: S::NAME,
+        converge: S::converge,
+        everything: S::everything,
+        wire: |setup| setup.wire::<S>(),
+    }
+}
+
+/// Every kind the syncer knows.
+pub fn all() -> Vec<Entry> {
+    vec![
+        entry::<pods::Pods>(),
+        entry::<services::Services>(),
+        entry::<endpoints::EndpointsKind>(),
+        entry::<configmaps::ConfigMaps>(),
+        entry::<secrets::Secrets>(),
+        entry::<persistentvolumeclaims::Claims>(),
+        entry::<serviceaccounts::ServiceAccounts>(),
+        entry::<ingresses::Ingresses>(),
+        entry::<nodes::Nodes>(),
+        entry::<events::Events>(),
+        entry::<classes::Classes<StorageClass>>(),
+        entry::<classes::Classes<IngressClass>>(),
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_kind_has_its_own_name() {
+        let names: Vec<&str> = all().iter().map(|e| e.name).collect();
+        let mut unique = names.clone();
+        unique.sort();
+        unique.dedup();
+        assert_eq!(names.len(), unique.len(), "{names:?}");
+    }
+}

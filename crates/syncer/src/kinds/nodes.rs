@@ -1,0 +1,179 @@
+//! Virtual nodes: the tenant sees one Node per host node that runs its pods, with the host
+//! node's name, labels, capacity, addresses and conditions, and none of its taints or provider
+//! details. A Node no tenant pod uses any more goes.
+
+use k8s_openapi::api::core::v1::{Node, NodeStatus, Pod};
+use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::{Client, ResourceExt};
+use serde_json::json;
+use tenantplane_api::SyncPolicySpec;
+
+use crate::converge::delete_if_present;
+use crate::error::Result;
+use crate::host::Scope;
+use crate::kind::{Key, Kind, shown_watch_config};
+use crate::naming::{self, SYNCER_MANAGER};
+use crate::tenant::Tenant;
+
+pub struct Nodes;
+
+impl Kind for Nodes {
+    const NAME: &'static str = "Node";
+    type Object = Node;
+
+    fn tenant_watch(_: &SyncPolicySpec) -> Option<kube::runtime::watcher::Config> {
+        Some(shown_watch_config())
+    }
+
+    fn host_scope(policy: &SyncPolicySpec) -> Option<Scope> {
+        policy.from_host.nodes.enabled.then_some(Scope::Cluster)
+    }
+
+    fn host_api(client: Client, _: Option<&str>) -> Api<Node> {
+        Api::all(client)
+    }
+
+    fn host_keys(n: &Node, _: &str) -> Vec<Key> {
+        vec![Key::of::<Self>("", n.name_any())]
+    }
+
+    fn converge<'a>(cx: &'a Tenant, key: &'a Key) -> futures::future::BoxFuture<'a, Result<()>> {
+        Box::pin(converge_node(cx, &key.name))
+    }
+}
+
+/// The key of the Node a pod is bound to, if any.
+pub fn node_key(p: &Pod) -> Option<Key> {
+    let node = p.spec.as_ref()?.node_name.clone()?;
+    Some(Key::of::<Nodes>("", node))
+}
+
+/// Make the tenant Node for host node `name` exist and show the host's state; `false` when
+/// the host node is not known (yet).
+pub async fn ensure_virtual_node(cx: &Tenant, name: &str) -> Result<bool> {
+    let Some(host) = cx.host_get::<Node>(false, name) else {
+        return Ok(false);
+    };
+    let wanted = virtual_node(&host, cx.tr.name());
+    let nodes: Api<Node> = Api::all(cx.tenant.clone());
+    let current = cx.tenant_get::<Node>("", name);
+    match current {
+        None => match nodes
+            .create(
+                &PostParams {
+                    field_manager: Some(SYNCER_MANAGER.into()),
+                    ..Default::default()
+                },
+                &wanted,
+            )
+            .await
+        {
+            Ok(_) => {}
+            Err(kube::Error::Api(e)) if e.code == 409 => {}
+            Err(e) => return Err(e.into()),
+        },
+        Some(current) if !node_differs(&current, &wanted) => return Ok(true),
+        Some(_) => {}
+    }
+    // Status is a subresource: written separately, also right after creation. A node the
+    // cache still shows but that is gone (deleted a moment ago) is created again.
+    let labels = json!({"metadata": {"labels": wanted.metadata.labels}});
+    match nodes
+        .patch(name, &PatchParams::default(), &Patch::Merge(labels))
+        .await
+    {
+        Ok(_) => {}
+        Err(kube::Error::Api(e)) if e.code == 404 => {
+            nodes
+                .create(
+                    &PostParams {
+                        field_manager: Some(SYNCER_MANAGER.into()),
+                        ..Default::default()
+                    },
+                    &wanted,
+                )
+                .await?;
+        }
+        Err(e) => return Err(e.into()),
+    }
+    nodes
+        .patch_status(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": wanted.status})),
+        )
+        .await?;
+    Ok(true)
+}
+
+async fn converge_node(cx: &Tenant, name: &str) -> Result<()> {
+    // In use: a tenant pod is bound to it (whatever the policy says now: the tenant deletes
+    // pods bound to missing nodes), or a copy runs there whose tenant pod is about to be.
+    let on_node = |p: &Pod| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(name);
+    let bound_here = cx.tenant_list::<Pod>().iter().any(|p| on_node(p));
+    let in_use = bound_here
+        || (cx.policy.from_host.nodes.enabled
+            && cx
+                .host_slice::<Pod>()
+                .iter()
+                .any(|p| on_node(p) && cx.tr.copy_of(&p.metadata).is_some()));
+    let host_exists = cx.host_get::<Node>(false, name).is_some();
+    let current = cx.tenant_get::<Node>("", name);
+    if in_use && host_exists {
+        return ensure_virtual_node(cx, name).await.map(|_| ());
+    }
+    if let Some(node) = current
+        && node.labels().get(naming::LABEL_SYNCED_FROM) == Some(&cx.tr.tenant.name)
+        && !in_use
+    {
+        let nodes: Api<Node> = Api::all(cx.tenant.clone());
+        delete_if_present(&nodes, &node, None).await?;
+    }
+    Ok(())
+}
+
+/// The virtual Node the tenant sees for host node `node`: its name, labels, capacity, addresses
+/// and conditions; no taints, pod CIDRs or provider details of the host.
+pub fn virtual_node(host: &Node, tenant: &str) -> Node {
+    let mut labels = naming::copyable(host.metadata.labels.as_ref());
+    labels.insert(naming::LABEL_SYNCED_FROM.into(), tenant.into());
+    let status = host.status.clone().unwrap_or_default();
+    Node {
+        metadata: ObjectMeta {
+            name: host.metadata.name.clone(),
+            labels: Some(labels),
+            ..Default::default()
+        },
+        spec: None,
+        status: Some(NodeStatus {
+            capacity: status.capacity,
+            allocatable: status.allocatable,
+            conditions: status.conditions,
+            addresses: status.addresses,
+            node_info: status.node_info,
+            daemon_endpoints: status.daemon_endpoints,
+            ..Default::default()
+        }),
+    }
+}
+
+/// Does the tenant Node show the host node's state as [`virtual_node`] would put it?
+pub fn node_differs(tenant: &Node, wanted: &Node) -> bool {
+    let status = |n: &Node| {
+        let s = n.status.clone().unwrap_or_default();
+        let conds: Vec<_> = s
+            .conditions
+            .iter()
+            .flatten()
+            .map(|c| (c.type_.clone(), c.status.clone(), c.reason.clone()))
+            .collect();
+        (s.capacity, s.allocatable, s.addresses, conds)
+    };
+    let labels_missing = wanted
+        .metadata
+        .labels
+        .iter()
+        .flatten()
+        .any(|(k, v)| tenant.metadata.labels.as_ref().and_then(|l| l.get(k)) != Some(v));
+    labels_missing || status(tenant) != status(wanted)
+}

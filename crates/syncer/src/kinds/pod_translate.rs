@@ -1,0 +1,619 @@
+//! The pure translation of a pod: down (the host copy of a tenant pod, confined to its tenant)
+//! and up (the status the tenant pod shows for its copy), and what a pod references.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use k8s_openapi::api::core::v1::{
+    KeyToPath, Pod, PodCondition, PodStatus, SecretVolumeSource, Service, VolumeProjection,
+};
+use kube::ResourceExt;
+
+use crate::kinds::services::{service_env, tenant_api_env};
+use crate::kinds::tokens::token_secret_name;
+use crate::naming;
+use crate::translate::Translator;
+
+/// The ConfigMaps, Secrets and claims a pod uses, by tenant name.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct References {
+    pub config_maps: BTreeSet<String>,
+    pub secrets: BTreeSet<String>,
+    pub claims: BTreeSet<String>,
+    pub service_account: Option<String>,
+}
+
+/// The host metadata of a tenant pod's copy: the marks, and the service account it runs as.
+pub fn pod_meta(tr: &Translator, pod: &Pod) -> kube::api::ObjectMeta {
+    let mut meta = tr.host_meta(&pod.metadata);
+    let spec = pod.spec.as_ref();
+    let sa = spec
+        .and_then(|s| s.service_account_name.clone().or(s.service_account.clone()))
+        .unwrap_or_else(|| "default".into());
+    if let Some(a) = meta.annotations.as_mut() {
+        a.insert(naming::ANNOTATION_SERVICE_ACCOUNT.into(), sa);
+    }
+    meta
+}
+
+/// The images of a pod's containers, by container name: all of a pod's spec that can change.
+pub fn images(pod: &Pod) -> Vec<(String, Option<String>)> {
+    pod.spec
+        .iter()
+        .flat_map(|s| s.containers.iter())
+        .map(|c| (c.name.clone(), c.image.clone()))
+        .collect()
+}
+
+/// The host copy of a tenant pod. `services` are the tenant Services of the pod's namespace
+/// (for the service environment variables); `dns` the tenant's DNS service address, if any.
+pub fn pod(tr: &Translator, pod: &Pod, services: &[&Service], dns: Option<&str>) -> Pod {
+    let ns = pod.namespace().unwrap_or_default();
+    let host_name = tr.host_name(&ns, &pod.name_any());
+    let mut meta = pod_meta(tr, pod);
+    let mut spec = pod.spec.clone().unwrap_or_default();
+    // Scheduling is the host's; the tenant's binding follows the host's.
+    spec.node_name = None;
+    spec.scheduler_name = None;
+    spec.priority_class_name = None;
+    spec.priority = None;
+    spec.preemption_policy = None;
+    // The host's own service-account token is never mounted.
+    spec.service_account_name = None;
+    spec.service_account = None;
+    spec.automount_service_account_token = Some(false);
+    // Host Services in this namespace are other names for tenant objects; the tenant's are
+    // given explicitly below.
+    let links = spec.enable_service_links.unwrap_or(true);
+    spec.enable_service_links = Some(false);
+    if spec.hostname.is_none() && pod.name_any().len() <= 63 && !pod.name_any().contains('.') {
+        spec.hostname = Some(pod.name_any());
+    }
+    if let Some(sub) = spec.subdomain.take() {
+        spec.subdomain = Some(tr.host_name(&ns, &sub));
+    }
+    // The isolation profile's placement wins over the tenant's.
+    if !tr.node_selector.is_empty() {
+        let mut selector = spec.node_selector.take().unwrap_or_default();
+        selector.extend(tr.node_selector.clone());
+        spec.node_selector = Some(selector);
+    }
+    if !tr.tolerations.is_empty() {
+        let mut tolerations = spec.tolerations.take().unwrap_or_default();
+        for t in &tr.tolerations {
+            if !tolerations.contains(t) {
+                tolerations.push(t.clone());
+            }
+        }
+        spec.tolerations = Some(tolerations);
+    }
+    if let Some(secrets) = spec.image_pull_secrets.as_mut() {
+        for s in secrets.iter_mut() {
+            s.name = tr.host_name(&ns, &s.name);
+        }
+    }
+    if let (Some(dns), Some("ClusterFirst") | None) = (dns, spec.dns_policy.as_deref()) {
+        spec.dns_policy = Some("None".into());
+        let mut config = spec.dns_config.take().unwrap_or_default();
+        config.nameservers = Some(vec![dns.to_string()]);
+        config.searches = Some(vec![
+            format!("{ns}.svc.cluster.local"),
+            "svc.cluster.local".into(),
+            "cluster.local".into(),
+        ]);
+        config.options.get_or_insert_with(Vec::new).push(
+            k8s_openapi::api::core::v1::PodDNSConfigOption {
+                name: Some("ndots".into()),
+                value: Some("5".into()),
+            },
+        );
+        spec.dns_config = Some(config);
+    }
+    // Volumes: tenant names become host names; projected service-account tokens come from
+    // the host token Secret, which the syncer fills through TokenRequest.
+    let mut token_index = 0;
+    for volume in spec.volumes.iter_mut().flatten() {
+        if let Some(cm) = volume.config_map.as_mut() {
+            cm.name = tr.host_name(&ns, &cm.name);
+        }
+        if let Some(s) = volume.secret.as_mut()
+            && let Some(name) = s.secret_name.as_mut()
+        {
+            *name = tr.host_name(&ns, name);
+        }
+        if let Some(pvc) = volume.persistent_volume_claim.as_mut() {
+            pvc.claim_name = tr.host_name(&ns, &pvc.claim_name);
+        }
+        if let Some(d) = volume.downward_api.as_mut() {
+            for item in d.items.iter_mut().flatten() {
+                if let Some(f) = item.field_ref.as_mut() {
+                    f.field_path = field_path(&f.field_path);
+                }
+            }
+        }
+        if let Some(projected) = volume.projected.as_mut() {
+            for source in projected.sources.iter_mut().flatten() {
+                rewrite_projection(tr, source, &ns, &host_name, &mut token_index);
+            }
+        }
+    }
+    let mut extra_env = tenant_api_env(&tr.api_ip);
+    if links {
+        for svc in services {
+            extra_env.extend(service_env(svc));
+        }
+    }
+    // One value per name, the first: a tenant Service cannot override the API address.
+    let mut seen = BTreeSet::new();
+    extra_env.retain(|e| seen.insert(e.name.clone()));
+    let containers = spec
+        .containers
+        .iter_mut()
+        .chain(spec.init_containers.iter_mut().flatten());
+    for c in containers {
+        let mut vars = extra_env.clone();
+        // The container's own variables win, as the kubelet does.
+        let own: BTreeSet<String> = c.env.iter().flatten().map(|e| e.name.clone()).collect();
+        vars.retain(|v| !own.contains(&v.name));
+        for e in c.env.iter_mut().flatten() {
+            if let Some(from) = e.value_from.as_mut() {
+                if let Some(r) = from.config_map_key_ref.as_mut() {
+                    r.name = tr.host_name(&ns, &r.name);
+                }
+                if let Some(r) = from.secret_key_ref.as_mut() {
+                    r.name = tr.host_name(&ns, &r.name);
+                }
+                if let Some(f) = from.field_ref.as_mut() {
+                    f.field_path = field_path(&f.field_path);
+                }
+            }
+        }
+        for e in c.env_from.iter_mut().flatten() {
+            if let Some(r) = e.config_map_ref.as_mut() {
+                r.name = tr.host_name(&ns, &r.name);
+            }
+            if let Some(r) = e.secret_ref.as_mut() {
+                r.name = tr.host_name(&ns, &r.name);
+            }
+        }
+        let mut env_list = vars;
+        env_list.extend(c.env.take().unwrap_or_default());
+        c.env = Some(env_list);
+    }
+    spec.ephemeral_containers = None;
+    // Pod (anti-)affinity terms select tenant labels; on the host they must only match copies
+    // from the same tenant namespace.
+    if let Some(affinity) = spec.affinity.as_mut() {
+        let terms = affinity_terms(affinity);
+        for term in terms {
+            // Tenant namespaces are labels on the host; a tenant namespace selector cannot be
+            // read there, so it widens to every namespace of the tenant.
+            let namespaces = term.namespaces.take().unwrap_or_default();
+            let own_namespace = namespaces.is_empty() && term.namespace_selector.is_none();
+            term.namespace_selector = None;
+            let selector = term.label_selector.get_or_insert_with(Default::default);
+            let labels = selector.match_labels.get_or_insert_with(BTreeMap::new);
+            labels.insert(naming::LABEL_SYNCED_FROM.into(), tr.tenant.name.clone());
+            if own_namespace {
+                labels.insert(
+                    naming::LABEL_VIRTUAL_NAMESPACE.into(),
+                    naming::label_value(&ns),
+                );
+            } else if !namespaces.is_empty() {
+                selector
+                    .match_expressions
+                    .get_or_insert_with(Vec::new)
+                    .push(
+                        k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelectorRequirement {
+                            key: naming::LABEL_VIRTUAL_NAMESPACE.into(),
+                            operator: "In".into(),
+                            values: Some(
+                                namespaces.iter().map(|n| naming::label_value(n)).collect(),
+                            ),
+                        },
+                    );
+            }
+        }
+    }
+    meta.name = Some(host_name);
+    Pod {
+        metadata: meta,
+        spec: Some(spec),
+        status: None,
+    }
+}
+
+fn rewrite_projection(
+    tr: &Translator,
+    source: &mut VolumeProjection,
+    ns: &str,
+    host_pod: &str,
+    token_index: &mut usize,
+) {
+    if let Some(cm) = source.config_map.as_mut() {
+        cm.name = tr.host_name(ns, &cm.name);
+    }
+    if let Some(s) = source.secret.as_mut() {
+        s.name = tr.host_name(ns, &s.name);
+    }
+    if let Some(d) = source.downward_api.as_mut() {
+        for item in d.items.iter_mut().flatten() {
+            if let Some(f) = item.field_ref.as_mut() {
+                f.field_path = field_path(&f.field_path);
+            }
+        }
+    }
+    if let Some(token) = source.service_account_token.take() {
+        let key = format!("token-{token_index}");
+        *token_index += 1;
+        source.secret = Some(k8s_openapi::api::core::v1::SecretProjection {
+            name: token_secret_name(host_pod),
+            items: Some(vec![KeyToPath {
+                key,
+                path: token.path,
+                mode: None,
+            }]),
+            optional: Some(false),
+        });
+    }
+}
+
+/// The host copy of a tenant Service: same ports and type, the selector confined to this
+/// tenant's pods of the same namespace, and no cluster IP of its own choosing (the host
+/// allocates it and the tenant copy takes it over).
+
+/// Every pod (anti-)affinity term of `affinity`, required and preferred.
+fn affinity_terms(
+    affinity: &mut k8s_openapi::api::core::v1::Affinity,
+) -> Vec<&mut k8s_openapi::api::core::v1::PodAffinityTerm> {
+    let mut terms = Vec::new();
+    let (affinity_required, affinity_preferred) = match affinity.pod_affinity.as_mut() {
+        Some(a) => (
+            a.required_during_scheduling_ignored_during_execution
+                .as_mut(),
+            a.preferred_during_scheduling_ignored_during_execution
+                .as_mut(),
+        ),
+        None => (None, None),
+    };
+    let (anti_required, anti_preferred) = match affinity.pod_anti_affinity.as_mut() {
+        Some(a) => (
+            a.required_during_scheduling_ignored_during_execution
+                .as_mut(),
+            a.preferred_during_scheduling_ignored_during_execution
+                .as_mut(),
+        ),
+        None => (None, None),
+    };
+    for required in [affinity_required, anti_required].into_iter().flatten() {
+        terms.extend(required.iter_mut());
+    }
+    for preferred in [affinity_preferred, anti_preferred].into_iter().flatten() {
+        terms.extend(preferred.iter_mut().map(|w| &mut w.pod_affinity_term));
+    }
+    terms
+}
+
+/// Downward API fields that name the pod point at the tenant's values, kept in annotations.
+fn field_path(path: &str) -> String {
+    let annotation = match path {
+        "metadata.name" => naming::ANNOTATION_VIRTUAL_NAME,
+        "metadata.namespace" => naming::ANNOTATION_VIRTUAL_NAMESPACE,
+        "metadata.uid" => naming::ANNOTATION_VIRTUAL_UID,
+        "spec.serviceAccountName" => naming::ANNOTATION_SERVICE_ACCOUNT,
+        other => return other.to_string(),
+    };
+    format!("metadata.annotations['{annotation}']")
+}
+
+/// What a pod uses, so that only those ConfigMaps, Secrets and claims are synced.
+pub fn references(pod: &Pod) -> References {
+    let mut r = References::default();
+    let Some(spec) = pod.spec.as_ref() else {
+        return r;
+    };
+    r.service_account = spec.service_account_name.clone();
+    for v in spec.volumes.iter().flatten() {
+        if let Some(cm) = &v.config_map {
+            r.config_maps.insert(cm.name.clone());
+        }
+        if let Some(SecretVolumeSource {
+            secret_name: Some(name),
+            ..
+        }) = &v.secret
+        {
+            r.secrets.insert(name.clone());
+        }
+        if let Some(pvc) = &v.persistent_volume_claim {
+            r.claims.insert(pvc.claim_name.clone());
+        }
+        for s in v.projected.iter().flat_map(|p| p.sources.iter().flatten()) {
+            if let Some(cm) = &s.config_map {
+                r.config_maps.insert(cm.name.clone());
+            }
+            if let Some(secret) = &s.secret {
+                r.secrets.insert(secret.name.clone());
+            }
+        }
+    }
+    for c in spec
+        .containers
+        .iter()
+        .chain(spec.init_containers.iter().flatten())
+    {
+        for e in c.env.iter().flatten() {
+            if let Some(from) = &e.value_from {
+                if let Some(k) = &from.config_map_key_ref {
+                    r.config_maps.insert(k.name.clone());
+                }
+                if let Some(k) = &from.secret_key_ref {
+                    r.secrets.insert(k.name.clone());
+                }
+            }
+        }
+        for e in c.env_from.iter().flatten() {
+            if let Some(k) = &e.config_map_ref {
+                r.config_maps.insert(k.name.clone());
+            }
+            if let Some(k) = &e.secret_ref {
+                r.secrets.insert(k.name.clone());
+            }
+        }
+    }
+    for s in spec.image_pull_secrets.iter().flatten() {
+        r.secrets.insert(s.name.clone());
+    }
+    r
+}
+
+/// The status the tenant pod should show for its host copy: the host's, with the host's
+/// scheduling condition kept as is.
+pub fn pod_status_up(host: &Pod) -> PodStatus {
+    let mut status = host.status.clone().unwrap_or_default();
+    // Host-only details.
+    status.nominated_node_name = None;
+    // The tenant API server decided the tenant pod's class at creation, and the field is
+    // immutable: the host's (a LimitRange may have changed it) is never written up.
+    status.qos_class = None;
+    status
+}
+
+/// Does the tenant pod already show `wanted`? Compared field by field the syncer writes, so the
+/// tenant's own additions (readiness gates from elsewhere) do not cause writes.
+pub fn pod_status_differs(current: Option<&PodStatus>, wanted: &PodStatus) -> bool {
+    let Some(current) = current else {
+        return true;
+    };
+    let conds = |s: &PodStatus| -> Vec<(String, String, Option<String>)> {
+        let mut v: Vec<_> = s
+            .conditions
+            .iter()
+            .flatten()
+            .map(|c: &PodCondition| (c.type_.clone(), c.status.clone(), c.reason.clone()))
+            .collect();
+        v.sort();
+        v
+    };
+    current.phase != wanted.phase
+        || current.pod_ip != wanted.pod_ip
+        || current.pod_ips != wanted.pod_ips
+        || current.host_ip != wanted.host_ip
+        || current.container_statuses != wanted.container_statuses
+        || current.init_container_statuses != wanted.init_container_statuses
+        || current.reason != wanted.reason
+        || current.message != wanted.message
+        || conds(current) != conds(wanted)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kinds::tokens::token_sources;
+    use crate::translate::tests::translator;
+    use serde_json::json;
+
+    fn pod() -> Pod {
+        serde_json::from_value(json!({
+            "metadata": {"name": "web-0", "namespace": "default", "uid": "u1",
+                         "labels": {"app": "web", "tenantplane.io/synced-from": "other"}},
+            "spec": {
+                "serviceAccountName": "builder",
+                "nodeName": "node-a",
+                "imagePullSecrets": [{"name": "regcred"}],
+                "containers": [{
+                    "name": "web", "image": "nginx",
+                    "env": [
+                        {"name": "A", "valueFrom": {"configMapKeyRef": {"name": "conf", "key": "a"}}},
+                        {"name": "NS", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+                        {"name": "KUBERNETES_SERVICE_PORT", "value": "1"}
+                    ],
+                    "envFrom": [{"secretRef": {"name": "creds"}}]
+                }],
+                "volumes": [
+                    {"name": "data", "persistentVolumeClaim": {"claimName": "data"}},
+                    {"name": "conf", "configMap": {"name": "conf"}},
+                    {"name": "kube-api-access-abc", "projected": {"sources": [
+                        {"serviceAccountToken": {"expirationSeconds": 3607, "path": "token"}},
+                        {"configMap": {"name": "kube-root-ca.crt", "items": [{"key": "ca.crt", "path": "ca.crt"}]}},
+                        {"downwardAPI": {"items": [{"path": "namespace", "fieldRef": {"fieldPath": "metadata.namespace"}}]}}
+                    ]}}
+                ]
+            }
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_pod_is_confined_to_its_tenant_on_the_host() {
+        let t = translator();
+        let host = super::pod(&t, &pod(), &[], None);
+        let meta = &host.metadata;
+        assert_eq!(meta.name.as_deref(), Some("web-0-x-default-x-dev"));
+        assert_eq!(meta.namespace.as_deref(), Some("team-dev"));
+        let labels = meta.labels.as_ref().unwrap();
+        assert_eq!(labels["app"], "web");
+        assert_eq!(
+            labels[naming::LABEL_SYNCED_FROM],
+            "dev",
+            "the tenant cannot spoof it"
+        );
+        let spec = host.spec.unwrap();
+        assert_eq!(spec.node_name, None);
+        assert_eq!(spec.service_account_name, None);
+        assert_eq!(spec.automount_service_account_token, Some(false));
+        assert_eq!(spec.enable_service_links, Some(false));
+        assert_eq!(spec.node_selector.unwrap()["pool"], "tenants");
+        assert_eq!(
+            spec.image_pull_secrets.unwrap()[0].name,
+            "regcred-x-default-x-dev"
+        );
+        let c = &spec.containers[0];
+        let env: BTreeMap<_, _> = c
+            .env
+            .iter()
+            .flatten()
+            .map(|e| (e.name.as_str(), e))
+            .collect();
+        assert_eq!(
+            env["KUBERNETES_SERVICE_HOST"].value.as_deref(),
+            Some("10.96.0.10")
+        );
+        assert_eq!(
+            env["KUBERNETES_SERVICE_PORT"].value.as_deref(),
+            Some("1"),
+            "the container's own value wins"
+        );
+        let from = env["A"].value_from.as_ref().unwrap();
+        assert_eq!(
+            from.config_map_key_ref.as_ref().unwrap().name,
+            "conf-x-default-x-dev"
+        );
+        let ns_field = env["NS"].value_from.as_ref().unwrap().field_ref.as_ref();
+        assert_eq!(
+            ns_field.unwrap().field_path,
+            "metadata.annotations['tenantplane.io/virtual-namespace']"
+        );
+        assert_eq!(
+            c.env_from.as_ref().unwrap()[0]
+                .secret_ref
+                .as_ref()
+                .unwrap()
+                .name,
+            "creds-x-default-x-dev"
+        );
+        let volumes = spec.volumes.unwrap();
+        assert_eq!(
+            volumes[0]
+                .persistent_volume_claim
+                .as_ref()
+                .unwrap()
+                .claim_name,
+            "data-x-default-x-dev"
+        );
+        let projected = volumes[2]
+            .projected
+            .as_ref()
+            .unwrap()
+            .sources
+            .as_ref()
+            .unwrap();
+        assert!(projected.iter().all(|s| s.service_account_token.is_none()));
+        let token = projected[0].secret.as_ref().unwrap();
+        assert_eq!(token.name, "web-0-x-default-x-dev.token");
+        assert_eq!(token.items.as_ref().unwrap()[0].key, "token-0");
+        assert_eq!(
+            projected[1].config_map.as_ref().unwrap().name,
+            "kube-root-ca.crt-x-default-x-dev"
+        );
+        let annotations = host.metadata.annotations.unwrap();
+        assert_eq!(annotations[naming::ANNOTATION_VIRTUAL_UID], "u1");
+        assert_eq!(annotations[naming::ANNOTATION_SERVICE_ACCOUNT], "builder");
+    }
+
+    #[test]
+    fn affinity_terms_only_match_copies_of_the_same_tenant_namespace() {
+        let mut p = pod();
+        p.spec.as_mut().unwrap().affinity = Some(
+            serde_json::from_value(json!({
+                "podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{
+                    "weight": 1,
+                    "podAffinityTerm": {"topologyKey": "kubernetes.io/hostname",
+                                        "labelSelector": {"matchLabels": {"app": "web"}}}
+                }]},
+                "podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [{
+                    "topologyKey": "zone", "namespaces": ["other"],
+                    "labelSelector": {"matchLabels": {"app": "db"}}
+                }]}
+            }))
+            .unwrap(),
+        );
+        let host = super::pod(&translator(), &p, &[], None);
+        let affinity = host.spec.unwrap().affinity.unwrap();
+        let anti = &affinity
+            .pod_anti_affinity
+            .unwrap()
+            .preferred_during_scheduling_ignored_during_execution
+            .unwrap()[0]
+            .pod_affinity_term;
+        let labels = anti
+            .label_selector
+            .as_ref()
+            .unwrap()
+            .match_labels
+            .as_ref()
+            .unwrap();
+        assert_eq!(labels[naming::LABEL_SYNCED_FROM], "dev");
+        assert_eq!(labels[naming::LABEL_VIRTUAL_NAMESPACE], "default");
+        let with = &affinity
+            .pod_affinity
+            .unwrap()
+            .required_during_scheduling_ignored_during_execution
+            .unwrap()[0];
+        assert_eq!(
+            with.namespaces, None,
+            "host namespaces are not the tenant's"
+        );
+        let selector = with.label_selector.as_ref().unwrap();
+        assert_eq!(
+            selector.match_labels.as_ref().unwrap()[naming::LABEL_SYNCED_FROM],
+            "dev"
+        );
+        let by_namespace = &selector.match_expressions.as_ref().unwrap()[0];
+        assert_eq!(by_namespace.key, naming::LABEL_VIRTUAL_NAMESPACE);
+        assert_eq!(
+            by_namespace.values.as_deref(),
+            Some(&["other".to_string()][..])
+        );
+    }
+
+    #[test]
+    fn pods_resolve_names_with_the_tenant_dns_when_it_has_one() {
+        let host = super::pod(&translator(), &pod(), &[], Some("10.96.0.53"));
+        let spec = host.spec.unwrap();
+        assert_eq!(spec.dns_policy.as_deref(), Some("None"));
+        let dns = spec.dns_config.unwrap();
+        assert_eq!(dns.nameservers.unwrap(), ["10.96.0.53"]);
+        assert_eq!(dns.searches.unwrap()[0], "default.svc.cluster.local");
+        let without = super::pod(&translator(), &pod(), &[], None).spec.unwrap();
+        assert_eq!(
+            without.dns_policy, None,
+            "the host's DNS when the tenant runs none"
+        );
+    }
+
+    #[test]
+    fn references_and_tokens_are_found() {
+        let r = references(&pod());
+        assert_eq!(
+            r.config_maps,
+            BTreeSet::from(["conf".to_string(), "kube-root-ca.crt".to_string()])
+        );
+        assert_eq!(
+            r.secrets,
+            BTreeSet::from(["creds".to_string(), "regcred".to_string()])
+        );
+        assert_eq!(r.claims, BTreeSet::from(["data".to_string()]));
+        let tokens = token_sources(&pod());
+        assert_eq!(tokens.len(), 1);
+        assert_eq!(tokens[0].expiration_seconds, 3607);
+    }
+}

@@ -1,0 +1,425 @@
+//! Pods: the host runs a copy of each tenant pod, confined to its tenant (see `pod_translate`);
+//! the tenant pod is bound to the virtual node of the copy and shows the copy's status; deletes
+//! flow both ways, as between a kubelet and its API server. The ConfigMaps, Secrets and claims a
+//! pod uses follow it down.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Binding, ObjectReference, Pod, Service};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{ObjectMeta, Patch, PatchParams, PostParams};
+use kube::runtime::events::{Event, EventType};
+use kube::{Client, Resource, ResourceExt};
+use serde_json::{Value, json};
+use tenantplane_api::SyncPolicySpec;
+use tracing::warn;
+
+use crate::converge::{self, Target, delete_if_present, hash_of};
+use crate::error::{Error, Result};
+use crate::host::Scope;
+use crate::kind::{Key, Kind, scoped_api};
+use crate::kinds::configmaps::ConfigMaps;
+use crate::kinds::nodes::{self, node_key};
+use crate::kinds::persistentvolumeclaims::Claims;
+use crate::kinds::pod_translate::{self, References, images, pod_meta, references};
+use crate::kinds::secrets::Secrets;
+use crate::kinds::services::is_tenant_api;
+use crate::kinds::tokens;
+use crate::naming::{ANNOTATION_APPLIED_HASH, SYNCER_MANAGER};
+use crate::tenant::Tenant;
+
+pub struct Pods;
+
+impl Kind for Pods {
+    const NAME: &'static str = "Pod";
+    type Object = Pod;
+
+    fn tenant_keys(p: &Pod) -> Vec<Key> {
+        let ns = p.namespace().unwrap_or_default();
+        let r = references(p);
+        let mut keys = vec![Key::for_object::<Self>(p)];
+        keys.extend(
+            r.config_maps
+                .into_iter()
+                .map(|c| Key::of::<ConfigMaps>(ns.clone(), c)),
+        );
+        keys.extend(
+            r.secrets
+                .into_iter()
+                .map(|s| Key::of::<Secrets>(ns.clone(), s)),
+        );
+        keys.extend(
+            r.claims
+                .into_iter()
+                .map(|c| Key::of::<Claims>(ns.clone(), c)),
+        );
+        keys.extend(node_key(p));
+        keys
+    }
+
+    fn host_scope(_: &SyncPolicySpec) -> Option<Scope> {
+        Some(Scope::Copies)
+    }
+
+    fn host_api(client: Client, namespace: Option<&str>) -> kube::Api<Pod> {
+        scoped_api(client, namespace)
+    }
+
+    fn host_keys(p: &Pod, tenant: &str) -> Vec<Key> {
+        let mut keys: Vec<Key> = crate::naming::virtual_of(&p.metadata, tenant)
+            .map(|v| vec![Key::of::<Self>(v.namespace, v.name)])
+            .unwrap_or_default();
+        keys.extend(node_key(p));
+        keys
+    }
+
+    fn converge<'a>(cx: &'a Tenant, key: &'a Key) -> futures::future::BoxFuture<'a, Result<()>> {
+        Box::pin(converge_pod(cx, &key.namespace, &key.name))
+    }
+}
+
+/// Is something in tenant namespace `ns` used by a pod that syncs (`pick` says what)?
+pub fn referenced(cx: &Tenant, ns: &str, pick: impl Fn(&References) -> bool) -> bool {
+    cx.policy.to_host.pods.enabled
+        && cx.tenant_list::<Pod>().iter().any(|p| {
+            p.namespace().as_deref() == Some(ns)
+                && cx.selected(Pods::NAME, &p.metadata)
+                && pick(&references(p))
+        })
+}
+
+async fn converge_pod(cx: &Tenant, ns: &str, name: &str) -> Result<()> {
+    let t = cx
+        .tenant_get::<Pod>(ns, name)
+        .filter(|_| cx.policy.to_host.pods.enabled);
+    let h = cx.host_copy::<Pod>(ns, name);
+    let host_pods = cx.host_api::<Pod>();
+    let Some(t) = t.filter(|t| cx.selected(Pods::NAME, &t.metadata)) else {
+        // Gone from the tenant (or not synced): the copy goes too.
+        if let Some(h) = h {
+            forget(cx, &h);
+            delete_if_present(&host_pods, &h, None).await?;
+        }
+        return Ok(());
+    };
+    let t_uid = t.uid().unwrap_or_default();
+    // A copy of an earlier tenant pod of the same name (StatefulSets reuse names). A copy
+    // whose uid mark was removed by hand is not taken for one: its marks are put back.
+    if let Some(h) = &h
+        && cx
+            .tr
+            .copy_of(&h.metadata)
+            .is_some_and(|v| !v.uid.is_empty() && v.uid != t_uid)
+    {
+        if h.metadata.deletion_timestamp.is_none() {
+            delete_if_present(&host_pods, h, None).await?;
+        }
+        return Ok(());
+    }
+    let tenant_pods = cx.tenant_api::<Pod>(ns);
+    // The copy ran (its status came back), so a missing copy was deleted, not yet made.
+    let ran = t
+        .status
+        .as_ref()
+        .is_some_and(|s| s.host_ip.is_some() || s.start_time.is_some());
+    if t.metadata.deletion_timestamp.is_some() {
+        match &h {
+            Some(h) if h.metadata.deletion_timestamp.is_none() => {
+                let grace = t.metadata.deletion_grace_period_seconds.map(|g| g as u32);
+                delete_if_present(&host_pods, h, grace).await?;
+            }
+            Some(_) => {}
+            None => {
+                // The host copy is gone: the tenant pod can go, as a kubelet would confirm.
+                cx.told
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .remove(&t_uid);
+                delete_if_present(&tenant_pods, &*t, Some(0)).await?;
+            }
+        }
+        return Ok(());
+    }
+    let Some(h) = h else {
+        if ran {
+            // The copy was deleted on the host: the pod is gone, as on a node that lost it;
+            // its controller in the tenant makes a new one.
+            delete_if_present(&tenant_pods, &*t, Some(0)).await?;
+            return Ok(());
+        }
+        return create_host_pod(cx, &t).await;
+    };
+    restore(cx, &t, &h).await?;
+    tokens::ensure_tokens(cx, &t, &h).await?;
+    if h.metadata.deletion_timestamp.is_some() {
+        return Ok(());
+    }
+    bind(cx, &t, &h).await?;
+    let wanted = pod_translate::pod_status_up(&h);
+    if h.status.is_some() && pod_translate::pod_status_differs(t.status.as_ref(), &wanted) {
+        tenant_pods
+            .patch_status(
+                name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"metadata": {"uid": t_uid}, "status": wanted})),
+            )
+            .await?;
+    }
+    cx.told
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .remove(&t_uid);
+    Ok(())
+}
+
+/// Bind the tenant pod to the virtual node of its copy's host node. Only to a virtual node that
+/// exists: the tenant's pod garbage collector deletes pods bound to missing nodes. Without
+/// virtual nodes the tenant pod stays unbound.
+async fn bind(cx: &Tenant, t: &Pod, h: &Pod) -> Result<()> {
+    let bound = t.spec.as_ref().and_then(|s| s.node_name.clone());
+    let host_node = h.spec.as_ref().and_then(|s| s.node_name.clone());
+    let (None, Some(node), true) = (bound, host_node, cx.policy.from_host.nodes.enabled) else {
+        return Ok(());
+    };
+    if !nodes::ensure_virtual_node(cx, &node).await? {
+        // The host node is not in the cache yet; bind on the next look.
+        cx.queue
+            .add_after(Key::for_object::<Pods>(t), Duration::from_secs(1));
+        return Ok(());
+    }
+    let name = t.name_any();
+    let binding = Binding {
+        metadata: ObjectMeta {
+            name: Some(name.clone()),
+            namespace: t.namespace(),
+            uid: t.uid(),
+            ..Default::default()
+        },
+        target: ObjectReference {
+            kind: Some("Node".into()),
+            api_version: Some("v1".into()),
+            name: Some(node),
+            ..Default::default()
+        },
+    };
+    match cx
+        .tenant_api::<Pod>(&t.namespace().unwrap_or_default())
+        .create_subresource::<_, Value>("binding", &name, &PostParams::default(), &binding)
+        .await
+    {
+        Ok(_) => Ok(()),
+        // Bound meanwhile (our own earlier write, not yet in the cache).
+        Err(kube::Error::Api(e)) if e.code == 409 => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Drop what the syncer remembers about a pod whose copy goes.
+fn forget(cx: &Tenant, h: &Pod) {
+    if let Some(uid) = h.uid() {
+        tokens::forget(cx, &uid);
+    }
+    if let Some(v) = cx.tr.copy_of(&h.metadata) {
+        cx.told
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&v.uid);
+    }
+}
+
+/// The address of the tenant's DNS Service, if it runs one.
+fn tenant_dns(cx: &Tenant) -> Option<String> {
+    cx.tenant_get::<Service>("kube-system", "kube-dns")
+        .and_then(|s| s.spec.as_ref()?.cluster_ip.clone())
+        .filter(|ip| ip != "None" && !ip.is_empty())
+}
+
+/// What of a pod copy can change once it runs: its metadata and its images. Its hash decides
+/// whether a copy is up to date.
+fn changeable(desired: &Pod) -> Value {
+    json!({
+        "metadata": {
+            "labels": desired.metadata.labels,
+            "annotations": desired.metadata.annotations,
+            "ownerReferences": desired.metadata.owner_references,
+        },
+        "images": images(desired),
+    })
+}
+
+async fn create_host_pod(cx: &Tenant, t: &Pod) -> Result<()> {
+    let ns = t.namespace().unwrap_or_default();
+    let services: Vec<Arc<Service>> = cx
+        .tenant_list::<Service>()
+        .into_iter()
+        .filter(|s| s.namespace().as_deref() == Some(ns.as_str()))
+        // The tenant API server's own Service: pods get the variables that reach it.
+        .filter(|s| !is_tenant_api(&ns, &s.name_any()))
+        .collect();
+    let service_refs: Vec<&Service> = services.iter().map(|s| &**s).collect();
+    let desired = pod_translate::pod(&cx.tr, t, &service_refs, tenant_dns(cx).as_deref());
+    let hash = hash_of(&changeable(&desired));
+    let (mut body, _) = converge::stamped(&desired)?;
+    body["metadata"]["annotations"][ANNOTATION_APPLIED_HASH] = json!(hash);
+    let created = converge::converge_body(
+        &cx.host_api::<Pod>(),
+        SYNCER_MANAGER,
+        None,
+        body,
+        &hash,
+        Target::Copy {
+            live_uid: None,
+            ours: &cx.is_copy_of(&ns, &t.name_any()),
+        },
+    )
+    .await
+    .map_err(Error::on_host);
+    if let Err(Error::HostRejected(message)) = &created {
+        tell_rejected(cx, t, &format!("the host refused it: {message}")).await;
+    }
+    created.map(|_| ())
+}
+
+/// Put back what a hand edit on the host changed, and carry the tenant's edits down: labels,
+/// annotations, images. The rest of a pod's spec cannot change; the apply sends it as the host
+/// has it, so only these fields move (and a label the tenant removed is removed).
+async fn restore(cx: &Tenant, t: &Pod, h: &Pod) -> Result<()> {
+    if h.metadata.deletion_timestamp.is_some() {
+        return Ok(());
+    }
+    let meta = pod_meta(&cx.tr, t);
+    let wanted_images = images(t);
+    let desired = Pod {
+        metadata: meta.clone(),
+        spec: t.spec.clone(),
+        status: None,
+    };
+    let hash = hash_of(&changeable(&desired));
+    let mut spec = h.spec.clone().unwrap_or_default();
+    for c in spec.containers.iter_mut() {
+        if let Some((_, image)) = wanted_images.iter().find(|(n, _)| *n == c.name) {
+            c.image = image.clone();
+        }
+    }
+    let mut body = json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": h.name_any(),
+            "namespace": cx.tr.host_namespace,
+            "labels": meta.labels,
+            "annotations": meta.annotations,
+            "ownerReferences": meta.owner_references,
+        },
+        "spec": spec,
+    });
+    body["metadata"]["annotations"][ANNOTATION_APPLIED_HASH] = json!(hash);
+    converge::converge_body(
+        &cx.host_api::<Pod>(),
+        SYNCER_MANAGER,
+        Some(h),
+        body,
+        &hash,
+        Target::Copy {
+            live_uid: h.uid().as_deref(),
+            ours: &|_| false,
+        },
+    )
+    .await
+    .map_err(Error::on_host)?;
+    Ok(())
+}
+
+/// Tell the tenant why its pod does not run: an Event on the pod and its `PodScheduled`
+/// condition, once per distinct reason.
+async fn tell_rejected(cx: &Tenant, t: &Pod, message: &str) {
+    let uid = t.uid().unwrap_or_default();
+    {
+        let mut told = cx.told.lock().unwrap_or_else(|e| e.into_inner());
+        if told.get(&uid).map(String::as_str) == Some(message) {
+            return;
+        }
+        told.insert(uid.clone(), message.to_string());
+    }
+    let event = Event {
+        type_: EventType::Warning,
+        reason: "HostRejected".into(),
+        note: Some(message.chars().take(1000).collect()),
+        action: "Sync".into(),
+        secondary: None,
+    };
+    if let Err(e) = cx.recorder.publish(&event, &t.object_ref(&())).await {
+        warn!(error = %e, "publishing an event in the tenant failed");
+    }
+    let patch = json!({
+        "metadata": {"uid": uid},
+        "status": {"conditions": [{
+            "type": "PodScheduled",
+            "status": "False",
+            "reason": "HostRejected",
+            "message": message,
+            "lastTransitionTime": Timestamp::now().to_string(),
+        }]}
+    });
+    if let Err(e) = cx
+        .tenant_api::<Pod>(&t.namespace().unwrap_or_default())
+        .patch_status(
+            &t.name_any(),
+            &PatchParams::default(),
+            &Patch::Strategic(patch),
+        )
+        .await
+    {
+        warn!(error = %e, "marking a rejected tenant pod failed");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_pod_wakes_what_it_uses_and_its_node() {
+        let p: Pod = serde_json::from_value(json!({
+            "metadata": {"name": "web", "namespace": "default"},
+            "spec": {"nodeName": "n1", "containers": [{"name": "c",
+                "envFrom": [{"secretRef": {"name": "creds"}}]}],
+                "volumes": [{"name": "v", "configMap": {"name": "conf"}},
+                            {"name": "d", "persistentVolumeClaim": {"claimName": "data"}}]}
+        }))
+        .unwrap();
+        let keys: Vec<String> = Pods::tenant_keys(&p).iter().map(Key::describe).collect();
+        assert_eq!(
+            keys,
+            [
+                "Pod default/web",
+                "ConfigMap default/conf",
+                "Secret default/creds",
+                "PersistentVolumeClaim default/data",
+                "Node n1"
+            ]
+        );
+    }
+
+    #[test]
+    fn only_metadata_and_images_decide_whether_a_copy_is_current() {
+        let p: Pod = serde_json::from_value(json!({
+            "metadata": {"name": "web", "labels": {"app": "web"}},
+            "spec": {"containers": [{"name": "c", "image": "a:1", "env": [{"name": "X", "value": "1"}]}]}
+        }))
+        .unwrap();
+        let mut env_changed = p.clone();
+        env_changed.spec.as_mut().unwrap().containers[0].env = None;
+        assert_eq!(hash_of(&changeable(&p)), hash_of(&changeable(&env_changed)));
+        let mut relabelled = p.clone();
+        relabelled.metadata.labels = None;
+        assert_ne!(hash_of(&changeable(&p)), hash_of(&changeable(&relabelled)));
+        let mut new_image = p;
+        new_image.spec.as_mut().unwrap().containers[0].image = Some("a:2".into());
+        assert_ne!(
+            hash_of(&changeable(&relabelled)),
+            hash_of(&changeable(&new_image))
+        );
+    }
+}

@@ -1,0 +1,56 @@
+//! ServiceAccounts go down when the policy says so, as names only: the host never mints tokens
+//! for them (the tenant does, see `tokens`).
+
+use k8s_openapi::api::core::v1::ServiceAccount;
+
+use crate::copy::CopyDown;
+use crate::copy_down_kind;
+use kube::runtime::watcher;
+use tenantplane_api::SyncPolicySpec;
+
+use crate::kind::{Kind, tenant_watch_config};
+use crate::tenant::Tenant;
+use crate::translate::Translator;
+
+pub struct ServiceAccounts;
+
+copy_down_kind!(ServiceAccounts, ServiceAccount, "ServiceAccount";
+    fn tenant_watch(p: &SyncPolicySpec) -> Option<watcher::Config> {
+        p.to_host.service_accounts.enabled.then(tenant_watch_config)
+    }
+);
+
+impl CopyDown for ServiceAccounts {
+    fn wanted(cx: &Tenant, sa: &ServiceAccount) -> bool {
+        cx.policy.to_host.service_accounts.enabled && cx.selected(Self::NAME, &sa.metadata)
+    }
+
+    fn translate(tr: &Translator, sa: &ServiceAccount) -> ServiceAccount {
+        ServiceAccount {
+            metadata: tr.host_meta(&sa.metadata),
+            automount_service_account_token: Some(false),
+            image_pull_secrets: None,
+            secrets: None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::translate::tests::translator;
+    use serde_json::json;
+
+    #[test]
+    fn an_account_copy_mounts_no_host_token() {
+        let sa: ServiceAccount = serde_json::from_value(json!({
+            "metadata": {"name": "builder", "namespace": "ci"},
+            "secrets": [{"name": "builder-token"}]
+        }))
+        .unwrap();
+        let host = ServiceAccounts::translate(&translator(), &sa);
+        assert_eq!(host.metadata.name.as_deref(), Some("builder-x-ci-x-dev"));
+        assert_eq!(host.automount_service_account_token, Some(false));
+        assert_eq!(host.secrets, None);
+    }
+}

@@ -1,0 +1,352 @@
+//! Services go down with their selector confined to this tenant's pods of the same namespace;
+//! the host allocates the cluster IP and the tenant's Service takes it over, so tenant names
+//! reach the host copies. The tenant's own `kubernetes` Service gets the address of the tenant
+//! API server's host Service. Load-balancer addresses come back.
+
+use k8s_openapi::api::core::v1::{EnvVar, Service, ServicePort, ServiceSpec};
+use kube::ResourceExt;
+use kube::api::{ObjectMeta, Patch, PatchParams, PostParams};
+use serde_json::json;
+use tracing::debug;
+
+use crate::converge::{self, Target, delete_if_present};
+use crate::error::{Error, Result};
+use crate::host::Scope;
+use crate::kind::{Key, Kind};
+use crate::kinds::endpoints::EndpointsKind;
+use crate::naming::SYNCER_MANAGER;
+use crate::tenant::Tenant;
+use crate::translate::Translator;
+
+pub struct Services;
+
+impl Kind for Services {
+    const NAME: &'static str = "Service";
+    type Object = Service;
+
+    fn tenant_keys(s: &Service) -> Vec<Key> {
+        let (ns, n) = (s.namespace().unwrap_or_default(), s.name_any());
+        vec![
+            Key::of::<Self>(ns.clone(), n.clone()),
+            Key::of::<EndpointsKind>(ns, n),
+        ]
+    }
+
+    fn host_scope(policy: &tenantplane_api::SyncPolicySpec) -> Option<Scope> {
+        crate::copy::copies(policy)
+    }
+
+    fn host_api(client: kube::Client, namespace: Option<&str>) -> kube::Api<Service> {
+        crate::copy::copies_api(client, namespace)
+    }
+
+    fn converge<'a>(cx: &'a Tenant, key: &'a Key) -> futures::future::BoxFuture<'a, Result<()>> {
+        Box::pin(converge_service(cx, &key.namespace, &key.name))
+    }
+}
+
+/// Is tenant Service `ns/name` the tenant API server's own?
+pub fn is_tenant_api(ns: &str, name: &str) -> bool {
+    ns == "default" && name == "kubernetes"
+}
+
+async fn converge_service(cx: &Tenant, ns: &str, name: &str) -> Result<()> {
+    if is_tenant_api(ns, name) {
+        // It stays in the tenant, with the address of the host Service in front of the tenant
+        // API server, so `kubernetes.default` reaches the tenant from a synced pod, never the
+        // host's API server.
+        let Some(t) = cx.tenant_get::<Service>(ns, name) else {
+            return Ok(());
+        };
+        let ip = cx.tr.api_ip.clone();
+        take_cluster_ip(cx, &t, &ip, Some(vec![ip.clone()])).await?;
+        return Ok(());
+    }
+    let enabled = cx.policy.to_host.services.enabled;
+    let t = cx
+        .tenant_get::<Service>(ns, name)
+        .filter(|s| enabled && cx.selected(Services::NAME, &s.metadata));
+    let h = cx.host_copy::<Service>(ns, name);
+    let api = cx.host_api::<Service>();
+    let Some(t) = t else {
+        if let Some(h) = h {
+            // The cache may be between our own delete and create of the tenant Service (it
+            // takes the host IP that way): ask the tenant before deleting the copy.
+            let live = cx.tenant_api::<Service>(ns).get_opt(name).await?;
+            if live.is_none() || !enabled {
+                delete_if_present(&api, &h, None).await?;
+            }
+        }
+        return Ok(());
+    };
+    if t.metadata.deletion_timestamp.is_some() {
+        return Ok(());
+    }
+    let desired = service(&cx.tr, &t);
+    let uid = h.as_ref().and_then(|h| h.uid());
+    converge::converge(
+        &api,
+        SYNCER_MANAGER,
+        h.as_deref(),
+        &desired,
+        Target::Copy {
+            live_uid: uid.as_deref(),
+            ours: &cx.is_copy_of(ns, name),
+        },
+    )
+    .await
+    .map_err(Error::on_host)?;
+    let Some(h) = h else {
+        // The watch brings the copy with its address.
+        return Ok(());
+    };
+    // The tenant's Service takes its host copy's cluster IP.
+    let h_ip = h.spec.as_ref().and_then(|s| s.cluster_ip.clone());
+    if let Some(h_ip) = h_ip.filter(|ip| ip != "None" && !ip.is_empty()) {
+        let h_ips = h.spec.as_ref().and_then(|s| s.cluster_ips.clone());
+        if take_cluster_ip(cx, &t, &h_ip, h_ips).await? {
+            return Ok(());
+        }
+    }
+    // Load balancer addresses come back.
+    let h_lb = h.status.as_ref().and_then(|s| s.load_balancer.clone());
+    let t_lb = t.status.as_ref().and_then(|s| s.load_balancer.clone());
+    if h_lb.as_ref().is_some_and(|lb| lb.ingress.is_some()) && h_lb != t_lb {
+        cx.tenant_api::<Service>(ns)
+            .patch_status(
+                name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"status": {"loadBalancer": h_lb}})),
+            )
+            .await?;
+    }
+    Ok(())
+}
+
+/// Give tenant Service `t` the cluster IP `ip` (delete and create: the field is immutable).
+/// `false` when there was nothing to do: it has the IP, is headless, or someone holds it with
+/// a finalizer.
+async fn take_cluster_ip(
+    cx: &Tenant,
+    t: &Service,
+    ip: &str,
+    ips: Option<Vec<String>>,
+) -> Result<bool> {
+    let (ns, name) = (t.namespace().unwrap_or_default(), t.name_any());
+    let t_ip = t.spec.as_ref().and_then(|s| s.cluster_ip.as_deref());
+    if t_ip == Some("None")
+        || t_ip == Some(ip)
+        || t.metadata
+            .finalizers
+            .as_ref()
+            .is_some_and(|f| !f.is_empty())
+    {
+        return Ok(false);
+    }
+    let tenant_api = cx.tenant_api::<Service>(&ns);
+    let copy = with_cluster_ip(t, Some(ip.to_string()), ips);
+    let pp = PostParams {
+        field_manager: Some(SYNCER_MANAGER.into()),
+        ..Default::default()
+    };
+    delete_if_present(&tenant_api, t, None).await?;
+    if let Err(e) = tenant_api.create(&pp, &copy).await {
+        // Never leave the tenant without its Service: put it back as it was, with an address
+        // of the tenant's choosing, and say why the host's was refused.
+        tenant_api
+            .create(&pp, &with_cluster_ip(t, None, None))
+            .await?;
+        return Err(Error::ServiceIpNotAdopted {
+            ip: ip.to_string(),
+            message: e.to_string(),
+        });
+    }
+    debug!(service = %format!("{ns}/{name}"), ip = %ip, "tenant Service recreated with the host's cluster IP");
+    Ok(true)
+}
+
+/// Tenant Service `t` as it is made again with cluster IP `ip` (`None`: of the tenant's choosing).
+pub fn with_cluster_ip(t: &Service, ip: Option<String>, ips: Option<Vec<String>>) -> Service {
+    let mut copy = t.clone();
+    copy.metadata = ObjectMeta {
+        name: t.metadata.name.clone(),
+        namespace: t.metadata.namespace.clone(),
+        labels: t.metadata.labels.clone(),
+        annotations: t.metadata.annotations.clone(),
+        owner_references: t.metadata.owner_references.clone(),
+        ..Default::default()
+    };
+    if let Some(spec) = copy.spec.as_mut() {
+        spec.cluster_ip = ip;
+        spec.cluster_ips = ips;
+        // Node ports are the host's business; the tenant keeps asking for its own.
+        for p in spec.ports.iter_mut().flatten() {
+            p.node_port = None;
+        }
+        spec.health_check_node_port = None;
+    }
+    copy.status = None;
+    copy
+}
+
+/// The host copy of a tenant Service: same ports and type, the selector confined to this
+/// tenant's pods of the same namespace, and no cluster IP of its own choosing (the host
+/// allocates it and the tenant copy takes it over).
+pub fn service(tr: &Translator, svc: &Service) -> Service {
+    let ns = svc.namespace().unwrap_or_default();
+    let spec = svc.spec.clone().unwrap_or_default();
+    let headless = spec.cluster_ip.as_deref() == Some("None");
+    let ports = spec.ports.map(|ports| {
+        ports
+            .into_iter()
+            .map(|p| ServicePort {
+                node_port: None,
+                ..p
+            })
+            .collect()
+    });
+    Service {
+        metadata: tr.host_meta(&svc.metadata),
+        spec: Some(ServiceSpec {
+            type_: spec.type_.clone(),
+            ports,
+            selector: spec.selector.as_ref().map(|s| tr.host_selector(&ns, s)),
+            cluster_ip: headless.then(|| "None".to_string()),
+            external_name: spec.external_name.clone(),
+            session_affinity: spec.session_affinity.clone(),
+            publish_not_ready_addresses: spec.publish_not_ready_addresses,
+            ip_families: spec.ip_families.clone(),
+            ip_family_policy: spec.ip_family_policy.clone(),
+            internal_traffic_policy: spec.internal_traffic_policy.clone(),
+            external_traffic_policy: spec.external_traffic_policy.clone(),
+            ..Default::default()
+        }),
+        status: None,
+    }
+}
+
+fn env(name: &str, value: &str) -> EnvVar {
+    EnvVar {
+        name: name.into(),
+        value: Some(value.into()),
+        value_from: None,
+    }
+}
+
+/// The Docker-links variables the kubelet gives for a Service, computed for the tenant's Service
+/// (whose cluster IP is its host copy's).
+pub fn service_env(svc: &Service) -> Vec<EnvVar> {
+    let Some(spec) = svc.spec.as_ref() else {
+        return vec![];
+    };
+    let Some(ip) = spec.cluster_ip.as_deref().filter(|ip| *ip != "None") else {
+        return vec![];
+    };
+    let Some(first) = spec.ports.as_ref().and_then(|p| p.first()) else {
+        return vec![];
+    };
+    let prefix = svc.name_any().to_uppercase().replace('-', "_");
+    let proto = |p: &ServicePort| p.protocol.clone().unwrap_or_else(|| "TCP".into());
+    let mut out = vec![
+        env(&format!("{prefix}_SERVICE_HOST"), ip),
+        env(&format!("{prefix}_SERVICE_PORT"), &first.port.to_string()),
+        env(
+            &format!("{prefix}_PORT"),
+            &format!("{}://{ip}:{}", proto(first).to_lowercase(), first.port),
+        ),
+    ];
+    for p in spec.ports.iter().flatten() {
+        if let Some(name) = &p.name {
+            out.push(env(
+                &format!(
+                    "{prefix}_SERVICE_PORT_{}",
+                    name.to_uppercase().replace('-', "_")
+                ),
+                &p.port.to_string(),
+            ));
+        }
+        let base = format!("{prefix}_PORT_{}_{}", p.port, proto(p).to_uppercase());
+        out.push(env(
+            &base,
+            &format!("{}://{ip}:{}", proto(p).to_lowercase(), p.port),
+        ));
+        out.push(env(&format!("{base}_PROTO"), &proto(p).to_lowercase()));
+        out.push(env(&format!("{base}_PORT"), &p.port.to_string()));
+        out.push(env(&format!("{base}_ADDR"), ip));
+    }
+    out
+}
+
+/// The variables that reach the tenant API server from a pod, at `ip` on 443.
+pub fn tenant_api_env(ip: &str) -> Vec<EnvVar> {
+    let address = format!("tcp://{ip}:443");
+    vec![
+        env("KUBERNETES_SERVICE_HOST", ip),
+        env("KUBERNETES_SERVICE_PORT", "443"),
+        env("KUBERNETES_SERVICE_PORT_HTTPS", "443"),
+        env("KUBERNETES_PORT", &address),
+        env("KUBERNETES_PORT_443_TCP", &address),
+        env("KUBERNETES_PORT_443_TCP_PROTO", "tcp"),
+        env("KUBERNETES_PORT_443_TCP_PORT", "443"),
+        env("KUBERNETES_PORT_443_TCP_ADDR", ip),
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::naming;
+    use crate::translate::tests::translator;
+
+    #[test]
+    fn a_service_selects_only_its_namespace_copies() {
+        let svc: Service = serde_json::from_value(json!({
+            "metadata": {"name": "web", "namespace": "default", "uid": "s1"},
+            "spec": {"selector": {"app": "web"}, "clusterIP": "10.0.0.9",
+                     "type": "NodePort",
+                     "ports": [{"name": "http", "port": 80, "nodePort": 30080}]}
+        }))
+        .unwrap();
+        let host = service(&translator(), &svc);
+        let spec = host.spec.unwrap();
+        assert_eq!(spec.cluster_ip, None, "the host allocates it");
+        assert_eq!(spec.ports.unwrap()[0].node_port, None);
+        let selector = spec.selector.unwrap();
+        assert_eq!(selector["app"], "web");
+        assert_eq!(selector[naming::LABEL_SYNCED_FROM], "dev");
+        assert_eq!(selector[naming::LABEL_VIRTUAL_NAMESPACE], "default");
+        let env = service_env(&svc);
+        let find = |n: &str| env.iter().find(|e| e.name == n).unwrap().value.clone();
+        assert_eq!(find("WEB_SERVICE_HOST").as_deref(), Some("10.0.0.9"));
+        assert_eq!(
+            find("WEB_PORT_80_TCP").as_deref(),
+            Some("tcp://10.0.0.9:80")
+        );
+        assert_eq!(
+            Services::tenant_keys(&svc),
+            [
+                Key::new("Service", "default", "web"),
+                Key::new("Endpoints", "default", "web")
+            ]
+        );
+    }
+
+    #[test]
+    fn a_service_made_again_keeps_what_the_tenant_wrote_but_its_address() {
+        let svc: Service = serde_json::from_value(json!({
+            "metadata": {"name": "web", "namespace": "default", "uid": "s1",
+                         "resourceVersion": "5", "labels": {"a": "b"}},
+            "spec": {"clusterIP": "10.0.0.9", "ports": [{"port": 80, "nodePort": 30080}]},
+            "status": {"loadBalancer": {}}
+        }))
+        .unwrap();
+        let again = with_cluster_ip(&svc, Some("10.96.1.1".into()), None);
+        assert_eq!(again.metadata.uid, None);
+        assert_eq!(again.metadata.resource_version, None);
+        assert_eq!(again.metadata.labels.unwrap()["a"], "b");
+        let spec = again.spec.unwrap();
+        assert_eq!(spec.cluster_ip.as_deref(), Some("10.96.1.1"));
+        assert_eq!(spec.ports.unwrap()[0].node_port, None);
+        assert!(again.status.is_none());
+    }
+}
