@@ -34,7 +34,7 @@ where
         .await
         .map_err(|e| match e {
             converge::Error::Api(e) => Error::Kube(e),
-            other => Error::Build(other.to_string()),
+            other => Error::Apply(other),
         })
 }
 

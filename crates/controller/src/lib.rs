@@ -33,6 +33,8 @@ pub enum Error {
     Finalizer(String),
     #[error("the tenant PKI: {0}")]
     Pki(#[from] tenant_pki::PkiError),
+    #[error("applying an object: {0}")]
+    Apply(tenantplane_syncer::converge::Error),
 }
 
 impl Error {
@@ -43,6 +45,7 @@ impl Error {
             Error::Build(_) => "BuildError",
             Error::Finalizer(_) => "FinalizerError",
             Error::Pki(_) => "PkiError",
+            Error::Apply(_) => "ApplyError",
         }
     }
 }

@@ -56,22 +56,41 @@ pub async fn converge_copy<S: CopyDown>(cx: &Tenant, key: &Key) -> Result<Pair<S
                 delete_if_present(&api, live, None).await?;
                 return Ok(None);
             }
-            let uid = h.as_ref().and_then(|h| h.uid());
-            converge::converge(
-                &api,
-                SYNCER_MANAGER,
-                h.as_deref(),
-                &desired,
-                Target::Copy {
-                    live_uid: uid.as_deref(),
-                    ours: &cx.is_copy_of(ns, name),
-                },
-            )
-            .await
-            .map_err(Error::on_host)?;
+            apply_copy(cx, ns, name, h.as_deref(), &desired).await?;
             Ok(h.map(|h| (t, h)))
         }
     }
+}
+
+/// Make `desired` the host copy of tenant object `namespace/name`, whose live copy is `live`.
+pub async fn apply_copy<K>(
+    cx: &Tenant,
+    namespace: &str,
+    name: &str,
+    live: Option<&K>,
+    desired: &K,
+) -> Result<()>
+where
+    K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
+        + Clone
+        + std::fmt::Debug
+        + serde::Serialize
+        + serde::de::DeserializeOwned,
+{
+    let uid = live.and_then(|h| h.uid());
+    converge::converge(
+        &cx.host_api::<K>(),
+        SYNCER_MANAGER,
+        live,
+        desired,
+        Target::Copy {
+            live_uid: uid.as_deref(),
+            ours: &cx.is_copy_of(namespace, name),
+        },
+    )
+    .await
+    .map_err(Error::on_host)?;
+    Ok(())
 }
 
 /// The [`Kind`] of a copy-down kind: the shared watch of host copies (always, so copies left

@@ -19,8 +19,10 @@ pub mod kind;
 pub mod kinds;
 pub mod naming;
 pub mod queue;
+mod run;
 pub mod tenant;
 pub mod translate;
+mod wiring;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -169,7 +171,7 @@ impl Syncers {
                         observer: self.observer.clone(),
                     };
                     let task = tokio::spawn(
-                        tenant::supervise(
+                        run::supervise(
                             spec.clone(),
                             tenant,
                             self.host.clone(),

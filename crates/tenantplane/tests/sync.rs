@@ -580,14 +580,9 @@ async fn converged_once(host: &Client, tenant: &Client, ns: &str, name: &str) ->
     (t_names == h_names && t.iter().all(running) && h.iter().all(running)).then_some(t)
 }
 
-#[tokio::test]
-async fn a_privileged_pod_never_runs_and_the_tenant_is_told_why() {
-    install_crds_and_policies();
-    let ns = namespace("sync-psa").await;
-    let _operator = start_operator(&ns);
-    let host = ns.client.clone();
-    example_ready(&ns).await;
-    let tenant = tenant_client(&host, &ns.name, "dev").await;
+/// Pod `default/priv` in the tenant, privileged, which the host's Pod Security refuses; the
+/// tenant's pods Api.
+async fn create_privileged_pod(tenant: &Client) -> Api<Pod> {
     let mut c = container("root");
     c["securityContext"] = json!({"privileged": true});
     let pod: Pod = serde_json::from_value(json!({
@@ -597,6 +592,18 @@ async fn a_privileged_pod_never_runs_and_the_tenant_is_told_why() {
     .unwrap();
     let pods: Api<Pod> = Api::namespaced(tenant.clone(), "default");
     pods.create(&PostParams::default(), &pod).await.unwrap();
+    pods
+}
+
+#[tokio::test]
+async fn a_privileged_pod_never_runs_and_the_tenant_is_told_why() {
+    install_crds_and_policies();
+    let ns = namespace("sync-psa").await;
+    let _operator = start_operator(&ns);
+    let host = ns.client.clone();
+    example_ready(&ns).await;
+    let tenant = tenant_client(&host, &ns.name, "dev").await;
+    let pods = create_privileged_pod(&tenant).await;
 
     // The tenant pod says why it does not run, and so does an Event on it.
     let told = eventually(WAIT, || async {
@@ -1181,17 +1188,7 @@ async fn a_pod_the_host_refuses_backs_off() {
     let host = ns.client.clone();
     example_ready(&ns).await;
     let tenant = tenant_client(&host, &ns.name, "dev").await;
-    let mut c = container("root");
-    c["securityContext"] = json!({"privileged": true});
-    let pod: Pod = serde_json::from_value(json!({
-        "metadata": {"name": "priv", "namespace": "default"},
-        "spec": {"containers": [c]}
-    }))
-    .unwrap();
-    Api::<Pod>::namespaced(tenant.clone(), "default")
-        .create(&PostParams::default(), &pod)
-        .await
-        .unwrap();
+    create_privileged_pod(&tenant).await;
     let copy = "priv-x-default-x-dev";
     let first = eventually(WAIT, || async {
         (refused_writes(&ns.name, "pods", copy, 403) > 0).then_some(())

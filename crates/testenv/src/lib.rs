@@ -10,6 +10,7 @@ pub mod cases;
 pub mod control_plane;
 pub mod kubeconfig;
 pub mod local_runtime;
+pub mod metrics;
 pub mod operator;
 pub mod process;
 pub mod tenant;

@@ -7,7 +7,8 @@ use k8s_openapi::api::storage::v1::StorageClass;
 
 use crate::error::Result;
 use crate::kind::{Key, Kind};
-use crate::tenant::{Setup, Tenant};
+use crate::tenant::Tenant;
+use crate::wiring::Setup;
 
 pub mod classes;
 pub mod configmaps;

@@ -257,10 +257,6 @@ fn rewrite_projection(
     }
 }
 
-/// The host copy of a tenant Service: same ports and type, the selector confined to this
-/// tenant's pods of the same namespace, and no cluster IP of its own choosing (the host
-/// allocates it and the tenant copy takes it over).
-
 /// Every pod (anti-)affinity term of `affinity`, required and preferred.
 fn affinity_terms(
     affinity: &mut k8s_openapi::api::core::v1::Affinity,

@@ -9,7 +9,8 @@ use kube::api::{ObjectMeta, Patch, PatchParams, PostParams};
 use serde_json::json;
 use tracing::debug;
 
-use crate::converge::{self, Target, delete_if_present};
+use crate::converge::delete_if_present;
+use crate::copy::apply_copy;
 use crate::error::{Error, Result};
 use crate::host::Scope;
 use crate::kind::{Key, Kind};
@@ -83,19 +84,7 @@ async fn converge_service(cx: &Tenant, ns: &str, name: &str) -> Result<()> {
         return Ok(());
     }
     let desired = service(&cx.tr, &t);
-    let uid = h.as_ref().and_then(|h| h.uid());
-    converge::converge(
-        &api,
-        SYNCER_MANAGER,
-        h.as_deref(),
-        &desired,
-        Target::Copy {
-            live_uid: uid.as_deref(),
-            ours: &cx.is_copy_of(ns, name),
-        },
-    )
-    .await
-    .map_err(Error::on_host)?;
+    apply_copy(cx, ns, name, h.as_deref(), &desired).await?;
     let Some(h) = h else {
         // The watch brings the copy with its address.
         return Ok(());

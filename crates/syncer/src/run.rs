@@ -1,0 +1,274 @@
+//! One tenant's syncer as a task: wired, then run by its workers until asked to stop, and
+//! restarted with a back-off when it fails.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::StreamExt;
+use kube::Client;
+use kube::core::Selector;
+use kube::runtime::events::{self, Recorder};
+use tenantplane_api::SyncPolicySpec;
+use tokio::sync::watch;
+use tracing::warn;
+
+use crate::SyncerSpec;
+use crate::host::HostWatches;
+use crate::kind::Kind;
+use crate::kinds;
+use crate::naming::{SYNCER_MANAGER, TenantRef};
+use crate::queue::WorkQueue;
+use crate::tenant::{Tenant, TypeMap, Verdicts};
+use crate::translate::Translator;
+use crate::wiring::Setup;
+
+/// Workers per tenant: writes to two API servers overlap, one key never runs twice at once.
+const WORKERS: usize = 32;
+/// Everything is looked at again this often, whatever the watches said.
+const RESYNC: Duration = Duration::from_secs(300);
+
+/// Run the tenant's syncer; when it stops (a panic, a bad policy) restart it after a growing
+/// back-off, reporting why in the health the controller reads.
+pub(crate) async fn supervise(
+    spec: SyncerSpec,
+    tenant: Client,
+    host: Client,
+    watches: Arc<HostWatches>,
+    reporter: Verdicts,
+    stop: watch::Receiver<bool>,
+) {
+    let mut backoff = Duration::from_secs(1);
+    loop {
+        // The engine runs in its own task so that a panic is caught here; the guard stops it
+        // when this task is aborted (the syncer stopped or replaced).
+        let mut engine = AbortOnDrop(tokio::spawn(run(
+            spec.clone(),
+            tenant.clone(),
+            host.clone(),
+            watches.clone(),
+            reporter.clone(),
+            stop.clone(),
+        )));
+        let why = match (&mut engine.0).await {
+            Ok(Ok(())) => return,
+            // Stopping: whatever ended it, do not start again.
+            _ if *stop.borrow() => return,
+            Ok(Err(why)) => why,
+            Err(e) if e.is_panic() => format!("it panicked: {e}"),
+            Err(_) => return,
+        };
+        warn!(tenant = %spec.tenant, namespace = %spec.host_namespace, error = %why, "syncer stopped; restarting after {backoff:?}");
+        reporter.health.send_modify(|h| {
+            h.crashed = Some(why);
+            h.ready = false;
+        });
+        (reporter.notify)();
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(Duration::from_secs(60));
+    }
+}
+
+/// Aborts the task when dropped.
+struct AbortOnDrop<T>(tokio::task::JoinHandle<T>);
+
+impl<T> Drop for AbortOnDrop<T> {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// The policy's label selectors, by the kind they select.
+fn selectors(
+    policy: &SyncPolicySpec,
+) -> std::result::Result<BTreeMap<&'static str, Selector>, String> {
+    let to = &policy.to_host;
+    let all = [
+        (kinds::pods::Pods::NAME, "pods", &to.pods.selector),
+        (
+            kinds::services::Services::NAME,
+            "services",
+            &to.services.selector,
+        ),
+        (
+            kinds::endpoints::EndpointsKind::NAME,
+            "endpoints",
+            &to.endpoints.selector,
+        ),
+        (
+            kinds::configmaps::ConfigMaps::NAME,
+            "configMaps",
+            &to.config_maps.selector,
+        ),
+        (
+            kinds::secrets::Secrets::NAME,
+            "secrets",
+            &to.secrets.selector,
+        ),
+        (
+            kinds::persistentvolumeclaims::Claims::NAME,
+            "persistentVolumeClaims",
+            &to.persistent_volume_claims.selector,
+        ),
+        (
+            kinds::serviceaccounts::ServiceAccounts::NAME,
+            "serviceAccounts",
+            &to.service_accounts.selector,
+        ),
+        (
+            kinds::ingresses::Ingresses::NAME,
+            "ingresses",
+            &to.ingresses.selector,
+        ),
+    ];
+    let mut out = BTreeMap::new();
+    for (kind, field, selector) in all {
+        if let Some(s) = selector {
+            let s = Selector::try_from(s.clone())
+                .map_err(|e| format!("the SyncPolicy's toHost.{field}.selector is invalid: {e}"))?;
+            out.insert(kind, s);
+        }
+    }
+    Ok(out)
+}
+
+async fn run(
+    spec: SyncerSpec,
+    tenant: Client,
+    host: Client,
+    watches: Arc<HostWatches>,
+    reporter: Verdicts,
+    stop: watch::Receiver<bool>,
+) -> std::result::Result<(), String> {
+    let stopped = || {
+        let mut stop = stop.clone();
+        async move {
+            let _ = stop.wait_for(|s| *s).await;
+        }
+    };
+    // Failures of an earlier run name objects that may be gone; this run finds them again.
+    reporter.health.send_modify(|h| h.errors.clear());
+    let policy = spec.policy.clone();
+    let selectors = selectors(&policy)?;
+    let queue = WorkQueue::new();
+    let (relists, mut relisted) = futures::channel::mpsc::unbounded();
+    let entries = kinds::all();
+    let mut setup = Setup {
+        policy: &policy,
+        tenant: tenant.clone(),
+        host: host.clone(),
+        scope: spec.scope.as_deref(),
+        namespace: spec.host_namespace.clone(),
+        tenant_name: spec.tenant.clone(),
+        watches: &watches,
+        queue: queue.clone(),
+        reporter: reporter.clone(),
+        futures: Vec::new(),
+        ready: Vec::new(),
+        subscriptions: Vec::new(),
+        tenant_stores: TypeMap::default(),
+        host_stores: TypeMap::default(),
+        relists,
+        fingerprints: Arc::new(Mutex::new(HashMap::new())),
+    };
+    for entry in &entries {
+        (entry.wire)(&mut setup);
+    }
+    let Setup {
+        futures: watch_tasks,
+        ready,
+        subscriptions,
+        tenant_stores,
+        host_stores,
+        ..
+    } = setup;
+    let engine = Arc::new(Tenant {
+        tr: Translator {
+            tenant: TenantRef {
+                name: spec.tenant.clone(),
+                owner: spec.owner.clone(),
+            },
+            host_namespace: spec.host_namespace.clone(),
+            api_ip: spec.api_ip.clone(),
+            node_selector: spec.profile.node_selector.clone(),
+            tolerations: spec.profile.tolerations.clone(),
+        },
+        policy: policy.clone(),
+        recorder: Recorder::new(
+            tenant.clone(),
+            events::Reporter {
+                controller: SYNCER_MANAGER.into(),
+                instance: None,
+            },
+        ),
+        tenant,
+        host,
+        queue: queue.clone(),
+        told: Mutex::new(HashMap::new()),
+        refresh_scheduled: Mutex::new(HashMap::new()),
+        selectors,
+        tenant_stores,
+        host_stores,
+        reporter,
+        entries: entries.into_iter().map(|e| (e.name, e)).collect(),
+    });
+    // Unsubscribed from the host watches when the engine stops.
+    let _subscriptions = subscriptions;
+
+    let watches = futures::future::join_all(watch_tasks);
+    let start = {
+        let engine = engine.clone();
+        async move {
+            tokio::select! {
+                _ = futures::future::join_all(ready) => {}
+                () = stopped() => return,
+            }
+            engine.reporter.health.send_modify(|h| {
+                h.ready = true;
+                h.crashed = None;
+            });
+            (engine.reporter.notify)();
+            // Copies the shared host watches listed before this syncer started are looked at too.
+            engine.enqueue_everything();
+            let workers = (0..WORKERS).map(|_| {
+                let engine = engine.clone();
+                async move {
+                    while let Some((key, since)) = engine.queue.next_timed().await {
+                        engine.work(&key, since).await;
+                        engine.queue.done(&key);
+                    }
+                }
+            });
+            let resync = async {
+                let mut every = tokio::time::interval(RESYNC);
+                every.tick().await;
+                loop {
+                    tokio::select! {
+                        _ = every.tick() => engine.enqueue_everything(),
+                        Some(kind) = relisted.next() => {
+                            if let Some(entry) = engine.entries.get(kind) {
+                                for key in (entry.everything)(&engine) {
+                                    engine.queue.add(key);
+                                }
+                            }
+                        }
+                    }
+                }
+            };
+            // Asked to stop: hand out no more keys; each worker finishes the key it holds.
+            let resync_until_stopped = async {
+                tokio::select! {
+                    () = resync => {}
+                    () = stopped() => engine.queue.close(),
+                }
+            };
+            futures::join!(futures::future::join_all(workers), resync_until_stopped);
+        }
+    };
+    // The watches run until the engine is dropped; the workers until it is asked to stop.
+    tokio::select! {
+        _ = watches => {}
+        () = start => {}
+    }
+    Ok(())
+}
