@@ -32,32 +32,59 @@ pub trait CopyDown: Kind<Object: Resource<Scope = k8s_openapi::NamespaceResource
 /// The tenant object and its host copy once both exist.
 pub type Pair<K> = Option<(Arc<K>, Arc<K>)>;
 
+/// What converging one copy takes.
+#[derive(Debug, PartialEq)]
+pub enum Step<K> {
+    /// Nothing on either side.
+    Nothing,
+    /// The copy must go (the tenant object is gone, going, or no longer wanted).
+    Delete,
+    /// The copy cannot take the desired object in place: delete it, to be made again.
+    Replace,
+    /// Apply this desired copy.
+    Apply(K),
+}
+
+/// The step for tenant object `tenant` (if it should be synced) and its live copy: pure.
+pub fn step<S: CopyDown>(
+    tr: &Translator,
+    tenant: Option<&S::Object>,
+    live: Option<&S::Object>,
+) -> Step<S::Object> {
+    let tenant = tenant.filter(|t| t.meta().deletion_timestamp.is_none());
+    match (tenant, live) {
+        (None, None) => Step::Nothing,
+        (None, Some(_)) => Step::Delete,
+        (Some(t), live) => {
+            let desired = S::translate(tr, t);
+            match live {
+                Some(live) if S::must_replace(&desired, live) => Step::Replace,
+                _ => Step::Apply(desired),
+            }
+        }
+    }
+}
+
 /// Converge the copy of `key`'s tenant object; the pair when both sides exist afterwards, for
 /// kinds that bring state back up.
 pub async fn converge_copy<S: CopyDown>(cx: &Tenant, key: &Key) -> Result<Pair<S::Object>> {
     let (ns, name) = (&key.namespace, &key.name);
     let t = cx
         .tenant_get::<S::Object>(ns, name)
-        .filter(|t| t.meta().deletion_timestamp.is_none() && S::wanted(cx, t));
+        .filter(|t| S::wanted(cx, t));
     let h = cx.host_copy::<S::Object>(ns, name);
-    let api = cx.host_api::<S::Object>();
-    match (t, h) {
-        (None, None) => Ok(None),
-        (None, Some(h)) => {
-            delete_if_present(&api, &h, None).await?;
+    match step::<S>(&cx.tr, t.as_deref(), h.as_deref()) {
+        Step::Nothing => Ok(None),
+        // Made again on the next pass, once the delete is seen.
+        Step::Delete | Step::Replace => {
+            if let Some(h) = &h {
+                delete_if_present(&cx.host_api::<S::Object>(), &**h, None).await?;
+            }
             Ok(None)
         }
-        (Some(t), h) => {
-            let desired = S::translate(&cx.tr, &t);
-            if let Some(live) = &h
-                && S::must_replace(&desired, live)
-            {
-                // Made again on the next pass, once the delete is seen.
-                delete_if_present(&api, live, None).await?;
-                return Ok(None);
-            }
+        Step::Apply(desired) => {
             apply_copy(cx, ns, name, h.as_deref(), &desired).await?;
-            Ok(h.map(|h| (t, h)))
+            Ok(t.zip(h))
         }
     }
 }
@@ -141,4 +168,54 @@ where
     K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>,
 {
     scoped_api(client, namespace)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kinds::secrets::Secrets;
+    use crate::translate::tests::translator;
+    use k8s_openapi::api::core::v1::Secret;
+    use serde_json::json;
+
+    fn secret(type_: &str, deleting: bool) -> Secret {
+        let mut s: Secret = serde_json::from_value(json!({
+            "metadata": {"name": "creds", "namespace": "default", "uid": "s1"},
+            "type": type_, "data": {"a": "Yg=="}
+        }))
+        .unwrap();
+        if deleting {
+            s.metadata.deletion_timestamp =
+                Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                    k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+                ));
+        }
+        s
+    }
+
+    #[test]
+    fn the_driver_makes_deletes_replaces_or_applies_the_copy() {
+        let tr = translator();
+        let t = secret("Opaque", false);
+        let copy = Secrets::translate(&tr, &t);
+        assert_eq!(step::<Secrets>(&tr, None, None), Step::Nothing);
+        assert_eq!(step::<Secrets>(&tr, None, Some(&copy)), Step::Delete);
+        let going = secret("Opaque", true);
+        assert_eq!(
+            step::<Secrets>(&tr, Some(&going), Some(&copy)),
+            Step::Delete
+        );
+        assert_eq!(step::<Secrets>(&tr, Some(&going), None), Step::Nothing);
+        assert_eq!(
+            step::<Secrets>(&tr, Some(&t), None),
+            Step::Apply(copy.clone())
+        );
+        assert_eq!(
+            step::<Secrets>(&tr, Some(&t), Some(&copy)),
+            Step::Apply(copy.clone())
+        );
+        // A type cannot change in place.
+        let tls = secret("kubernetes.io/tls", false);
+        assert_eq!(step::<Secrets>(&tr, Some(&tls), Some(&copy)), Step::Replace);
+    }
 }

@@ -10,6 +10,7 @@ use common::*;
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec};
+use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{ConfigMap, Event, Node, Pod, Secret, Service, ServiceAccount};
 use k8s_openapi::api::networking::v1::{Ingress, IngressClass};
 use k8s_openapi::api::storage::v1::StorageClass;
@@ -85,7 +86,7 @@ fn running(p: &Pod) -> bool {
 }
 
 /// Wait until the tenant has `n` Running pods labelled `app=web`, each bound to a node, and the
-/// host has exactly their copies; returns the tenant pods.
+/// host has exactly their copies (of the host's `app=web` copies); returns the tenant pods.
 async fn converged(host: &Client, tenant: &Client, ns: &str, name: &str, n: usize) -> Vec<Pod> {
     let pods: Api<Pod> = Api::namespaced(tenant.clone(), "default");
     let last = std::sync::Mutex::new(String::new());
@@ -95,7 +96,11 @@ async fn converged(host: &Client, tenant: &Client, ns: &str, name: &str, n: usiz
             .await
             .ok()?
             .items;
-        let h = host_pods(host, ns, name).await;
+        let h: Vec<Pod> = host_pods(host, ns, name)
+            .await
+            .into_iter()
+            .filter(|p| p.labels().get("app").map(String::as_str) == Some("web"))
+            .collect();
         let t_names: BTreeSet<String> = t.iter().map(|p| p.name_any()).collect();
         let h_names: BTreeSet<String> = h
             .iter()
@@ -1212,4 +1217,90 @@ async fn a_pod_the_host_refuses_backs_off() {
         (status.as_str(), reason.as_str()),
         ("False", "HostRejected")
     );
+}
+
+/// A Deployment of pods as people write them (no resource requests: the host's LimitRange makes
+/// the copies Burstable, while the tenant pods stay BestEffort) and a Job, in the tenant.
+#[tokio::test]
+async fn a_plain_deployment_runs_and_a_job_completes() {
+    install_crds_and_policies();
+    let ns = namespace("sync-workloads").await;
+    let _operator = start_operator(&ns);
+    let host = ns.client.clone();
+    example_ready(&ns).await;
+    let tenant = tenant_client(&host, &ns.name, "dev").await;
+    let pp = PostParams::default();
+    let mut c = container("web");
+    c.as_object_mut().unwrap().remove("resources");
+    let deployment: Deployment = serde_json::from_value(json!({
+        "metadata": {"name": "web", "namespace": "default"},
+        "spec": {
+            "replicas": 2,
+            "selector": {"matchLabels": {"app": "web"}},
+            "template": {"metadata": {"labels": {"app": "web"}}, "spec": {"containers": [c]}}
+        }
+    }))
+    .unwrap();
+    Api::<Deployment>::namespaced(tenant.clone(), "default")
+        .create(&pp, &deployment)
+        .await
+        .unwrap();
+    let mut once = container("once");
+    once.as_object_mut().unwrap().remove("resources");
+    let job: Job = serde_json::from_value(json!({
+        "metadata": {"name": "once", "namespace": "default"},
+        "spec": {"backoffLimit": 0, "template": {"spec": {
+            "restartPolicy": "Never", "containers": [once]
+        }}}
+    }))
+    .unwrap();
+    let jobs: Api<Job> = Api::namespaced(tenant.clone(), "default");
+    jobs.create(&pp, &job).await.unwrap();
+
+    let pods = converged(&host, &tenant, &ns.name, "dev", 2).await;
+    for p in &pods {
+        assert_eq!(
+            p.status.as_ref().unwrap().qos_class.as_deref(),
+            Some("BestEffort"),
+            "the tenant's own class stays"
+        );
+    }
+    let copy = Api::<Pod>::namespaced(host.clone(), &ns.name)
+        .get(&format!("{}-x-default-x-dev", pods[0].name_any()))
+        .await
+        .unwrap();
+    assert_eq!(
+        copy.status.unwrap().qos_class.as_deref(),
+        Some("Burstable"),
+        "the host's LimitRange gave the copy requests"
+    );
+    let last = std::sync::Mutex::new(String::new());
+    let complete = eventually(WAIT, || async {
+        let j = jobs.get("once").await.ok()?;
+        let status = j.status?;
+        *last.lock().unwrap() = format!(
+            "succeeded {:?}, failed {:?}, conditions {:?}",
+            status.succeeded,
+            status.failed,
+            status
+                .conditions
+                .iter()
+                .flatten()
+                .map(|c| (c.type_.clone(), c.status.clone()))
+                .collect::<Vec<_>>()
+        );
+        status
+            .conditions?
+            .iter()
+            .any(|c| c.type_ == "Complete" && c.status == "True")
+            .then_some(())
+    })
+    .await;
+    assert!(
+        complete.is_some(),
+        "the Job never completed: {}",
+        last.lock().unwrap()
+    );
+    let (status, reason, message) = synced_condition(&host, &ns.name, "dev").await;
+    assert_eq!(status, "True", "{reason}: {message}");
 }

@@ -145,3 +145,30 @@ pub fn event_up(host: &CoreEvent, about: &ObjectReference, name: &str) -> CoreEv
         ..Default::default()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_host_event_is_told_about_the_tenant_object() {
+        let host: CoreEvent = serde_json::from_value(json!({
+            "metadata": {"name": "web-x-default-x-dev.1", "namespace": "team-dev"},
+            "involvedObject": {"kind": "Pod", "name": "web-x-default-x-dev", "namespace": "team-dev"},
+            "reason": "Scheduled", "message": "assigned to n1", "count": 2, "type": "Normal"
+        }))
+        .unwrap();
+        let about = ObjectReference {
+            kind: Some("Pod".into()),
+            name: Some("web".into()),
+            namespace: Some("default".into()),
+            uid: Some("u1".into()),
+            ..Default::default()
+        };
+        let e = event_up(&host, &about, "web.abc");
+        assert_eq!(e.metadata.namespace.as_deref(), Some("default"));
+        assert_eq!(e.involved_object.name.as_deref(), Some("web"));
+        assert_eq!(e.involved_object.uid.as_deref(), Some("u1"));
+        assert_eq!((e.reason.as_deref(), e.count), (Some("Scheduled"), Some(2)));
+    }
+}

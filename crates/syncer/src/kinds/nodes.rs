@@ -177,3 +177,32 @@ pub fn node_differs(tenant: &Node, wanted: &Node) -> bool {
         .any(|(k, v)| tenant.metadata.labels.as_ref().and_then(|l| l.get(k)) != Some(v));
     labels_missing || status(tenant) != status(wanted)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_virtual_node_shows_the_host_state_without_its_taints() {
+        let host: Node = serde_json::from_value(json!({
+            "metadata": {"name": "n1", "labels": {"zone": "a", "tenantplane.io/x": "y"},
+                         "annotations": {"cloud/id": "i-1"}},
+            "spec": {"taints": [{"key": "node-role.kubernetes.io/control-plane", "effect": "NoSchedule"}],
+                     "providerID": "cloud://i-1", "podCIDR": "10.244.0.0/24"},
+            "status": {"conditions": [{"type": "Ready", "status": "True"}],
+                       "capacity": {"pods": "110"}, "addresses": [{"type": "InternalIP", "address": "10.0.0.5"}]}
+        }))
+        .unwrap();
+        let node = virtual_node(&host, "dev");
+        assert!(node.spec.is_none(), "no taints, provider ID or pod CIDR");
+        assert!(node.metadata.annotations.is_none());
+        let labels = node.metadata.labels.clone().unwrap();
+        assert_eq!(labels["zone"], "a");
+        assert_eq!(labels[naming::LABEL_SYNCED_FROM], "dev");
+        assert!(!labels.contains_key("tenantplane.io/x"));
+        assert!(!node_differs(&node, &node));
+        let mut stale = node.clone();
+        stale.status.as_mut().unwrap().conditions.as_mut().unwrap()[0].status = "False".into();
+        assert!(node_differs(&stale, &node));
+    }
+}
