@@ -112,9 +112,11 @@ impl ReferencedSync {
 }
 
 string_enum! {
-    /// How host nodes appear in the tenant.
+    /// How host nodes appear in the tenant: `virtual`, the nodes that run tenant pods; `all`,
+    /// every node the tenant may schedule to (the profile's node selector and tolerations).
     pub enum NodeSyncMode ("fromHost.nodes.mode", default = Virtual) {
         Virtual = "virtual",
+        All = "all",
     }
 }
 
@@ -122,7 +124,8 @@ string_enum! {
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct FromHost {
-    /// Nodes: `virtual` shows one tenant Node per host node that runs tenant pods.
+    /// Nodes: `virtual` shows one tenant Node per host node that runs tenant pods; `all` one per
+    /// host node the tenant may schedule to, before any pod runs there.
     #[serde(default)]
     pub nodes: NodeSync,
     #[serde(default = "FromHostToggle::on")]

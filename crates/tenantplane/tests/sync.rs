@@ -263,6 +263,11 @@ async fn a_deployment_runs_on_the_host_and_everything_converges() {
         .get(&node_name)
         .await
         .unwrap();
+    let taints = node.spec.as_ref().and_then(|s| s.taints.clone());
+    assert!(
+        taints.as_ref().is_none_or(|t| t.is_empty()),
+        "a virtual node carries no taint: {taints:?}"
+    );
     let ready = node
         .status
         .and_then(|s| s.conditions)
@@ -1303,4 +1308,62 @@ async fn a_plain_deployment_runs_and_a_job_completes() {
     );
     let (status, reason, message) = synced_condition(&host, &ns.name, "dev").await;
     assert_eq!(status, "True", "{reason}: {message}");
+}
+
+#[tokio::test]
+async fn in_all_mode_the_tenant_sees_schedulable_nodes_before_any_pod_runs() {
+    install_crds_and_policies();
+    let ns = namespace("sync-nodes").await;
+    let _operator = start_operator(&ns);
+    let host = ns.client.clone();
+    let (tenant, policies, policy_name) = tenant_with_policy(
+        &ns,
+        json!({"fromHost": {"nodes": {"enabled": true, "mode": "all"}}}),
+    )
+    .await;
+    let nodes: Api<Node> = Api::all(tenant.clone());
+    let last = std::sync::Mutex::new(String::new());
+    let node = eventually(WAIT, || async {
+        let node = nodes.get_opt(tenantplane_testenv::control_plane::KWOK_NODE).await.ok()??;
+        let ready = node
+            .status
+            .as_ref()?
+            .conditions
+            .iter()
+            .flatten()
+            .any(|c| c.type_ == "Ready" && c.status == "True");
+        let taints = node.spec.as_ref().and_then(|s| s.taints.clone()).unwrap_or_default();
+        *last.lock().unwrap() = format!("ready {ready}, taints {taints:?}");
+        (ready && taints.is_empty()).then_some(node)
+    })
+    .await;
+    let node = node.unwrap_or_else(|| {
+        panic!(
+            "the tenant never saw a schedulable Ready node: {}",
+            last.lock().unwrap()
+        )
+    });
+    assert_eq!(node.labels()[naming::LABEL_SYNCED_FROM], "dev");
+    let pods = Api::<Pod>::namespaced(tenant.clone(), "default")
+        .list(&ListParams::default())
+        .await
+        .unwrap();
+    assert!(pods.items.is_empty(), "no pod runs in the tenant");
+    Api::<TenantCluster>::namespaced(host.clone(), &ns.name)
+        .delete("dev", &DeleteParams::default())
+        .await
+        .unwrap();
+    let gone = eventually(WAIT, || async {
+        let tcs = Api::<TenantCluster>::namespaced(host.clone(), &ns.name)
+            .list(&ListParams::default())
+            .await
+            .ok()?;
+        tcs.items.is_empty().then_some(())
+    })
+    .await;
+    assert!(gone.is_some());
+    policies
+        .delete(&policy_name, &DeleteParams::default())
+        .await
+        .unwrap();
 }

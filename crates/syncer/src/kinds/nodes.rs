@@ -2,11 +2,12 @@
 //! node's name, labels, capacity, addresses and conditions, and none of its taints or provider
 //! details. A Node no tenant pod uses any more goes.
 
-use k8s_openapi::api::core::v1::{Node, NodeStatus, Pod};
+use k8s_openapi::api::core::v1::{Node, NodeStatus, Pod, Taint, Toleration};
 use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::json;
 use tenantplane_api::SyncPolicySpec;
+use tenantplane_api::sync_policy::NodeSyncMode;
 
 use crate::converge::delete_if_present;
 use crate::error::Result;
@@ -77,7 +78,10 @@ pub async fn ensure_virtual_node(cx: &Tenant, name: &str) -> Result<bool> {
     }
     // Status is a subresource: written separately, also right after creation. A node the
     // cache still shows but that is gone (deleted a moment ago) is created again.
-    let labels = json!({"metadata": {"labels": wanted.metadata.labels}});
+    let labels = json!({
+        "metadata": {"labels": wanted.metadata.labels},
+        "spec": {"taints": null, "unschedulable": null},
+    });
     match nodes
         .patch(name, &PatchParams::default(), &Patch::Merge(labels))
         .await
@@ -117,7 +121,14 @@ async fn converge_node(cx: &Tenant, name: &str) -> Result<()> {
                 .host_slice::<Pod>()
                 .iter()
                 .any(|p| on_node(p) && cx.tr.copy_of(&p.metadata).is_some()));
-    let host_exists = cx.host_get::<Node>(false, name).is_some();
+    let host = cx.host_get::<Node>(false, name);
+    let shown = host.as_ref().is_some_and(|h| {
+        cx.policy.from_host.nodes.enabled
+            && cx.policy.from_host.nodes.mode == NodeSyncMode::All
+            && schedulable(h, &cx.tr.node_selector, &cx.tr.tolerations)
+    });
+    let in_use = in_use || shown;
+    let host_exists = host.is_some();
     let current = cx.tenant_get::<Node>("", name);
     if in_use && host_exists {
         return ensure_virtual_node(cx, name).await.map(|_| ());
@@ -130,6 +141,38 @@ async fn converge_node(cx: &Tenant, name: &str) -> Result<()> {
         delete_if_present(&nodes, &node, None).await?;
     }
     Ok(())
+}
+
+/// May a tenant whose pods get `selector` and `tolerations` (the profile's) run on host node
+/// `node`? Its labels match the selector, it takes pods, and every scheduling taint is tolerated.
+pub fn schedulable(
+    node: &Node,
+    selector: &std::collections::BTreeMap<String, String>,
+    tolerations: &[Toleration],
+) -> bool {
+    let labels = node.metadata.labels.clone().unwrap_or_default();
+    let spec = node.spec.clone().unwrap_or_default();
+    selector.iter().all(|(k, v)| labels.get(k) == Some(v))
+        && spec.unschedulable != Some(true)
+        && spec
+            .taints
+            .iter()
+            .flatten()
+            .filter(|t| t.effect != "PreferNoSchedule")
+            .all(|t| tolerations.iter().any(|tol| tolerates(tol, t)))
+}
+
+/// Does `toleration` tolerate `taint`, as the scheduler decides?
+fn tolerates(toleration: &Toleration, taint: &Taint) -> bool {
+    let effect = toleration.effect.as_deref().unwrap_or_default();
+    if !effect.is_empty() && effect != taint.effect {
+        return false;
+    }
+    let key = toleration.key.as_deref().unwrap_or_default();
+    match toleration.operator.as_deref().unwrap_or("Equal") {
+        "Exists" => key.is_empty() || key == taint.key,
+        _ => key == taint.key && toleration.value == taint.value,
+    }
 }
 
 /// The virtual Node the tenant sees for host node `node`: its name, labels, capacity, addresses
@@ -169,18 +212,48 @@ pub fn node_differs(tenant: &Node, wanted: &Node) -> bool {
             .collect();
         (s.capacity, s.allocatable, s.addresses, conds)
     };
+    // The API server taints a Node created without a Ready condition, and nothing in the tenant
+    // (its node lifecycle controller is off) would remove the taint.
+    let tainted = tenant
+        .spec
+        .as_ref()
+        .is_some_and(|s| s.taints.as_ref().is_some_and(|t| !t.is_empty()));
     let labels_missing = wanted
         .metadata
         .labels
         .iter()
         .flatten()
         .any(|(k, v)| tenant.metadata.labels.as_ref().and_then(|l| l.get(k)) != Some(v));
-    labels_missing || status(tenant) != status(wanted)
+    tainted || labels_missing || status(tenant) != status(wanted)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn all_mode_shows_the_nodes_the_profile_lets_pods_run_on() {
+        let node = |labels: serde_json::Value, spec: serde_json::Value| -> Node {
+            serde_json::from_value(json!({"metadata": {"name": "n", "labels": labels}, "spec": spec}))
+                .unwrap()
+        };
+        let pool = std::collections::BTreeMap::from([("pool".to_string(), "tenants".to_string())]);
+        let control_plane = json!({"taints": [{"key": "node-role.kubernetes.io/control-plane", "effect": "NoSchedule"}]});
+        let plain = node(json!({"pool": "tenants"}), json!({}));
+        assert!(schedulable(&plain, &pool, &[]));
+        assert!(!schedulable(&node(json!({"pool": "infra"}), json!({})), &pool, &[]));
+        let tainted = node(json!({"pool": "tenants"}), control_plane);
+        assert!(!schedulable(&tainted, &pool, &[]));
+        let tolerate: Toleration = serde_json::from_value(
+            json!({"key": "node-role.kubernetes.io/control-plane", "operator": "Exists"}),
+        )
+        .unwrap();
+        assert!(schedulable(&tainted, &pool, &[tolerate]));
+        let soft = node(json!({}), json!({"taints": [{"key": "x", "effect": "PreferNoSchedule"}]}));
+        assert!(schedulable(&soft, &Default::default(), &[]));
+        let cordoned = node(json!({}), json!({"unschedulable": true}));
+        assert!(!schedulable(&cordoned, &Default::default(), &[]));
+    }
 
     #[test]
     fn a_virtual_node_shows_the_host_state_without_its_taints() {
@@ -201,6 +274,12 @@ mod tests {
         assert_eq!(labels[naming::LABEL_SYNCED_FROM], "dev");
         assert!(!labels.contains_key("tenantplane.io/x"));
         assert!(!node_differs(&node, &node));
+        let mut tainted = node.clone();
+        tainted.spec = serde_json::from_value(
+            json!({"taints": [{"key": "node.kubernetes.io/not-ready", "effect": "NoSchedule"}]}),
+        )
+        .unwrap();
+        assert!(node_differs(&tainted, &node), "a stale taint is removed");
         let mut stale = node.clone();
         stale.status.as_mut().unwrap().conditions.as_mut().unwrap()[0].status = "False".into();
         assert!(node_differs(&stale, &node));
