@@ -23,11 +23,13 @@ bench-controller: N ?= 100
 bench-controller: testenv
 	N=$(N) $(CARGO) bench -p tenantplane --locked --bench controller
 
-## bench-sync: N pods (default 1000) through one tenant's syncer, then straight on the host; prints
-## both times and their ratio, p50/p99 of the syncer's hops, requests, memory, CPU
+## bench-sync: N pods (default 1000) spread over TENANTS tenants (default 1, one operator for all)
+## through their syncers, then straight on the host; prints both times and their ratio, p50/p99 of
+## the syncers' hops, the host's open WATCH requests per tenant, requests, memory, CPU
 bench-sync: N ?= 1000
+bench-sync: TENANTS ?= 1
 bench-sync: testenv
-	N=$(N) $(CARGO) bench -p tenantplane --locked --bench sync
+	N=$(N) TENANTS=$(TENANTS) $(CARGO) bench -p tenantplane --locked --bench sync
 
 ## testenv: build etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, kwok and helm
 testenv:

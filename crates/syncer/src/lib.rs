@@ -10,6 +10,7 @@
 //!   every tenant shares.
 //! - [`converge`]: the one way an object is converged, shared with the controller.
 
+pub mod addons;
 pub mod converge;
 pub mod copy;
 pub mod error;

@@ -242,9 +242,13 @@ async fn run(
             let resync = async {
                 let mut every = tokio::time::interval(RESYNC);
                 every.tick().await;
+                engine.ensure_addons().await;
                 loop {
                     tokio::select! {
-                        _ = every.tick() => engine.enqueue_everything(),
+                        _ = every.tick() => {
+                            engine.enqueue_everything();
+                            engine.ensure_addons().await;
+                        }
                         Some(kind) = relisted.next() => {
                             if let Some(entry) = engine.entries.get(kind) {
                                 for key in (entry.everything)(&engine) {

@@ -152,6 +152,31 @@ impl Tenant {
         }
     }
 
+    /// Keep the tenant's add-ons (its cluster DNS) as they should be; a failure is reported in
+    /// `Synced` until a later pass succeeds.
+    pub(crate) async fn ensure_addons(&self) {
+        const WHAT: &str = "the tenant's DNS (Deployment kube-system/coredns)";
+        let host_dns = Api::<k8s_openapi::api::core::v1::Service>::namespaced(
+            self.host.clone(),
+            crate::addons::DNS_NAMESPACE,
+        )
+        .get_opt(crate::addons::DNS_SERVICE)
+        .await
+        .ok()
+        .flatten()
+        .and_then(|s| s.spec?.cluster_ip)
+        .filter(|ip| ip != "None" && !ip.is_empty());
+        let upstream: Vec<String> = host_dns.into_iter().collect();
+        let failure = crate::addons::ensure_dns(&self.tenant, self.tr.name(), &upstream)
+            .await
+            .err()
+            .map(|e| Failure {
+                reason: e.reason(),
+                message: format!("{WHAT}: {e}"),
+            });
+        self.reporter.set_error(WHAT, failure);
+    }
+
     /// Converge one key, queued at `since` (the sync lag is measured from there).
     pub(crate) async fn work(&self, key: &Key, since: std::time::Instant) {
         let Some(entry) = self.entries.get(key.kind) else {

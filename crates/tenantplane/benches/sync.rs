@@ -1,12 +1,15 @@
-//! `make bench-sync N=1000`: one tenant on the test control plane, with its real API server from
-//! the local runtime and the operator's syncer copying its pods to the host namespace, where kwok
-//! makes them Running. Creates N bare pods in the tenant and times each one through the syncer
-//! (tenant create → host copy → host Running → tenant Running), then creates the same N pods
-//! directly on the host for comparison. Prints both wall times and their ratio, p50/p99 of the
-//! syncer's two hops, the operator's host API requests, and the process's peak memory and CPU.
+//! `make bench-sync N=1000 TENANTS=1`: TENANTS tenants (default 1) on the test control plane, each
+//! in a host namespace of its own, with their real API servers from the local runtime and one
+//! operator (all namespaces) whose syncers copy their pods to the host, where kwok makes them
+//! Running. Creates N bare pods spread round-robin over the tenants and times each one through
+//! its syncer (tenant create → host copy → host Running → tenant Running), then creates the same N
+//! pods directly on the host for comparison. Prints both wall times and their ratio, p50/p99 of
+//! the syncers' two hops, the operator's host API requests, the host API server's open WATCH
+//! requests on the synced kinds before the tenants, with them, and with their pods (and so per
+//! tenant), and the process's peak memory and CPU.
 //! A benchmark prints figures; it asserts only that the work was done.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -20,9 +23,11 @@ use kube::{Client, ResourceExt};
 use tenantplane_api::conditions::{self, READY, SYNCED};
 use tenantplane_api::isolation_profile::QuantityString;
 use tenantplane_api::{IsolationProfile, Phase, TenantCluster};
+use tenantplane_controller::telemetry::Role;
 use tenantplane_testenv::kubeconfig::{RequestCounter, counting_client};
+use tenantplane_testenv::metrics::{SYNCED_RESOURCES, open_watches, synced_watches};
 use tenantplane_testenv::{
-    install_crds_and_policies, local_runtime, namespace, repo_path, shared, tenant,
+    TestNamespace, install_crds_and_policies, local_runtime, namespace, repo_path, shared, tenant,
 };
 
 use tenantplane_syncer::naming::{
@@ -211,18 +216,16 @@ async fn until_listed(
     Ok(())
 }
 
-/// Create the pods, `CONCURRENCY` at a time, retrying each a few times, and record when each
-/// create returned.
+/// Create the pods, each through its own API (its tenant's, or the host's), `CONCURRENCY` at a
+/// time in all, retrying each a few times, and record when each create returned.
 async fn create_pods(
     what: &'static str,
-    api: Api<Pod>,
-    names: Vec<String>,
+    pods: Vec<(Api<Pod>, String)>,
     timeline: Timeline,
 ) -> anyhow::Result<()> {
     let reported = Arc::new(AtomicUsize::new(0));
-    stream::iter(names)
-        .map(|name| {
-            let api = api.clone();
+    stream::iter(pods)
+        .map(|(api, name)| {
             let timeline = timeline.clone();
             let reported = reported.clone();
             async move {
@@ -336,39 +339,88 @@ fn describe(tc: &TenantCluster) -> String {
     line
 }
 
-async fn tenant_status(api: &Api<TenantCluster>) -> String {
-    match api.get(TENANT).await {
-        Ok(tc) => describe(&tc),
-        Err(e) => format!("reading the TenantCluster failed: {e}"),
+/// Ready with Synced True.
+fn ready_and_synced(tc: &TenantCluster) -> bool {
+    let status = tc.status.as_ref();
+    status.and_then(|s| s.phase) == Some(Phase::Ready)
+        && status.is_some_and(|s| conditions::is_true(&s.conditions, SYNCED))
+}
+
+/// Every tenant's TenantCluster that is not Ready and Synced, one per line, at most `max`.
+async fn tenants_status(admin: &Client, namespaces: &[String], max: usize) -> String {
+    let mut lines = Vec::new();
+    for ns in namespaces {
+        let api: Api<TenantCluster> = Api::namespaced(admin.clone(), ns);
+        match api.get(TENANT).await {
+            Ok(tc) if ready_and_synced(&tc) => {}
+            Ok(tc) => lines.push(format!("{ns}/{TENANT}: {}", describe(&tc))),
+            Err(e) => lines.push(format!(
+                "{ns}/{TENANT}: reading the TenantCluster failed: {e}"
+            )),
+        }
+    }
+    let more = lines.len().saturating_sub(max);
+    lines.truncate(max);
+    if more > 0 {
+        lines.push(format!("and {more} more"));
+    }
+    if lines.is_empty() {
+        "every TenantCluster is Ready and Synced".into()
+    } else {
+        lines.join("\n  ")
     }
 }
 
-/// Wait until the tenant is Ready with Synced True.
-async fn tenant_ready(start: Instant, api: &Api<TenantCluster>) -> anyhow::Result<()> {
-    let timeout = Duration::from_secs(300);
+/// Wait until the tenant in every one of `namespaces` is Ready with Synced True, printing how
+/// many are every few seconds.
+async fn tenants_ready(
+    start: Instant,
+    admin: &Client,
+    namespaces: &[String],
+) -> anyhow::Result<()> {
+    let total = namespaces.len();
+    let timeout = Duration::from_secs(300) + Duration::from_secs(30) * total as u32;
     let deadline = Instant::now() + timeout;
     let mut last_report = Instant::now();
+    let api: Api<TenantCluster> = Api::all(admin.clone());
     loop {
-        let last = match api.get(TENANT).await {
-            Ok(tc) => {
-                let status = tc.status.as_ref();
-                let ready = status.and_then(|s| s.phase) == Some(Phase::Ready);
-                let synced = status.is_some_and(|s| conditions::is_true(&s.conditions, SYNCED));
-                if ready && synced {
-                    return Ok(());
+        let (done, last) = match api.list(&Default::default()).await {
+            Ok(list) => {
+                let mut done = 0;
+                let mut pending = None;
+                for ns in namespaces {
+                    match list.items.iter().find(|tc| {
+                        tc.namespace().as_deref() == Some(ns.as_str()) && tc.name_any() == TENANT
+                    }) {
+                        Some(tc) if ready_and_synced(tc) => done += 1,
+                        Some(tc) => {
+                            pending
+                                .get_or_insert_with(|| format!("{ns}/{TENANT}: {}", describe(tc)));
+                        }
+                        None => {
+                            pending.get_or_insert_with(|| format!("{ns}/{TENANT}: not found"));
+                        }
+                    }
                 }
-                describe(&tc)
+                (done, pending.unwrap_or_default())
             }
-            Err(e) => format!("reading the TenantCluster failed: {e}"),
+            Err(e) => (0, format!("listing the TenantClusters failed: {e}")),
         };
+        if done == total {
+            return Ok(());
+        }
         if last_report.elapsed() >= PROGRESS_EVERY {
-            say(start, &format!("waiting for Ready and Synced: {last}"));
+            say(
+                start,
+                &format!("{done}/{total} tenants Ready and Synced; e.g. {last}"),
+            );
             last_report = Instant::now();
         }
         if Instant::now() > deadline {
             bail!(
-                "the tenant was not Ready and Synced within {}s; last: {last}",
-                timeout.as_secs()
+                "only {done}/{total} tenants Ready and Synced within {}s:\n  {}",
+                timeout.as_secs(),
+                tenants_status(admin, namespaces, 10).await
             );
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
@@ -377,7 +429,11 @@ async fn tenant_ready(start: Instant, api: &Api<TenantCluster>) -> anyhow::Resul
 
 /// Wait until the tenant's controller manager has made the `default` service account, which
 /// pod admission in the tenant needs.
-async fn tenant_service_account(start: Instant, tenant: &Client) -> anyhow::Result<()> {
+async fn tenant_service_account(
+    start: Instant,
+    tenant: &Client,
+    which: &str,
+) -> anyhow::Result<()> {
     let accounts = Api::<ServiceAccount>::namespaced(tenant.clone(), TENANT_NAMESPACE);
     let deadline = Instant::now() + Duration::from_secs(60);
     let mut last_report = Instant::now();
@@ -386,18 +442,66 @@ async fn tenant_service_account(start: Instant, tenant: &Client) -> anyhow::Resu
             Ok(Some(_)) => return Ok(()),
             Ok(None) => {}
             Err(e) if Instant::now() > deadline => {
-                bail!("the tenant's default service account: {e}")
+                bail!("the default service account of tenant {which}: {e}")
             }
             Err(_) => {}
         }
         if Instant::now() > deadline {
-            bail!("the tenant has no default service account in {TENANT_NAMESPACE} after 60s");
+            bail!("tenant {which} has no default service account in {TENANT_NAMESPACE} after 60s");
         }
         if last_report.elapsed() >= PROGRESS_EVERY {
-            say(start, "waiting for the tenant's default service account");
+            say(
+                start,
+                &format!("waiting for the default service account of tenant {which}"),
+            );
             last_report = Instant::now();
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+/// The host API server's open WATCH requests by resource, once the sum over the synced kinds
+/// reads the same twice a second apart (watches being opened or closed have settled), or after
+/// 20 s.
+async fn settled_watches(admin: &Client) -> anyhow::Result<BTreeMap<String, f64>> {
+    let read = async || {
+        open_watches(admin)
+            .await
+            .context("reading the host API server's /metrics")
+    };
+    let mut last = read().await?;
+    for _ in 0..20 {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let now = read().await?;
+        if synced_watches(&now) == synced_watches(&last) {
+            return Ok(now);
+        }
+        last = now;
+    }
+    Ok(last)
+}
+
+/// `kind a/b/c` for every synced kind with an open watch in any of the readings.
+fn watches_by_kind(readings: &[&BTreeMap<String, f64>]) -> String {
+    let kinds: Vec<String> = SYNCED_RESOURCES
+        .iter()
+        .filter(|kind| {
+            readings
+                .iter()
+                .any(|r| r.get(**kind).is_some_and(|v| *v > 0.0))
+        })
+        .map(|kind| {
+            let counts: Vec<String> = readings
+                .iter()
+                .map(|r| r.get(*kind).copied().unwrap_or(0.0).to_string())
+                .collect();
+            format!("{kind} {}", counts.join("/"))
+        })
+        .collect();
+    if kinds.is_empty() {
+        "none".into()
+    } else {
+        kinds.join(", ")
     }
 }
 
@@ -410,16 +514,25 @@ async fn main() -> anyhow::Result<()> {
     if n == 0 {
         bail!("N must be at least 1");
     }
+    let t: usize = std::env::var("TENANTS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1);
+    if t == 0 {
+        bail!("TENANTS must be at least 1");
+    }
+    // The most pods one tenant gets.
+    let per_tenant = n.div_ceil(t);
     // Each run gets 10 minutes, plus half a second per pod.
     let run_timeout = Duration::from_secs(600) + Duration::from_millis(500) * n as u32;
     let start = Instant::now();
     say(
         start,
-        &format!("starting the test control plane for {n} pods per run"),
+        &format!("starting the test control plane for {n} pods per run over {t} tenants"),
     );
-    // Both runs' pods stay until the end: room for 2N pods plus the tenant's control plane, at
+    // Both runs' pods stay until the end: room for 2N pods plus the tenants' control planes, at
     // most 100 per simulated node (each takes 110).
-    let nodes = (2 * n + 10).div_ceil(100);
+    let nodes = (2 * n + 10 * t).div_ceil(100);
     tokio::task::spawn_blocking(move || {
         shared();
         install_crds_and_policies();
@@ -428,10 +541,13 @@ async fn main() -> anyhow::Result<()> {
     .await??;
     say(start, &format!("{} simulated nodes Ready", nodes + 1));
 
-    // The tenant's host namespace, and a profile like `restricted` whose pod quota has room.
-    let host = namespace("bench-sync").await;
-    let admin = host.client.clone();
-    let profile_name = format!("bench-sync-{}", host.name);
+    // The tenants' host namespaces, one each, and a profile like `restricted` whose pod quota has
+    // room for one tenant's pods.
+    let hosts: Vec<TestNamespace> =
+        futures::future::join_all((0..t).map(|_| namespace("bench-sync"))).await;
+    let host_names: Vec<String> = hosts.iter().map(|h| h.name.clone()).collect();
+    let admin = hosts[0].client.clone();
+    let profile_name = format!("bench-sync-{}", host_names[0]);
     let mut profile: IsolationProfile = serde_yaml::from_str(&std::fs::read_to_string(
         repo_path("deploy/policies/isolationprofile-restricted.yaml"),
     )?)?;
@@ -440,19 +556,22 @@ async fn main() -> anyhow::Result<()> {
         .spec
         .resource_quota
         .hard
-        .insert("pods".into(), QuantityString((n + 10).to_string()));
+        .insert("pods".into(), QuantityString((per_tenant + 10).to_string()));
     let profiles: Api<IsolationProfile> = Api::all(admin.clone());
     profiles
         .create(&PostParams::default(), &profile)
         .await
         .context("creating the benchmark's IsolationProfile")?;
 
-    // The operator (its host requests counted) and the local runtime, scoped to the namespace.
+    // One operator for all namespaces (its host requests counted) and one local runtime.
     let rss_before = memory_kib("VmRSS:");
     let cpu_before = cpu_time();
     let counter = Arc::new(RequestCounter::default());
     let operator_client = counting_client(shared().kubeconfig_path(), counter.clone()).await?;
-    let options = tenant::local_operator_options(Some(host.name.clone()), None);
+    let options = tenant::local_operator_options(None, None);
+    // `run` is the controller without the elector; as the leader it reports its caches ready.
+    let readiness = options.telemetry.readiness.clone();
+    readiness.set_role(Role::Leader);
     let operator = tokio::spawn(tenantplane_controller::run(
         operator_client,
         options,
@@ -462,39 +581,60 @@ async fn main() -> anyhow::Result<()> {
         admin.clone(),
         shared().binaries().clone(),
         shared().dir().join("runtime"),
-        Some(host.name.clone()),
+        None,
     );
+    say(start, "operator started for all namespaces");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !readiness.check().0 {
+        if Instant::now() > deadline {
+            bail!(
+                "the operator's caches are not synced after 60s: {}",
+                readiness.check().1
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let watches_before = settled_watches(&admin).await?;
     say(
         start,
-        &format!("operator started for namespace {}", host.name),
+        &format!(
+            "operator caches synced; {} host WATCH requests open on synced kinds",
+            synced_watches(&watches_before)
+        ),
     );
 
-    // One tenant: the example, with the benchmark's profile and no cpu or memory caps.
+    // The tenants: the example, with the benchmark's profile and no cpu or memory caps.
     let mut tc: TenantCluster = serde_yaml::from_str(&std::fs::read_to_string(repo_path(
         "examples/tenantcluster-dev.yaml",
     ))?)?;
-    tc.metadata.namespace = Some(host.name.clone());
     tc.spec.isolation_profile_ref.name = profile_name.clone();
     tc.spec.resources = Default::default();
-    let tenants: Api<TenantCluster> = Api::namespaced(admin.clone(), &host.name);
-    tenants
-        .create(&PostParams::default(), &tc)
-        .await
-        .context("creating the TenantCluster")?;
-    tenant_ready(start, &tenants).await?;
-    say(start, "the tenant is Ready and Synced");
-    let tenant = tenant::tenant_client(&admin, &host.name, TENANT)
-        .await
-        .map_err(anyhow::Error::msg)?;
-    tenant_service_account(start, &tenant).await?;
+    for ns in &host_names {
+        tc.metadata.namespace = Some(ns.clone());
+        Api::<TenantCluster>::namespaced(admin.clone(), ns)
+            .create(&PostParams::default(), &tc)
+            .await
+            .with_context(|| format!("creating the TenantCluster in {ns}"))?;
+    }
+    say(start, &format!("{t} TenantClusters created"));
+    tenants_ready(start, &admin, &host_names).await?;
+    say(start, &format!("{t}/{t} tenants Ready and Synced"));
+    let watches_tenants = settled_watches(&admin).await?;
+    let mut tenants: Vec<Client> = Vec::with_capacity(t);
+    for ns in &host_names {
+        let tenant = tenant::tenant_client(&admin, ns, TENANT)
+            .await
+            .map_err(anyhow::Error::msg)?;
+        tenant_service_account(start, &tenant, &format!("{ns}/{TENANT}")).await?;
+        tenants.push(tenant);
+    }
 
-    // Tenant run: watch both sides, then create.
+    // Tenant run: watch the host (every namespace) and each tenant, then create, round-robin.
     let names: Vec<String> = (0..n).map(|i| format!("bench-{i:05}")).collect();
     let synced = timeline(&names);
-    let host_pods: Api<Pod> = Api::namespaced(admin.clone(), &host.name);
     let (host_watch, host_listed) = watch_pods(
         "host",
-        host_pods.clone(),
+        Api::<Pod>::all(admin.clone()),
         watcher::Config::default().labels(&format!("{LABEL_SYNCED_FROM}={TENANT}")),
         {
             let synced = synced.clone();
@@ -517,41 +657,54 @@ async fn main() -> anyhow::Result<()> {
             }
         },
     );
-    let tenant_pods: Api<Pod> = Api::namespaced(tenant.clone(), TENANT_NAMESPACE);
-    let (tenant_watch, tenant_listed) = watch_pods(
-        "tenant",
-        tenant_pods.clone(),
-        watcher::Config::default()
-            .labels(&format!("{BENCH_LABEL}={BENCH_VALUE}"))
-            .timeout(TENANT_WATCH_TIMEOUT_SECS),
-        {
-            let synced = synced.clone();
-            move |pod| {
-                if is_running(pod) {
-                    record(&synced, &pod.name_any(), |t| &mut t.tenant_running);
+    let tenant_pods: Vec<Api<Pod>> = tenants
+        .iter()
+        .map(|c| Api::namespaced(c.clone(), TENANT_NAMESPACE))
+        .collect();
+    let mut tenant_watches = Vec::with_capacity(t);
+    let mut tenant_listed = Vec::with_capacity(t);
+    for api in &tenant_pods {
+        let (task, listed) = watch_pods(
+            "tenant",
+            api.clone(),
+            watcher::Config::default()
+                .labels(&format!("{BENCH_LABEL}={BENCH_VALUE}"))
+                .timeout(TENANT_WATCH_TIMEOUT_SECS),
+            {
+                let synced = synced.clone();
+                move |pod| {
+                    if is_running(pod) {
+                        record(&synced, &pod.name_any(), |t| &mut t.tenant_running);
+                    }
                 }
-            }
-        },
-    );
+            },
+        );
+        tenant_watches.push(task);
+        tenant_listed.push(listed);
+    }
     until_listed("host", host_listed).await?;
-    until_listed("tenant", tenant_listed).await?;
+    for listed in tenant_listed {
+        until_listed("tenant", listed).await?;
+    }
 
     say(
         start,
-        &format!("tenant run: creating {n} pods in the tenant, {CONCURRENCY} at a time"),
+        &format!(
+            "tenant run: creating {n} pods over {t} tenants (round-robin), {CONCURRENCY} at a time"
+        ),
     );
+    let spread: Vec<(Api<Pod>, String)> = names
+        .iter()
+        .enumerate()
+        .map(|(i, name)| (tenant_pods[i % t].clone(), name.clone()))
+        .collect();
     counter.reset();
     let cpu_tenant_start = cpu_time();
     let tenant_t0 = Instant::now();
-    let mut creating = tokio::spawn(create_pods(
-        "tenant run",
-        tenant_pods.clone(),
-        names.clone(),
-        synced.clone(),
-    ));
+    let mut creating = tokio::spawn(create_pods("tenant run", spread, synced.clone()));
     let progress = || {
         format!(
-            "{}/{n} created in the tenant, {} copied to the host, {} Running on the host, {} Running in the tenant",
+            "{}/{n} created in the tenants, {} copied to the host, {} Running on the host, {} Running in the tenants",
             count(&synced, |t| t.created),
             count(&synced, |t| t.host_created),
             count(&synced, |t| t.host_running),
@@ -559,7 +712,10 @@ async fn main() -> anyhow::Result<()> {
         )
     };
     let diagnose = async || {
-        let mut text = format!("TenantCluster: {}", tenant_status(&tenants).await);
+        let mut text = format!(
+            "TenantClusters:\n  {}",
+            tenants_status(&admin, &host_names, 10).await
+        );
         for (what, field) in [
             (
                 "created, no host copy",
@@ -596,12 +752,18 @@ async fn main() -> anyhow::Result<()> {
     say(
         start,
         &format!(
-            "tenant run: all {n} pods Running in the tenant after {}",
+            "tenant run: all {n} pods Running in their tenants after {}",
             secs(tenant_wall)
         ),
     );
+    // This harness's own host watch is closed before the host's watches are read again.
     host_watch.abort();
-    tenant_watch.abort();
+    let _ = host_watch.await;
+    for task in tenant_watches {
+        task.abort();
+        let _ = task.await;
+    }
+    let watches_pods = settled_watches(&admin).await?;
 
     // Direct run: the same pods straight on the host, in a fresh namespace.
     let direct = namespace("bench-direct").await;
@@ -633,8 +795,10 @@ async fn main() -> anyhow::Result<()> {
     let direct_t0 = Instant::now();
     let mut creating = tokio::spawn(create_pods(
         "direct run",
-        direct_pods.clone(),
-        names.clone(),
+        names
+            .iter()
+            .map(|name| (direct_pods.clone(), name.clone()))
+            .collect(),
         plain.clone(),
     ));
     wait_for_pods(
@@ -679,16 +843,21 @@ async fn main() -> anyhow::Result<()> {
     let back = hops(&synced, |t| t.host_running, |t| t.tenant_running);
     let cpu_total = cpu_time().saturating_sub(cpu_before);
     let peak_rss = memory_kib("VmHWM:");
+    let (x, y, z) = (
+        synced_watches(&watches_before),
+        synced_watches(&watches_tenants),
+        synced_watches(&watches_pods),
+    );
 
     println!(
-        "\nbench-sync N={n} (one tenant; operator, syncer and local runtime in-process; pods made Running by kwok; {CONCURRENCY} creates in flight)"
+        "\nbench-sync N={n} TENANTS={t} (up to {per_tenant} pods per tenant; one operator, its syncers and the local runtime in-process; pods made Running by kwok; {CONCURRENCY} creates in flight)"
     );
     println!(
-        "  tenant run, first create to all {n} pods Running in the tenant: {}",
+        "  tenant run, first create to all {n} pods Running in their tenants: {}",
         secs(tenant_wall)
     );
     println!(
-        "  direct run, first create to all {n} pods Running on the host:   {}",
+        "  direct run, first create to all {n} pods Running on the host:       {}",
         secs(direct_wall)
     );
     println!(
@@ -710,50 +879,80 @@ async fn main() -> anyhow::Result<()> {
         secs(back.last().copied().unwrap_or_default())
     );
     println!(
+        "  host WATCH requests on synced kinds: before tenants {x}, with {t} tenant(s) {y}, {:.2} per tenant; with all {n} pods Running {z}, {:.2} per tenant",
+        (y - x) / t as f64,
+        (z - x) / t as f64
+    );
+    println!(
+        "  host WATCH requests by kind (before tenants/with tenants/with pods): {}",
+        watches_by_kind(&[&watches_before, &watches_tenants, &watches_pods])
+    );
+    println!(
         "  operator's host API requests during the tenant run: {tenant_reads} reads + {tenant_writes} writes ({:.2} per pod); during the direct run: {idle_reads} reads + {idle_writes} writes",
         (tenant_reads + tenant_writes) as f64 / n as f64
     );
     println!(
-        "  CPU time of the process (operator + syncer + local runtime + this harness's clients and watches; not the control planes' own processes): tenant run {}, direct run {}, since the operator started {}",
+        "  CPU time of the process (operator + syncers + local runtime + this harness's clients and watches; not the control planes' own processes): tenant run {}, direct run {}, since the operator started {}",
         secs(cpu_tenant_run),
         secs(cpu_direct_run),
         secs(cpu_total)
     );
     println!(
-        "  memory: peak RSS {} MiB for the process (operator + syncer + this harness), {} MiB before the operator started",
+        "  memory: peak RSS {} MiB for the process (operator + syncers + this harness), {} MiB before the operator started",
         peak_rss / 1024,
         rss_before / 1024
     );
 
-    // Clean up: delete the tenant and wait (briefly) for it to go.
-    say(start, "deleting the TenantCluster");
-    tenants
-        .delete(TENANT, &DeleteParams::foreground())
-        .await
-        .context("deleting the TenantCluster")?;
+    // Clean up: delete the tenants and wait (briefly) for them to go.
+    say(start, &format!("deleting the {t} TenantClusters"));
+    for ns in &host_names {
+        Api::<TenantCluster>::namespaced(admin.clone(), ns)
+            .delete(TENANT, &DeleteParams::foreground())
+            .await
+            .with_context(|| format!("deleting the TenantCluster in {ns}"))?;
+    }
     let deadline = Instant::now() + Duration::from_secs(120);
     let mut last_report = Instant::now();
+    let all: Api<TenantCluster> = Api::all(admin.clone());
     loop {
-        match tenants.get_opt(TENANT).await {
-            Ok(None) => {
-                say(start, "the TenantCluster is gone");
+        let left = all.list(&Default::default()).await.map(|list| {
+            list.items
+                .iter()
+                .filter(|tc| tc.namespace().is_some_and(|ns| host_names.contains(&ns)))
+                .map(|tc| {
+                    format!(
+                        "{}/{}: {}",
+                        tc.namespace().unwrap_or_default(),
+                        tc.name_any(),
+                        describe(tc)
+                    )
+                })
+                .collect::<Vec<String>>()
+        });
+        match left {
+            Ok(left) if left.is_empty() => {
+                say(start, "the TenantClusters are gone");
                 break;
             }
-            Ok(Some(_)) | Err(_) if Instant::now() > deadline => {
+            left if Instant::now() > deadline => {
+                let left = match left {
+                    Ok(left) => left.join("\n  "),
+                    Err(e) => format!("listing the TenantClusters failed: {e}"),
+                };
                 say(
                     start,
-                    &format!(
-                        "the TenantCluster is still there after 120s: {}",
-                        tenant_status(&tenants).await
-                    ),
+                    &format!("TenantClusters still there after 120s:\n  {left}"),
                 );
                 break;
             }
+            Ok(left) if last_report.elapsed() >= PROGRESS_EVERY => {
+                say(
+                    start,
+                    &format!("waiting for {}/{t} TenantClusters to go", left.len()),
+                );
+                last_report = Instant::now();
+            }
             _ => {}
-        }
-        if last_report.elapsed() >= PROGRESS_EVERY {
-            say(start, "waiting for the TenantCluster to go");
-            last_report = Instant::now();
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
@@ -762,8 +961,9 @@ async fn main() -> anyhow::Result<()> {
         .await;
     operator.abort();
     runtime_task.abort();
-    // Let the runtime's task drop, which stops the tenant's processes.
+    // Let the runtime's task drop, which stops the tenants' processes.
     let _ = runtime_task.await;
     let _ = operator.await;
+    drop(hosts);
     Ok(())
 }

@@ -11,7 +11,9 @@ use common::*;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec};
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{ConfigMap, Event, Node, Pod, Secret, Service, ServiceAccount};
+use k8s_openapi::api::core::v1::{
+    ConfigMap, Event, Node, PersistentVolumeClaim, Pod, Secret, Service, ServiceAccount,
+};
 use k8s_openapi::api::networking::v1::{Ingress, IngressClass};
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
@@ -68,10 +70,15 @@ fn config_map(name: &str, value: &str) -> ConfigMap {
     .unwrap()
 }
 
-/// Host pods synced from `tenant`, by tenant name.
+/// Host pods synced from `tenant`'s `default` namespace (its DNS runs in `kube-system`).
 async fn host_pods(host: &Client, ns: &str, tenant: &str) -> Vec<Pod> {
+    let selector = format!(
+        "{},{}=default",
+        naming::synced_selector(tenant),
+        naming::LABEL_VIRTUAL_NAMESPACE
+    );
     Api::<Pod>::namespaced(host.clone(), ns)
-        .list(&ListParams::default().labels(&naming::synced_selector(tenant)))
+        .list(&ListParams::default().labels(&selector))
         .await
         .unwrap()
         .items
@@ -1262,7 +1269,24 @@ async fn a_plain_deployment_runs_and_a_job_completes() {
     let jobs: Api<Job> = Api::namespaced(tenant.clone(), "default");
     jobs.create(&pp, &job).await.unwrap();
 
+    let claim: PersistentVolumeClaim = serde_json::from_value(json!({
+        "metadata": {"name": "data", "namespace": "default"},
+        "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}}
+    }))
+    .unwrap();
+    Api::<PersistentVolumeClaim>::namespaced(tenant.clone(), "default")
+        .create(&pp, &claim)
+        .await
+        .unwrap();
     let pods = converged(&host, &tenant, &ns.name, "dev", 2).await;
+    let copied = eventually(WAIT, || async {
+        Api::<PersistentVolumeClaim>::namespaced(host.clone(), &ns.name)
+            .get_opt("data-x-default-x-dev")
+            .await
+            .ok()?
+    })
+    .await;
+    assert!(copied.is_some(), "the claim never reached the host");
     for p in &pods {
         assert_eq!(
             p.status.as_ref().unwrap().qos_class.as_deref(),
@@ -1324,7 +1348,10 @@ async fn in_all_mode_the_tenant_sees_schedulable_nodes_before_any_pod_runs() {
     let nodes: Api<Node> = Api::all(tenant.clone());
     let last = std::sync::Mutex::new(String::new());
     let node = eventually(WAIT, || async {
-        let node = nodes.get_opt(tenantplane_testenv::control_plane::KWOK_NODE).await.ok()??;
+        let node = nodes
+            .get_opt(tenantplane_testenv::control_plane::KWOK_NODE)
+            .await
+            .ok()??;
         let ready = node
             .status
             .as_ref()?
@@ -1332,7 +1359,11 @@ async fn in_all_mode_the_tenant_sees_schedulable_nodes_before_any_pod_runs() {
             .iter()
             .flatten()
             .any(|c| c.type_ == "Ready" && c.status == "True");
-        let taints = node.spec.as_ref().and_then(|s| s.taints.clone()).unwrap_or_default();
+        let taints = node
+            .spec
+            .as_ref()
+            .and_then(|s| s.taints.clone())
+            .unwrap_or_default();
         *last.lock().unwrap() = format!("ready {ready}, taints {taints:?}");
         (ready && taints.is_empty()).then_some(node)
     })
@@ -1366,4 +1397,62 @@ async fn in_all_mode_the_tenant_sees_schedulable_nodes_before_any_pod_runs() {
         .delete(&policy_name, &DeleteParams::default())
         .await
         .unwrap();
+}
+
+#[tokio::test]
+async fn the_tenant_gets_a_cluster_dns_and_synced_pods_resolve_through_it() {
+    install_crds_and_policies();
+    let ns = namespace("sync-dns").await;
+    let _operator = start_operator(&ns);
+    let host = ns.client.clone();
+    example_ready(&ns).await;
+    let tenant = tenant_client(&host, &ns.name, "dev").await;
+    // CoreDNS in the tenant's kube-system, its Service at its host copy's address, and its pod
+    // admitted by the host under `restricted` and Running there.
+    let last = std::sync::Mutex::new(String::new());
+    let dns_ip = eventually(WAIT, || async {
+        Api::<Deployment>::namespaced(tenant.clone(), "kube-system")
+            .get_opt("coredns")
+            .await
+            .ok()??;
+        let t = Api::<Service>::namespaced(tenant.clone(), "kube-system")
+            .get_opt("kube-dns")
+            .await
+            .ok()??;
+        let h = Api::<Service>::namespaced(host.clone(), &ns.name)
+            .get_opt("kube-dns-x-kube-system-x-dev")
+            .await
+            .ok()??;
+        let t_ip = t.spec?.cluster_ip?;
+        let h_ip = h.spec?.cluster_ip?;
+        let copies = Api::<Pod>::namespaced(host.clone(), &ns.name)
+            .list(&ListParams::default().labels("k8s-app=kube-dns"))
+            .await
+            .ok()?;
+        *last.lock().unwrap() = format!(
+            "tenant {t_ip}, host {h_ip}, copies running {}",
+            copies.items.iter().filter(|p| running(p)).count()
+        );
+        (t_ip == h_ip && copies.items.iter().any(running)).then_some(t_ip)
+    })
+    .await
+    .unwrap_or_else(|| panic!("the tenant's DNS never ran: {}", last.lock().unwrap()));
+    Api::<Pod>::namespaced(tenant.clone(), "default")
+        .create(&PostParams::default(), &bare_pod("after", json!({})))
+        .await
+        .unwrap();
+    let copy = eventually(WAIT, || async {
+        Api::<Pod>::namespaced(host.clone(), &ns.name)
+            .get_opt("after-x-default-x-dev")
+            .await
+            .ok()?
+    })
+    .await
+    .expect("the pod was never copied");
+    let spec = copy.spec.unwrap();
+    assert_eq!(spec.dns_policy.as_deref(), Some("None"));
+    let config = spec.dns_config.unwrap();
+    assert_eq!(config.nameservers.unwrap(), [dns_ip]);
+    assert_eq!(config.searches.unwrap()[0], "default.svc.cluster.local");
+    assert!(synced_again(&host, &ns.name, "dev").await);
 }

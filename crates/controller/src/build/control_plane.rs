@@ -47,7 +47,7 @@ pub fn k3s_args(
         "server".to_string(),
         "--disable-agent".into(),
         "--disable-scheduler".into(),
-        "--disable=traefik,servicelb,metrics-server,local-storage".into(),
+        "--disable=traefik,servicelb,metrics-server,local-storage,coredns".into(),
         "--flannel-backend=none".into(),
         "--disable-network-policy".into(),
         "--disable-cloud-controller".into(),
@@ -291,6 +291,12 @@ mod tests {
         }
         let controllers = args.iter().find(|a| a.contains("controllers=")).unwrap();
         assert!(controllers.contains("-nodelifecycle") && controllers.contains("-attachdetach"));
+        // The operator runs the tenant's DNS itself (k3s's fails `restricted` on the host).
+        let disabled = args.iter().find(|a| a.starts_with("--disable=")).unwrap();
+        assert!(
+            disabled.split([',', '=']).any(|d| d == "coredns"),
+            "{disabled}"
+        );
     }
 
     #[test]

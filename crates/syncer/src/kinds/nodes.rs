@@ -234,14 +234,20 @@ mod tests {
     #[test]
     fn all_mode_shows_the_nodes_the_profile_lets_pods_run_on() {
         let node = |labels: serde_json::Value, spec: serde_json::Value| -> Node {
-            serde_json::from_value(json!({"metadata": {"name": "n", "labels": labels}, "spec": spec}))
-                .unwrap()
+            serde_json::from_value(
+                json!({"metadata": {"name": "n", "labels": labels}, "spec": spec}),
+            )
+            .unwrap()
         };
         let pool = std::collections::BTreeMap::from([("pool".to_string(), "tenants".to_string())]);
         let control_plane = json!({"taints": [{"key": "node-role.kubernetes.io/control-plane", "effect": "NoSchedule"}]});
         let plain = node(json!({"pool": "tenants"}), json!({}));
         assert!(schedulable(&plain, &pool, &[]));
-        assert!(!schedulable(&node(json!({"pool": "infra"}), json!({})), &pool, &[]));
+        assert!(!schedulable(
+            &node(json!({"pool": "infra"}), json!({})),
+            &pool,
+            &[]
+        ));
         let tainted = node(json!({"pool": "tenants"}), control_plane);
         assert!(!schedulable(&tainted, &pool, &[]));
         let tolerate: Toleration = serde_json::from_value(
@@ -249,7 +255,10 @@ mod tests {
         )
         .unwrap();
         assert!(schedulable(&tainted, &pool, &[tolerate]));
-        let soft = node(json!({}), json!({"taints": [{"key": "x", "effect": "PreferNoSchedule"}]}));
+        let soft = node(
+            json!({}),
+            json!({"taints": [{"key": "x", "effect": "PreferNoSchedule"}]}),
+        );
         assert!(schedulable(&soft, &Default::default(), &[]));
         let cordoned = node(json!({}), json!({"unschedulable": true}));
         assert!(!schedulable(&cordoned, &Default::default(), &[]));
