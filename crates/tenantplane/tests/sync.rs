@@ -1456,3 +1456,233 @@ async fn the_tenant_gets_a_cluster_dns_and_synced_pods_resolve_through_it() {
     assert_eq!(config.searches.unwrap()[0], "default.svc.cluster.local");
     assert!(synced_again(&host, &ns.name, "dev").await);
 }
+
+/// The tenant pod's status field by field, as `pod_status_up` brings it: what a user reads.
+fn status_view(p: &Pod) -> serde_json::Value {
+    let s = p.status.clone().unwrap_or_default();
+    let containers = |c: &Option<Vec<k8s_openapi::api::core::v1::ContainerStatus>>| {
+        c.iter()
+            .flatten()
+            .map(|c| {
+                json!({"name": c.name, "ready": c.ready, "restarts": c.restart_count,
+                       "state": c.state, "started": c.started})
+            })
+            .collect::<Vec<_>>()
+    };
+    let mut conditions: Vec<(String, String)> = s
+        .conditions
+        .iter()
+        .flatten()
+        .map(|c| (c.type_.clone(), c.status.clone()))
+        .collect();
+    conditions.sort();
+    json!({
+        "phase": s.phase, "podIP": s.pod_ip, "hostIP": s.host_ip,
+        "containers": containers(&s.container_statuses),
+        "init": containers(&s.init_container_statuses),
+        "conditions": conditions,
+    })
+}
+
+#[tokio::test]
+async fn a_pod_with_init_and_several_containers_shows_the_host_status_as_it_changes() {
+    install_crds_and_policies();
+    let ns = namespace("sync-status").await;
+    let _operator = start_operator(&ns);
+    let host = ns.client.clone();
+    example_ready(&ns).await;
+    let tenant = tenant_client(&host, &ns.name, "dev").await;
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "multi", "namespace": "default", "labels": {"app": "web"}},
+        "spec": {
+            "initContainers": [container("setup")],
+            "containers": [container("web"), container("sidecar")],
+            "terminationGracePeriodSeconds": 30
+        }
+    }))
+    .unwrap();
+    let pods: Api<Pod> = Api::namespaced(tenant.clone(), "default");
+    pods.create(&PostParams::default(), &pod).await.unwrap();
+    converged(&host, &tenant, &ns.name, "dev", 1).await;
+    let h_pods: Api<Pod> = Api::namespaced(host.clone(), &ns.name);
+    let copy = "multi-x-default-x-dev";
+    let same = || async {
+        let t = pods.get("multi").await.ok()?;
+        let h = h_pods.get(copy).await.ok()?;
+        (status_view(&t) == status_view(&h)).then_some(t)
+    };
+    let t = eventually(WAIT, same)
+        .await
+        .expect("the tenant pod never showed the host's status");
+    let s = t.status.unwrap();
+    assert_eq!(s.container_statuses.unwrap().len(), 2);
+    assert_eq!(s.init_container_statuses.unwrap().len(), 1);
+
+    // The host's kubelet reports a container not ready, then restarted: the tenant follows.
+    let live = h_pods.get(copy).await.unwrap();
+    let mut statuses = live.status.clone().unwrap().container_statuses.unwrap();
+    statuses[1].ready = false;
+    statuses[1].restart_count = 1;
+    let conditions: Vec<serde_json::Value> = live
+        .status
+        .clone()
+        .unwrap()
+        .conditions
+        .unwrap()
+        .into_iter()
+        .map(|c| {
+            let down = c.type_ == "Ready" || c.type_ == "ContainersReady";
+            json!({"type": c.type_, "status": if down { "False" } else { c.status.as_str() },
+                   "lastTransitionTime": c.last_transition_time})
+        })
+        .collect();
+    h_pods
+        .patch_status(
+            copy,
+            &PatchParams::default(),
+            &Patch::Merge(
+                json!({"status": {"containerStatuses": statuses, "conditions": conditions}}),
+            ),
+        )
+        .await
+        .unwrap();
+    let followed = eventually(WAIT, || async {
+        let t = same().await?;
+        let s = t.status?;
+        let ready = s.conditions?.into_iter().find(|c| c.type_ == "Ready")?;
+        let restarts = s
+            .container_statuses?
+            .iter()
+            .map(|c| c.restart_count)
+            .sum::<i32>();
+        (ready.status == "False" && restarts == 1).then_some(())
+    })
+    .await;
+    assert!(
+        followed.is_some(),
+        "the tenant pod did not follow the host's readiness and restarts"
+    );
+
+    // Deleted in the tenant with its grace period: both sides go.
+    pods.delete("multi", &DeleteParams::default())
+        .await
+        .unwrap();
+    let gone = eventually(WAIT, || async {
+        let t = pods.get_opt("multi").await.ok()?;
+        let h = h_pods.get_opt(copy).await.ok()?;
+        (t.is_none() && h.is_none()).then_some(())
+    })
+    .await;
+    assert!(gone.is_some(), "the pod and its copy did not go");
+    assert!(synced_again(&host, &ns.name, "dev").await);
+}
+
+#[tokio::test]
+async fn a_daemonset_runs_a_pod_on_every_node_and_a_statefulset_claim_binds() {
+    install_crds_and_policies();
+    let ns = namespace("sync-sets").await;
+    let _operator = start_operator(&ns);
+    let host = ns.client.clone();
+    // A host volume for the StatefulSet's claim, of a class only this test uses.
+    let class = format!("{}-manual", ns.name);
+    let pv: k8s_openapi::api::core::v1::PersistentVolume = serde_json::from_value(json!({
+        "metadata": {"name": format!("{}-pv", ns.name)},
+        "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce"],
+                 "storageClassName": class, "hostPath": {"path": "/tmp/unused"}}
+    }))
+    .unwrap();
+    let pvs: Api<k8s_openapi::api::core::v1::PersistentVolume> = Api::all(host.clone());
+    pvs.create(&PostParams::default(), &pv).await.unwrap();
+    let (tenant, policies, policy_name) = tenant_with_policy(
+        &ns,
+        json!({"fromHost": {"nodes": {"enabled": true, "mode": "all"}}}),
+    )
+    .await;
+    let pp = PostParams::default();
+    let ds: k8s_openapi::api::apps::v1::DaemonSet = serde_json::from_value(json!({
+        "metadata": {"name": "agent", "namespace": "default"},
+        "spec": {
+            "selector": {"matchLabels": {"app": "agent"}},
+            "template": {"metadata": {"labels": {"app": "agent"}},
+                         "spec": {"containers": [container("agent")]}}
+        }
+    }))
+    .unwrap();
+    let daemonsets: Api<k8s_openapi::api::apps::v1::DaemonSet> =
+        Api::namespaced(tenant.clone(), "default");
+    daemonsets.create(&pp, &ds).await.unwrap();
+    let sts: k8s_openapi::api::apps::v1::StatefulSet = serde_json::from_value(json!({
+        "metadata": {"name": "db", "namespace": "default"},
+        "spec": {
+            "serviceName": "db", "replicas": 1,
+            "selector": {"matchLabels": {"app": "db"}},
+            "template": {"metadata": {"labels": {"app": "db"}}, "spec": {
+                "containers": [{
+                    "name": "db", "image": "registry.example/db:1",
+                    "securityContext": container("db")["securityContext"],
+                    "volumeMounts": [{"name": "data", "mountPath": "/data"}]
+                }]
+            }},
+            "volumeClaimTemplates": [{"metadata": {"name": "data"}, "spec": {
+                "accessModes": ["ReadWriteOnce"], "storageClassName": class,
+                "resources": {"requests": {"storage": "1Gi"}}
+            }}]
+        }
+    }))
+    .unwrap();
+    Api::<k8s_openapi::api::apps::v1::StatefulSet>::namespaced(tenant.clone(), "default")
+        .create(&pp, &sts)
+        .await
+        .unwrap();
+
+    let last = std::sync::Mutex::new(String::new());
+    let ready = eventually(WAIT, || async {
+        let d = daemonsets.get("agent").await.ok()?.status?;
+        let claim = Api::<PersistentVolumeClaim>::namespaced(tenant.clone(), "default")
+            .get_opt("data-db-0")
+            .await
+            .ok()??;
+        let db = Api::<Pod>::namespaced(tenant.clone(), "default")
+            .get_opt("db-0")
+            .await
+            .ok()??;
+        let phase = claim.status.and_then(|s| s.phase);
+        *last.lock().unwrap() = format!(
+            "daemonset {}/{} ready; claim {phase:?}; db-0 {:?}",
+            d.number_ready,
+            d.desired_number_scheduled,
+            db.status.as_ref().and_then(|s| s.phase.clone())
+        );
+        (d.desired_number_scheduled >= 1
+            && d.number_ready == d.desired_number_scheduled
+            && phase.as_deref() == Some("Bound")
+            && running(&db))
+        .then_some(())
+    })
+    .await;
+    assert!(
+        ready.is_some(),
+        "the DaemonSet or the StatefulSet never ran: {}",
+        last.lock().unwrap()
+    );
+    Api::<TenantCluster>::namespaced(host.clone(), &ns.name)
+        .delete("dev", &DeleteParams::default())
+        .await
+        .unwrap();
+    let gone = eventually(WAIT, || async {
+        let tcs = Api::<TenantCluster>::namespaced(host.clone(), &ns.name)
+            .list(&ListParams::default())
+            .await
+            .ok()?;
+        tcs.items.is_empty().then_some(())
+    })
+    .await;
+    assert!(gone.is_some());
+    policies
+        .delete(&policy_name, &DeleteParams::default())
+        .await
+        .unwrap();
+    let _ = pvs
+        .delete(&format!("{}-pv", ns.name), &DeleteParams::default())
+        .await;
+}
