@@ -6,7 +6,7 @@
 //!
 //! Ownership is decided here too: a host object is a tenant's copy only when the marks the syncer
 //! wrote at creation (labels, annotations with the TenantCluster's UID) agree with its owner
-//! reference to that TenantCluster. A tenant can write labels and annotations into templates the
+//! reference to that TenantCluster (copies made before the UID was recorded: the owner reference). A tenant can write labels and annotations into templates the
 //! host expands (an ephemeral volume's claim), never an owner reference, so marks alone are not
 //! trusted.
 
@@ -158,7 +158,9 @@ pub fn copy_of(meta: &ObjectMeta, tenant: &TenantRef) -> Option<Virtual> {
         .as_ref()
         .and_then(|a| a.get(ANNOTATION_TENANT_UID))
         .map(String::as_str);
-    if !owned || recorded != Some(uid) {
+    // Copies made before the UID was recorded carry only the owner reference (which a tenant
+    // cannot write either); their next apply records it. A recorded UID must agree.
+    if !owned || recorded.is_some_and(|r| r != uid) {
         return None;
     }
     virtual_of(meta, &tenant.name)
@@ -276,14 +278,21 @@ pub(crate) mod tests {
         };
         assert_eq!(virtual_of(&forged, "dev"), Some(of));
         assert_eq!(copy_of(&forged, &dev), None);
-        // An owner reference without the recorded UID is not enough either.
-        let mut unrecorded = meta;
+        // A copy made before the UID was recorded is still ours; one recording another UID is not.
+        let mut unrecorded = meta.clone();
         unrecorded
             .annotations
             .as_mut()
             .unwrap()
             .remove(ANNOTATION_TENANT_UID);
-        assert_eq!(copy_of(&unrecorded, &dev), None);
+        assert!(copy_of(&unrecorded, &dev).is_some());
+        let mut other = meta;
+        other
+            .annotations
+            .as_mut()
+            .unwrap()
+            .insert(ANNOTATION_TENANT_UID.into(), "tc-2".into());
+        assert_eq!(copy_of(&other, &dev), None);
     }
 
     #[test]

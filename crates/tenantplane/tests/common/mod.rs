@@ -159,3 +159,32 @@ pub async fn create_ready(client: &Client, tc: &TenantCluster) -> TenantCluster 
         .unwrap();
     wait_for_phase(client, &ns, &tc.name_any(), Phase::Ready).await
 }
+
+/// Wait until tenant `name`'s DNS (which the syncer sets up once the tenant is Ready) has settled:
+/// its CoreDNS pod runs on the host and the tenant's `kube-dns` Service has its copy's address.
+pub async fn dns_settled(host: &Client, ns: &str, name: &str) {
+    use k8s_openapi::api::core::v1::{Pod, Service};
+    use kube::api::ListParams;
+    let tenant = tenant_client(host, ns, name).await;
+    let settled = eventually(WAIT, || async {
+        let copies = Api::<Pod>::namespaced(host.clone(), ns)
+            .list(&ListParams::default().labels("k8s-app=kube-dns"))
+            .await
+            .ok()?;
+        let running = copies
+            .items
+            .iter()
+            .any(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"));
+        let t = Api::<Service>::namespaced(tenant.clone(), "kube-system")
+            .get_opt("kube-dns")
+            .await
+            .ok()??;
+        let h = Api::<Service>::namespaced(host.clone(), ns)
+            .get_opt(&format!("kube-dns-x-kube-system-x-{name}"))
+            .await
+            .ok()??;
+        (running && t.spec?.cluster_ip == h.spec?.cluster_ip).then_some(())
+    })
+    .await;
+    assert!(settled.is_some(), "the tenant's DNS never settled");
+}
