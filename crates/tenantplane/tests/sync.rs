@@ -816,6 +816,25 @@ async fn tenant_with_policy(
     )
 }
 
+/// Delete the tenant made by [`tenant_with_policy`], wait until it is gone, then its policy.
+async fn delete_tenant_and_policy(ns: &TestNamespace, policies: &Api<SyncPolicy>, policy: &str) {
+    let tenants = Api::<TenantCluster>::namespaced(ns.client.clone(), &ns.name);
+    tenants
+        .delete("dev", &DeleteParams::default())
+        .await
+        .unwrap();
+    let gone = eventually(WAIT, || async {
+        let tcs = tenants.list(&ListParams::default()).await.ok()?;
+        tcs.items.is_empty().then_some(())
+    })
+    .await;
+    assert!(gone.is_some(), "the TenantCluster never went");
+    policies
+        .delete(policy, &DeleteParams::default())
+        .await
+        .unwrap();
+}
+
 #[tokio::test]
 async fn a_policy_picks_what_syncs_selectors_accounts_and_classes() {
     install_crds_and_policies();
@@ -872,23 +891,7 @@ async fn a_policy_picks_what_syncs_selectors_accounts_and_classes() {
         skipped.spec.unwrap().node_name.is_none(),
         "a pod the selector leaves out is not run"
     );
-    Api::<TenantCluster>::namespaced(host.clone(), &ns.name)
-        .delete("dev", &DeleteParams::default())
-        .await
-        .unwrap();
-    let gone = eventually(WAIT, || async {
-        let tcs = Api::<TenantCluster>::namespaced(host.clone(), &ns.name)
-            .list(&ListParams::default())
-            .await
-            .ok()?;
-        tcs.items.is_empty().then_some(())
-    })
-    .await;
-    assert!(gone.is_some());
-    policies
-        .delete(&policy_name, &DeleteParams::default())
-        .await
-        .unwrap();
+    delete_tenant_and_policy(&ns, &policies, &policy_name).await;
 }
 
 #[tokio::test]
@@ -1380,23 +1383,7 @@ async fn in_all_mode_the_tenant_sees_schedulable_nodes_before_any_pod_runs() {
         .await
         .unwrap();
     assert!(pods.items.is_empty(), "no pod runs in the tenant");
-    Api::<TenantCluster>::namespaced(host.clone(), &ns.name)
-        .delete("dev", &DeleteParams::default())
-        .await
-        .unwrap();
-    let gone = eventually(WAIT, || async {
-        let tcs = Api::<TenantCluster>::namespaced(host.clone(), &ns.name)
-            .list(&ListParams::default())
-            .await
-            .ok()?;
-        tcs.items.is_empty().then_some(())
-    })
-    .await;
-    assert!(gone.is_some());
-    policies
-        .delete(&policy_name, &DeleteParams::default())
-        .await
-        .unwrap();
+    delete_tenant_and_policy(&ns, &policies, &policy_name).await;
 }
 
 #[tokio::test]
@@ -1665,23 +1652,7 @@ async fn a_daemonset_runs_a_pod_on_every_node_and_a_statefulset_claim_binds() {
         "the DaemonSet or the StatefulSet never ran: {}",
         last.lock().unwrap()
     );
-    Api::<TenantCluster>::namespaced(host.clone(), &ns.name)
-        .delete("dev", &DeleteParams::default())
-        .await
-        .unwrap();
-    let gone = eventually(WAIT, || async {
-        let tcs = Api::<TenantCluster>::namespaced(host.clone(), &ns.name)
-            .list(&ListParams::default())
-            .await
-            .ok()?;
-        tcs.items.is_empty().then_some(())
-    })
-    .await;
-    assert!(gone.is_some());
-    policies
-        .delete(&policy_name, &DeleteParams::default())
-        .await
-        .unwrap();
+    delete_tenant_and_policy(&ns, &policies, &policy_name).await;
     let _ = pvs
         .delete(&format!("{}-pv", ns.name), &DeleteParams::default())
         .await;
