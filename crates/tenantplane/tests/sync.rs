@@ -1342,7 +1342,6 @@ async fn in_all_mode_the_tenant_sees_schedulable_nodes_before_any_pod_runs() {
     install_crds_and_policies();
     let ns = namespace("sync-nodes").await;
     let _operator = start_operator(&ns);
-    let host = ns.client.clone();
     let (tenant, policies, policy_name) = tenant_with_policy(
         &ns,
         json!({"fromHost": {"nodes": {"enabled": true, "mode": "all"}}}),
