@@ -24,6 +24,8 @@ pub const ANNOTATION_LOCAL_ENDPOINT: &str = "tenantplane.io/local-endpoint";
 
 /// The port of the tenant API server, in the pod and on the Service.
 pub const API_PORT: i32 = 6443;
+/// The operator container's port that serves the virtual nodes' kubelet endpoint.
+pub const KUBELET_PORT_NAME: &str = "kubelet";
 
 /// The default image repository of the tenant control plane.
 pub const DEFAULT_K3S_REPOSITORY: &str = "rancher/k3s";

@@ -543,6 +543,7 @@ async fn apply_tenant(tc: &TenantCluster, ctx: &Context) -> Result<Action, Error
         server,
         kubeconfig,
         api_ip,
+        kubelet: options.kubelet.as_ref().map(|k| k.endpoint.clone()),
     };
     let progress = match ctx.syncers.ensure(spec, watch_client).await {
         Ok(summary) => Progress::Synced { version, summary },

@@ -318,6 +318,8 @@ pub struct CertificateInfo {
     pub common_name: String,
     pub organizations: Vec<String>,
     /// Seconds since the Unix epoch.
+    pub not_before: i64,
+    /// Seconds since the Unix epoch.
     pub not_after: i64,
 }
 
@@ -348,11 +350,19 @@ pub fn lifetime(cert_pem: &str) -> Result<Lifetime> {
 
 /// Parse `cert_pem` and check that `ca_pem` signed it.
 pub fn verify_signed_by(cert_pem: &str, ca_pem: &str) -> Result<CertificateInfo> {
-    let cert_der = parse_pem_cert(cert_pem)?;
-    let ca_der = parse_pem_cert(ca_pem)?;
-    let (_, cert) = x509_parser::parse_x509_certificate(&cert_der)
+    verify_der_signed_by(&parse_pem_cert(cert_pem)?, &parse_pem_cert(ca_pem)?)
+}
+
+/// The DER of the (first) certificate in `pem_text`.
+pub fn cert_der(pem_text: &str) -> Result<Vec<u8>> {
+    parse_pem_cert(pem_text)
+}
+
+/// [`verify_signed_by`] for DER certificates.
+pub fn verify_der_signed_by(cert_der: &[u8], ca_der: &[u8]) -> Result<CertificateInfo> {
+    let (_, cert) = x509_parser::parse_x509_certificate(cert_der)
         .map_err(|e| Error::Invalid(format!("certificate does not parse: {e}")))?;
-    let (_, ca) = x509_parser::parse_x509_certificate(&ca_der)
+    let (_, ca) = x509_parser::parse_x509_certificate(ca_der)
         .map_err(|e| Error::Invalid(format!("CA certificate does not parse: {e}")))?;
     cert.verify_signature(Some(ca.public_key()))
         .map_err(|_| Error::Invalid("certificate is not signed by the CA".into()))?;
@@ -370,6 +380,7 @@ pub fn verify_signed_by(cert_pem: &str, ca_pem: &str) -> Result<CertificateInfo>
     Ok(CertificateInfo {
         common_name,
         organizations,
+        not_before: cert.validity().not_before.timestamp(),
         not_after: cert.validity().not_after.timestamp(),
     })
 }

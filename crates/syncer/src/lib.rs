@@ -71,6 +71,18 @@ pub struct SyncerSpec {
     /// The cluster IP of the tenant API server's Service: synced pods dial it, on 6443 directly
     /// and on 443 through the tenant's `kubernetes` Service, which is given this address.
     pub api_ip: String,
+    /// The operator's kubelet endpoint, which every virtual Node names as its kubelet; without
+    /// it, virtual Nodes show the host nodes' own addresses.
+    pub kubelet: Option<KubeletEndpoint>,
+}
+
+/// Where a tenant API server reaches the kubelet of a virtual Node (for logs, exec, attach and
+/// port-forward): the operator's kubelet endpoint, which proxies to the host pods.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KubeletEndpoint {
+    /// An IP address: virtual Nodes give it as their `InternalIP`.
+    pub address: String,
+    pub port: u16,
 }
 
 struct Running {

@@ -21,6 +21,8 @@ pub struct Translator {
     pub api_ip: String,
     pub node_selector: BTreeMap<String, String>,
     pub tolerations: Vec<Toleration>,
+    /// What virtual Nodes name as their kubelet.
+    pub kubelet: Option<crate::KubeletEndpoint>,
 }
 
 /// The tenant object a tenant object's metadata names.
@@ -97,6 +99,7 @@ pub(crate) mod tests {
             api_ip: "10.96.0.10".into(),
             node_selector: BTreeMap::from([("pool".to_string(), "tenants".to_string())]),
             tolerations: vec![],
+            kubelet: None,
         }
     }
 

@@ -296,7 +296,7 @@ async fn main() -> anyhow::Result<()> {
     let cpu_before = cpu_time();
     let counter = Arc::new(RequestCounter::default());
     let operator_client = counting_client(shared().kubeconfig_path(), counter.clone()).await?;
-    let options = tenant::local_operator_options(None, None);
+    let options = tenant::local_operator_options(None, None, None);
     // `run` is the controller without the elector; as the leader it reports its caches ready.
     let readiness = options.telemetry.readiness.clone();
     readiness.set_role(Role::Leader);

@@ -15,6 +15,8 @@ use crate::manifests;
 
 const NAMESPACE: &str = "team-dev";
 const TENANT: &str = "dev";
+/// Where the kubelet CA is kept, as in a deployed operator's namespace.
+const OPERATOR_NAMESPACE: &str = "tenantplane-system";
 
 fn say(started: Instant, what: &str) {
     eprintln!("dev: {what} ({:.0}s)", started.elapsed().as_secs_f64());
@@ -57,9 +59,27 @@ pub async fn run(state_dir: PathBuf) -> anyhow::Result<()> {
         manifests::apply(&client, policy).await?;
     }
 
-    say(started, "starting the operator and the local runtime");
-    let options =
-        tenantplane_testenv::tenant::local_operator_options(None, Some(Duration::from_secs(10)));
+    say(
+        started,
+        "starting the operator, its kubelet endpoint and the local runtime",
+    );
+    let operator_ns = serde_json::json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": OPERATOR_NAMESPACE}});
+    Api::<Namespace>::all(client.clone())
+        .patch(
+            OPERATOR_NAMESPACE,
+            &PatchParams::apply("tenantplane-cli"),
+            &Patch::Apply(&operator_ns),
+        )
+        .await?;
+    let kubelet =
+        tenantplane_testenv::tenant::start_kubelet(plane.config().await?, OPERATOR_NAMESPACE, None)
+            .await
+            .map_err(anyhow::Error::msg)?;
+    let options = tenantplane_testenv::tenant::local_operator_options(
+        None,
+        Some(Duration::from_secs(10)),
+        Some(kubelet),
+    );
     let operator = tokio::spawn(tenantplane_controller::run(
         client.clone(),
         options,

@@ -86,11 +86,17 @@ pub async fn client(args: &HostArgs) -> anyhow::Result<kube::Client> {
 
 /// A client that names itself `user_agent` to the API server (its audit log records that).
 pub async fn client_with_agent(args: &HostArgs, user_agent: &str) -> anyhow::Result<kube::Client> {
+    kube::Client::try_from(config_with_agent(args, user_agent).await?)
+        .context("building a client for the host cluster")
+}
+
+/// The host client configuration, with `user_agent` as its User-Agent.
+pub async fn config_with_agent(args: &HostArgs, user_agent: &str) -> anyhow::Result<kube::Config> {
     let mut config = config(args).await?;
     let value = http::HeaderValue::from_str(user_agent)
         .with_context(|| format!("{user_agent:?} cannot be a User-Agent header"))?;
     config.headers.push((http::header::USER_AGENT, value));
-    kube::Client::try_from(config).context("building a client for the host cluster")
+    Ok(config)
 }
 
 async fn config(args: &HostArgs) -> anyhow::Result<kube::Config> {

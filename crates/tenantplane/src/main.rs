@@ -179,7 +179,7 @@ enum Command {
         #[arg(long, value_enum, default_value = "in-cluster")]
         connector: ConnectorArg,
         #[command(flatten)]
-        operator: operator::OperatorArgs,
+        operator: Box<operator::OperatorArgs>,
     },
     /// Run the local dev cluster: a real control plane, the operator, the local runtime and the
     /// example tenant, until Ctrl-C.
@@ -336,6 +336,8 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                     service_cidr,
                     operator_namespace: operator_namespace.clone(),
                     local_runtime: connector.is_local(),
+                    // Set once the operator has its kubelet endpoint's CA and address.
+                    kubelet: None,
                 },
                 connector,
                 namespace: watch_namespace,

@@ -7,7 +7,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::ValueEnum;
 use tenantplane_controller::leader::{self, LeaseSettings};
-use tenantplane_controller::{CertificateOptions, ControllerOptions, telemetry};
+use tenantplane_controller::{CertificateOptions, ControllerOptions, kubelet, telemetry};
 use tracing::info;
 
 use crate::format;
@@ -65,6 +65,20 @@ pub struct OperatorArgs {
     /// Renew an admin certificate (and rewrite the kubeconfig Secret) when less than this is left.
     #[arg(long, default_value = "30d", value_parser = format::parse_duration)]
     pub renew_certificates_before: Duration,
+    /// Where the kubelet endpoint of the virtual nodes listens (tenant API servers call it for
+    /// logs, exec, attach and port-forward).
+    #[arg(long, default_value = "0.0.0.0:10250", value_name = "ADDRESS:PORT")]
+    pub kubelet_listen: SocketAddr,
+    /// The IP address virtual nodes give for their kubelet (default: the cluster IP of the
+    /// `--kubelet-service` Service in the operator's namespace).
+    #[arg(long, value_name = "IP")]
+    pub kubelet_address: Option<std::net::IpAddr>,
+    /// The port virtual nodes give for their kubelet: the Service's port.
+    #[arg(long, default_value_t = tenantplane_controller::kubelet::DEFAULT_PORT)]
+    pub kubelet_port: u16,
+    /// The Service in front of the kubelet endpoint, in the operator's namespace.
+    #[arg(long, default_value = "tenantplane-kubelet", value_name = "NAME")]
+    pub kubelet_service: String,
 }
 
 impl OperatorArgs {
@@ -144,17 +158,68 @@ async fn terminated() {
     }
 }
 
-/// Serve the metrics endpoint and run the controller (under leader election when asked) until
-/// SIGTERM; an error when leadership is lost.
+/// The kubelet endpoint's settings: its CA from the operator's namespace (made once), and the
+/// address virtual nodes give (the flag, else the cluster IP of its Service).
+async fn kubelet_settings(
+    client: &kube::Client,
+    args: &OperatorArgs,
+    operator_namespace: Option<&str>,
+    scope: Option<String>,
+) -> anyhow::Result<kubelet::Settings> {
+    let namespace = operator_namespace.context(
+        "the kubelet endpoint keeps its CA in the operator's namespace: set --operator-namespace or POD_NAMESPACE",
+    )?;
+    let ca = kubelet::load_or_create_ca(client, namespace).await?;
+    let address = match args.kubelet_address {
+        Some(ip) => ip.to_string(),
+        None => {
+            let name = &args.kubelet_service;
+            let service = kube::Api::<k8s_openapi::api::core::v1::Service>::namespaced(
+                client.clone(),
+                namespace,
+            )
+            .get(name)
+            .await
+            .with_context(|| {
+                format!(
+                    "reading Service {namespace}/{name}, whose cluster IP virtual nodes give for their kubelet: create it (the chart does) or pass --kubelet-address"
+                )
+            })?;
+            service
+                .spec
+                .and_then(|s| s.cluster_ip)
+                .filter(|ip| !ip.is_empty() && ip != "None")
+                .with_context(|| {
+                    format!("Service {namespace}/{name} has no cluster IP: give it one, or pass --kubelet-address")
+                })?
+        }
+    };
+    Ok(kubelet::Settings {
+        listen: args.kubelet_listen,
+        endpoint: kubelet::KubeletEndpoint {
+            address,
+            port: args.kubelet_port,
+        },
+        dns_names: vec![
+            format!("{}.{namespace}.svc", args.kubelet_service),
+            format!("{}.{namespace}.svc.cluster.local", args.kubelet_service),
+        ],
+        ca,
+        scope,
+    })
+}
+
+/// Serve the metrics endpoint and the kubelet endpoint, and run the controller (under leader
+/// election when asked) until SIGTERM; an error when leadership is lost.
 pub async fn run(
     host: &HostArgs,
     args: &OperatorArgs,
     operator_namespace: Option<String>,
-    options: ControllerOptions,
+    mut options: ControllerOptions,
 ) -> anyhow::Result<()> {
     let lease = args
         .leader_elect
-        .then(|| args.lease(operator_namespace))
+        .then(|| args.lease(operator_namespace.clone()))
         .transpose()?;
     // The user agent names the replica, so the API server's audit log tells replicas apart.
     let identity = lease.as_ref().map_or("controller", |l| l.identity.as_str());
@@ -170,6 +235,27 @@ pub async fn run(
             )
         })?;
     tokio::spawn(endpoint);
+    // Every replica serves the kubelet endpoint, so a standby answers too.
+    let settings = kubelet_settings(
+        &client,
+        args,
+        operator_namespace.as_deref(),
+        options.namespace.clone(),
+    )
+    .await?;
+    options.build.kubelet = Some(settings.options());
+    let (listen, mut streams) = (
+        settings.listen,
+        host::config_with_agent(host, &agent).await?,
+    );
+    // Streams stay open as long as their user keeps them: no idle read timeout.
+    streams.read_timeout = None;
+    let streams =
+        kube::Client::try_from(streams).context("building the kubelet endpoint's client")?;
+    let kubelet = kubelet::bind(streams, settings)
+        .await
+        .with_context(|| format!("choose another --kubelet-listen than {listen}"))?;
+    tokio::spawn(kubelet);
     match lease {
         Some(lease) => {
             info!(identity = %lease.identity, lease = %lease.name, namespace = %lease.namespace, "leader election: waiting for the Lease");

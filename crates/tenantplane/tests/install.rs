@@ -258,6 +258,7 @@ async fn the_plain_manifests_install_and_the_operator_pods_are_admitted() {
         "clusterrole.rbac.authorization.k8s.io/tenantplane",
         "deployment.apps/tenantplane",
         "service/tenantplane-metrics",
+        "service/tenantplane-kubelet",
         "isolationprofile.tenantplane.io/restricted",
         "syncpolicy.tenantplane.io/default",
     ] {
@@ -382,7 +383,7 @@ async fn the_operator_service_account_has_its_rights_and_is_not_an_admin() {
         check(&rule, Some(operator::NAMESPACE));
     }
 
-    // What it must not do: grant itself more, act as someone else, run code in pods, touch
+    // What it must not do: grant itself more, act as someone else, add containers to pods, reach kubelets, touch
     // namespaces, nodes, CRDs or TenantClusters beyond its status, or use other Leases.
     let refused: &[&[&str]] = &[
         &["create", "clusterroles.rbac.authorization.k8s.io"],
@@ -404,7 +405,14 @@ async fn the_operator_service_account_has_its_rights_and_is_not_an_admin() {
             "-n",
             "kube-system",
         ],
-        &["create", "pods", "--subresource=exec", "-n", "kube-system"],
+        &[
+            "patch",
+            "pods",
+            "--subresource=ephemeralcontainers",
+            "-n",
+            "kube-system",
+        ],
+        &["get", "nodes", "--subresource=proxy"],
         &["create", "pods", "--subresource=eviction", "-n", "default"],
         &["update", "secrets", "-n", "kube-system"],
         &["create", "namespaces"],

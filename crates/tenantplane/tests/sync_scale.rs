@@ -73,7 +73,11 @@ async fn host_watches_do_not_grow_with_the_number_of_tenants() {
     // One operator for every namespace, as a cluster-wide install runs it.
     let controller = tokio::spawn(tenantplane_controller::run(
         operator::client(),
-        tenantplane_testenv::tenant::local_operator_options(None, Some(Duration::from_secs(2))),
+        tenantplane_testenv::tenant::local_operator_options(
+            None,
+            Some(Duration::from_secs(2)),
+            None,
+        ),
         futures::future::pending(),
     ));
     let (_runtime, runtime_task) = local_runtime::start(

@@ -41,6 +41,11 @@ const KWOK_STAGES: &[(&str, &str)] = &[
     ),
 ];
 
+/// What kwok answers for logs, attach, exec and port-forward of its pods (placeholders filled in).
+const KWOK_DEBUGGING_YAML: &str = include_str!("../../../testenv/kwok/debugging/pods.yaml");
+/// The log every simulated container has (CRI format, as a container runtime writes it).
+pub const KWOK_LOG_LINES: &[&str] = &["hello from a simulated container", "second line"];
+
 /// The default StorageClass, served by the controller manager's host-path provisioner.
 const STORAGE_CLASS_YAML: &str = r#"apiVersion: storage.k8s.io/v1
 kind: StorageClass
@@ -65,6 +70,8 @@ pub struct ControlPlane {
     binaries: Binaries,
     processes: Vec<Handle>,
     keep_dir: bool,
+    /// Where kwok sends every port-forward of its pods (a test listens there).
+    forward_port: u16,
 }
 
 /// Options for starting a control plane.
@@ -216,6 +223,7 @@ impl ControlPlane {
             binaries,
             processes: Vec::new(),
             keep_dir,
+            forward_port: free_port()?,
         };
 
         say("starting etcd");
@@ -266,6 +274,8 @@ impl ControlPlane {
             }),
         });
         apiserver.extend(audit);
+        // kwok's node names no DNS name; its InternalIP is loopback.
+        apiserver.push("--kubelet-preferred-address-types=InternalIP,Hostname".into());
         // As on hardened clusters: an owner reference that blocks its owner's deletion needs
         // update on the owner's finalizers, so the operator's RBAC is tested for it too.
         apiserver.push("--enable-admission-plugins=OwnerReferencesPermissionEnforcement".into());
@@ -326,6 +336,19 @@ impl ControlPlane {
             write(&path, body)?;
             config_args.push(format!("--config={}", path.display()));
         }
+        let log: String = KWOK_LOG_LINES
+            .iter()
+            .map(|l| format!("2026-01-01T00:00:00.000000000Z stdout F {l}\n"))
+            .collect();
+        write(&plane.kwok_log_file(), &log)?;
+        std::fs::create_dir_all(plane.kwok_exec_dir())?;
+        let debugging = KWOK_DEBUGGING_YAML
+            .replace("LOGS_FILE", &plane.kwok_log_file().display().to_string())
+            .replace("EXEC_DIR", &plane.kwok_exec_dir().display().to_string())
+            .replace("FORWARD_PORT", &plane.forward_port.to_string());
+        let path = kwok_dir.join("debugging.yaml");
+        write(&path, &debugging)?;
+        config_args.push(format!("--config={}", path.display()));
         // The node's address is loopback so the API server's calls to "its kubelet" stay on this
         // machine; pod IPs come from a CIDR that nothing here ever connects to.
         let kwok_port = free_port()?;
@@ -517,9 +540,29 @@ impl ControlPlane {
         &self.binaries
     }
 
+    /// The log file kwok serves for every simulated container ([`KWOK_LOG_LINES`]).
+    pub fn kwok_log_file(&self) -> PathBuf {
+        self.dir.join("kwok").join("container.log")
+    }
+
+    /// Where commands exec'd in simulated containers run.
+    pub fn kwok_exec_dir(&self) -> PathBuf {
+        self.dir.join("kwok").join("exec")
+    }
+
+    /// The loopback port every port-forward of a simulated pod reaches.
+    pub fn forward_port(&self) -> u16 {
+        self.forward_port
+    }
+
     /// A client with admin rights, bound to the calling tokio runtime.
     pub async fn client(&self) -> Result<kube::Client> {
         kubeconfig::client(&self.kubeconfig).await
+    }
+
+    /// The admin client's configuration.
+    pub async fn config(&self) -> Result<kube::Config> {
+        kubeconfig::config(&self.kubeconfig).await
     }
 
     /// The last `lines` lines of every component's log.

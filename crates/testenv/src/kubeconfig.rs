@@ -25,11 +25,15 @@ pub fn render(
 
 /// A client for the kubeconfig at `path`, bound to the calling tokio runtime.
 pub async fn client(path: &Path) -> Result<kube::Client> {
+    kube::Client::try_from(config(path).await?).map_err(|e| Error::Client(e.to_string()))
+}
+
+/// The client configuration of the kubeconfig at `path`.
+pub async fn config(path: &Path) -> Result<kube::Config> {
     let kubeconfig = Kubeconfig::read_from(path).map_err(|e| Error::Client(e.to_string()))?;
-    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+    kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
         .await
-        .map_err(|e| Error::Client(e.to_string()))?;
-    kube::Client::try_from(config).map_err(|e| Error::Client(e.to_string()))
+        .map_err(|e| Error::Client(e.to_string()))
 }
 
 /// Requests a client sent, split into reads (GET, including lists and watches) and writes.

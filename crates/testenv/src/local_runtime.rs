@@ -18,6 +18,7 @@ use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
 use serde_json::json;
+use tenantplane_controller::build::control_plane::{KUBELET_CA_ENV, KUBELET_CA_FILE};
 use tenantplane_controller::names;
 use tenantplane_controller::tenant_pki::{self, TenantPki};
 use tenantplane_pki::Leaf;
@@ -156,6 +157,16 @@ impl Drop for StopOnDrop {
     }
 }
 
+/// The value of variable `name` of the pod's init containers.
+fn init_env(pod: &Pod, name: &str) -> Option<String> {
+    pod.spec
+        .iter()
+        .flat_map(|s| s.init_containers.iter().flatten())
+        .flat_map(|c| c.env.iter().flatten())
+        .find(|e| e.name == name)
+        .and_then(|e| e.value.clone())
+}
+
 fn args_value<'a>(pod: &'a Pod, prefix: &str) -> Vec<&'a str> {
     pod.spec
         .iter()
@@ -291,6 +302,40 @@ impl LocalRuntime {
         write(tenant_pki::SERVER_CA_CRT, pki.server_ca.cert_pem())?;
         write(tenant_pki::SERVER_CA_KEY, pki.server_ca.key_pem())?;
         write(tenant_pki::CLIENT_CA_KEY, pki.client_ca.key_pem())?;
+        // As k3s: the API server calls kubelets with a client certificate of the client CA, and
+        // trusts the server CA for them unless told otherwise (the operator's kubelet CA, which
+        // the init container writes from the pod spec).
+        let kubelet_client = pki
+            .client_ca
+            .issue(&Leaf::client("system:apiserver", &["system:masters"]))?;
+        let kubelet_ca = match args_value(
+            pod,
+            "--kube-apiserver-arg=kubelet-certificate-authority=",
+        )
+        .first()
+        {
+            Some(_) => {
+                let pem = init_env(pod, KUBELET_CA_ENV).ok_or_else(|| {
+                    Error::Io(format!(
+                        "pod {ns}/{name} names a kubelet CA but its init container has no {KUBELET_CA_ENV}"
+                    ))
+                })?;
+                write(KUBELET_CA_FILE, &pem)?
+            }
+            None => tls.join(tenant_pki::SERVER_CA_CRT),
+        };
+        let kubelet_args = vec![
+            format!("--kubelet-certificate-authority={}", kubelet_ca.display()),
+            format!(
+                "--kubelet-client-certificate={}",
+                write("client-kube-apiserver.crt", &kubelet_client.cert_pem)?.display()
+            ),
+            format!(
+                "--kubelet-client-key={}",
+                write("client-kube-apiserver.key", &kubelet_client.key_pem)?.display()
+            ),
+            "--kubelet-preferred-address-types=InternalIP,ExternalIP,Hostname".to_string(),
+        ];
         let service_cidr = args_value(pod, "--service-cidr=")
             .first()
             .map(|s| s.to_string())
@@ -317,6 +362,7 @@ impl LocalRuntime {
             &service_cidr,
             &controllers,
             &admin_kubeconfig,
+            kubelet_args,
         )?;
         Ok(tenant)
     }
@@ -441,6 +487,7 @@ fn spawn_processes(
     service_cidr: &str,
     controllers: &str,
     admin_kubeconfig: &Path,
+    kubelet_args: Vec<String>,
 ) -> Result<Vec<Handle>> {
     let (client_port, peer_port) = (free_port()?, free_port()?);
     let etcd_url = format!("http://127.0.0.1:{client_port}");
@@ -461,6 +508,7 @@ fn spawn_processes(
     let mut apiserver = apiserver_args(&config);
     apiserver.retain(|a| !a.starts_with("--service-cluster-ip-range="));
     apiserver.push(format!("--service-cluster-ip-range={service_cidr}"));
+    apiserver.extend(kubelet_args);
     let kc = admin_kubeconfig.display().to_string();
     let tls = tenant.dir.join("tls");
     let controller_manager = vec![

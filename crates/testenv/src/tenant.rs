@@ -6,6 +6,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::{Pod, Secret};
 use kube::Client;
 use kube::api::Api;
+use tenantplane_controller::kubelet::{self, KubeletOptions};
 use tenantplane_controller::{BuildOptions, Connector, ControllerOptions, names};
 
 /// The operator's options for the local runtime on the test control plane: the local connector,
@@ -13,11 +14,13 @@ use tenantplane_controller::{BuildOptions, Connector, ControllerOptions, names};
 pub fn local_operator_options(
     namespace: Option<String>,
     health_interval: Option<Duration>,
+    kubelet: Option<KubeletOptions>,
 ) -> ControllerOptions {
     ControllerOptions {
         build: BuildOptions {
             service_cidr: crate::control_plane::SERVICE_CIDR.into(),
             local_runtime: true,
+            kubelet,
             ..Default::default()
         },
         connector: Connector::Local,
@@ -25,6 +28,38 @@ pub fn local_operator_options(
         health_interval,
         ..Default::default()
     }
+}
+
+/// Serve the operator's kubelet endpoint on a free loopback port, as the operator would: its CA
+/// from Secret `tenantplane-kubelet-ca` in `ca_namespace` (made when missing). `config` is the
+/// operator's host configuration; the endpoint's client never times out idle streams.
+pub async fn start_kubelet(
+    mut config: kube::Config,
+    ca_namespace: &str,
+    scope: Option<String>,
+) -> Result<KubeletOptions, String> {
+    config.read_timeout = None;
+    let host = Client::try_from(config).map_err(|e| format!("a host client: {e}"))?;
+    let ca = kubelet::load_or_create_ca(&host, ca_namespace)
+        .await
+        .map_err(|e| e.to_string())?;
+    let port = crate::control_plane::free_port().map_err(|e| e.to_string())?;
+    let settings = kubelet::Settings {
+        listen: ([127, 0, 0, 1], port).into(),
+        endpoint: kubelet::KubeletEndpoint {
+            address: "127.0.0.1".into(),
+            port,
+        },
+        dns_names: vec!["localhost".into()],
+        ca,
+        scope,
+    };
+    let options = settings.options();
+    let serve = kubelet::bind(host, settings)
+        .await
+        .map_err(|e| e.to_string())?;
+    tokio::spawn(serve);
+    Ok(options)
 }
 
 /// A client for tenant `name` in host namespace `ns`: its kubeconfig Secret, dialled where the

@@ -15,6 +15,9 @@ pub const DATA_DIR: &str = "/var/lib/rancher/k3s";
 /// The PKI Secret is mounted here and copied into `<data-dir>/server/tls/`, because k3s writes
 /// further files into that folder.
 pub const PKI_MOUNT: &str = "/etc/tenantplane/pki";
+/// The kubelet CA's file in `server/tls/`, and the init container's variable that carries it.
+pub const KUBELET_CA_FILE: &str = "kubelet-ca.crt";
+pub const KUBELET_CA_ENV: &str = "TENANTPLANE_KUBELET_CA";
 /// Size of the sqlite volume.
 pub const DATA_VOLUME_SIZE: &str = "2Gi";
 /// k3s runs as this unprivileged user; without an agent it needs no root.
@@ -59,6 +62,12 @@ pub fn k3s_args(
         "--kube-apiserver-arg=endpoint-reconciler-type=none".into(),
         format!("--kube-controller-manager-arg=controllers={controllers}"),
     ];
+    if options.kubelet.is_some() {
+        // Virtual Nodes' kubelet is the operator's endpoint, whose certificate its own CA signs.
+        args.push(format!(
+            "--kube-apiserver-arg=kubelet-certificate-authority={DATA_DIR}/server/tls/{KUBELET_CA_FILE}"
+        ));
+    }
     args.extend(
         names::service_dns_names(tenant, namespace)
             .into_iter()
@@ -153,8 +162,29 @@ pub fn desired_statefulset(
         "seccompProfile": {"type": "RuntimeDefault"},
     });
     let tls_dir = format!("{DATA_DIR}/server/tls");
-    let copy_pki =
+    let mut copy_pki =
         format!("mkdir -p {tls_dir} && cp {PKI_MOUNT}/* {tls_dir}/ && chmod 600 {tls_dir}/*.key");
+    let mut init_env = None;
+    if let Some(kubelet) = &options.kubelet {
+        // The CA is public; the pod spec carries it, so it needs no object of its own.
+        copy_pki.push_str(&format!(
+            " && printf '%s\\n' \"${KUBELET_CA_ENV}\" > {tls_dir}/{KUBELET_CA_FILE}"
+        ));
+        init_env = Some(json!([{"name": KUBELET_CA_ENV, "value": kubelet.ca_pem}]));
+    }
+    let mut init = json!({
+        "name": "pki",
+        "image": image,
+        "command": ["/bin/sh", "-c", copy_pki],
+        "securityContext": security,
+        "volumeMounts": [
+            {"name": "pki", "mountPath": PKI_MOUNT, "readOnly": true},
+            {"name": "data", "mountPath": DATA_DIR},
+        ],
+    });
+    if let Some(env) = init_env {
+        init["env"] = env;
+    }
     typed(
         "the control-plane StatefulSet",
         json!({
@@ -178,16 +208,7 @@ pub fn desired_statefulset(
                             "fsGroup": RUN_AS_USER,
                             "seccompProfile": {"type": "RuntimeDefault"},
                         },
-                        "initContainers": [{
-                            "name": "pki",
-                            "image": image,
-                            "command": ["/bin/sh", "-c", copy_pki],
-                            "securityContext": security,
-                            "volumeMounts": [
-                                {"name": "pki", "mountPath": PKI_MOUNT, "readOnly": true},
-                                {"name": "data", "mountPath": DATA_DIR},
-                            ],
-                        }],
+                        "initContainers": [init],
                         "containers": [{
                             "name": "k3s",
                             "image": image,
@@ -297,6 +318,45 @@ mod tests {
             disabled.split([',', '=']).any(|d| d == "coredns"),
             "{disabled}"
         );
+    }
+
+    #[test]
+    fn the_api_server_trusts_the_kubelet_ca_the_init_container_writes() {
+        let plain = desired_statefulset(&tenant(), TEST_API_IP, &BuildOptions::default()).unwrap();
+        let plain = serde_json::to_value(plain).unwrap();
+        let plain_init = &plain["spec"]["template"]["spec"]["initContainers"][0];
+        assert!(plain_init.get("env").is_none());
+        let options = BuildOptions {
+            kubelet: Some(crate::kubelet::KubeletOptions {
+                endpoint: crate::kubelet::KubeletEndpoint {
+                    address: "10.96.0.42".into(),
+                    port: 10250,
+                },
+                ca_pem: "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----".into(),
+            }),
+            ..Default::default()
+        };
+        let sts =
+            serde_json::to_value(desired_statefulset(&tenant(), TEST_API_IP, &options).unwrap())
+                .unwrap();
+        let spec = &sts["spec"]["template"]["spec"];
+        let init = &spec["initContainers"][0];
+        assert_eq!(init["env"][0]["name"], KUBELET_CA_ENV);
+        assert!(init["env"][0]["value"].as_str().unwrap().contains("MIIB"));
+        let script = init["command"][2].as_str().unwrap();
+        assert!(
+            script.ends_with(&format!(
+                "printf '%s\\n' \"$TENANTPLANE_KUBELET_CA\" > {DATA_DIR}/server/tls/{KUBELET_CA_FILE}"
+            )),
+            "{script}"
+        );
+        let args: Vec<&str> = spec["containers"][0]["args"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|a| a.as_str())
+            .collect();
+        assert!(args.contains(&format!("--kube-apiserver-arg=kubelet-certificate-authority={DATA_DIR}/server/tls/{KUBELET_CA_FILE}").as_str()), "{args:?}");
     }
 
     #[test]

@@ -37,7 +37,8 @@ pub fn namespace_labels(profile: &IsolationProfile) -> BTreeMap<String, String> 
 ///   egress per `networking.egressPolicy`. Under `deny-by-default` that is the namespace, DNS and
 ///   the profile's CIDRs; never the host API server, node addresses or the metadata address.
 ///   `allow-all` opens egress except the metadata address.
-/// - `<name>-control-plane` (the tenant API server): ingress on 6443 from the operator.
+/// - `<name>-control-plane` (the tenant API server): ingress on 6443 from the operator; egress
+///   to the operator's kubelet endpoint when it serves one.
 pub fn network_policies(
     tc: &TenantCluster,
     profile: &IsolationProfile,
@@ -93,16 +94,25 @@ pub fn network_policies(
         // the tenant API server still authenticates every client.
         None => json!({"namespaceSelector": {}}),
     };
-    let control_plane = json!({
+    let mut control_plane = json!({
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
         "metadata": owned_metadata(tc, names::control_plane_policy(&tenant))?,
         "spec": {
             "podSelector": {"matchLabels": names::control_plane_selector(&tenant)},
             "policyTypes": ["Ingress"],
-            "ingress": [{"from": [operator_peer], "ports": [{"protocol": "TCP", "port": names::API_PORT}]}],
+            "ingress": [{"from": [operator_peer.clone()], "ports": [{"protocol": "TCP", "port": names::API_PORT}]}],
         },
     });
+    if options.kubelet.is_some() {
+        // The tenant API server calls its nodes' kubelet: the operator's endpoint, by the
+        // operator container's named port.
+        control_plane["spec"]["policyTypes"] = json!(["Ingress", "Egress"]);
+        control_plane["spec"]["egress"] = json!([{
+            "to": [operator_peer],
+            "ports": [{"protocol": "TCP", "port": names::KUBELET_PORT_NAME}],
+        }]);
+    }
     Ok(vec![
         typed("the isolation NetworkPolicy", isolation)?,
         typed("the control-plane NetworkPolicy", control_plane)?,
@@ -220,6 +230,39 @@ mod tests {
         let egress = egress_json(&tc, &profile());
         assert!(egress.contains("0.0.0.0/0"));
         assert!(egress.contains(METADATA_CIDR));
+    }
+
+    #[test]
+    fn the_control_plane_may_call_the_operators_kubelet_endpoint_only_when_there_is_one() {
+        let policy = |options: &BuildOptions| {
+            network_policies(&tenant(), &profile(), options).unwrap()[1]
+                .spec
+                .clone()
+                .unwrap()
+        };
+        let without = policy(&BuildOptions::default());
+        assert_eq!(without.policy_types.unwrap(), ["Ingress"]);
+        assert!(without.egress.is_none());
+        let options = BuildOptions {
+            operator_namespace: Some("tenantplane-system".into()),
+            kubelet: Some(crate::kubelet::KubeletOptions {
+                endpoint: crate::kubelet::KubeletEndpoint {
+                    address: "10.96.0.42".into(),
+                    port: 10250,
+                },
+                ca_pem: "PEM".into(),
+            }),
+            ..Default::default()
+        };
+        let with = serde_json::to_value(policy(&options)).unwrap();
+        assert_eq!(with["policyTypes"], json!(["Ingress", "Egress"]));
+        assert_eq!(
+            with["egress"],
+            json!([{
+                "to": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "tenantplane-system"}}}],
+                "ports": [{"protocol": "TCP", "port": "kubelet"}],
+            }])
+        );
     }
 
     #[test]

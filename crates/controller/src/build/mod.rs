@@ -24,6 +24,9 @@ pub struct BuildOptions {
     pub operator_namespace: Option<String>,
     /// Label control-plane pods for the local runtime (tests and `tenantplane dev` only).
     pub local_runtime: bool,
+    /// The operator's kubelet endpoint, if it serves one: tenant API servers trust its CA for
+    /// their kubelets, and virtual Nodes name it.
+    pub kubelet: Option<crate::kubelet::KubeletOptions>,
 }
 
 impl Default for BuildOptions {
@@ -33,6 +36,7 @@ impl Default for BuildOptions {
             service_cidr: "10.96.0.0/12".to_string(),
             operator_namespace: None,
             local_runtime: false,
+            kubelet: None,
         }
     }
 }

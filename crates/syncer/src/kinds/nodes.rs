@@ -1,14 +1,17 @@
 //! Virtual nodes: the tenant sees one Node per host node that runs its pods, with the host
-//! node's name, labels, capacity, addresses and conditions, and none of its taints or provider
-//! details. A Node no tenant pod uses any more goes.
+//! node's name, labels, capacity and conditions, and none of its taints or provider details. Its
+//! kubelet is the operator's kubelet endpoint. A Node no tenant pod uses any more goes.
 
-use k8s_openapi::api::core::v1::{Node, NodeStatus, Pod, Taint, Toleration};
+use k8s_openapi::api::core::v1::{
+    DaemonEndpoint, Node, NodeAddress, NodeDaemonEndpoints, NodeStatus, Pod, Taint, Toleration,
+};
 use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::json;
 use tenantplane_api::SyncPolicySpec;
 use tenantplane_api::sync_policy::NodeSyncMode;
 
+use crate::KubeletEndpoint;
 use crate::converge::delete_if_present;
 use crate::error::Result;
 use crate::host::Scope;
@@ -55,7 +58,7 @@ pub async fn ensure_virtual_node(cx: &Tenant, name: &str) -> Result<bool> {
     let Some(host) = cx.host_get::<Node>(false, name) else {
         return Ok(false);
     };
-    let wanted = virtual_node(&host, cx.tr.name());
+    let wanted = virtual_node(&host, cx.tr.name(), cx.tr.kubelet.as_ref());
     let nodes: Api<Node> = Api::all(cx.tenant.clone());
     let current = cx.tenant_get::<Node>("", name);
     match current {
@@ -175,12 +178,33 @@ fn tolerates(toleration: &Toleration, taint: &Taint) -> bool {
     }
 }
 
-/// The virtual Node the tenant sees for host node `node`: its name, labels, capacity, addresses
-/// and conditions; no taints, pod CIDRs or provider details of the host.
-pub fn virtual_node(host: &Node, tenant: &str) -> Node {
+/// The virtual Node the tenant sees for host node `node`: its name, labels, capacity and
+/// conditions; no taints, pod CIDRs or provider details of the host. Its kubelet is `kubelet`
+/// (the operator's endpoint) when given: its only address, besides its name, and its port.
+pub fn virtual_node(host: &Node, tenant: &str, kubelet: Option<&KubeletEndpoint>) -> Node {
     let mut labels = naming::copyable(host.metadata.labels.as_ref());
     labels.insert(naming::LABEL_SYNCED_FROM.into(), tenant.into());
     let status = host.status.clone().unwrap_or_default();
+    let (addresses, daemon_endpoints) = match kubelet {
+        Some(k) => (
+            Some(vec![
+                NodeAddress {
+                    type_: "InternalIP".into(),
+                    address: k.address.clone(),
+                },
+                NodeAddress {
+                    type_: "Hostname".into(),
+                    address: host.metadata.name.clone().unwrap_or_default(),
+                },
+            ]),
+            Some(NodeDaemonEndpoints {
+                kubelet_endpoint: Some(DaemonEndpoint {
+                    port: i32::from(k.port),
+                }),
+            }),
+        ),
+        None => (status.addresses, status.daemon_endpoints),
+    };
     Node {
         metadata: ObjectMeta {
             name: host.metadata.name.clone(),
@@ -192,9 +216,9 @@ pub fn virtual_node(host: &Node, tenant: &str) -> Node {
             capacity: status.capacity,
             allocatable: status.allocatable,
             conditions: status.conditions,
-            addresses: status.addresses,
+            addresses,
             node_info: status.node_info,
-            daemon_endpoints: status.daemon_endpoints,
+            daemon_endpoints,
             ..Default::default()
         }),
     }
@@ -210,7 +234,13 @@ pub fn node_differs(tenant: &Node, wanted: &Node) -> bool {
             .flatten()
             .map(|c| (c.type_.clone(), c.status.clone(), c.reason.clone()))
             .collect();
-        (s.capacity, s.allocatable, s.addresses, conds)
+        (
+            s.capacity,
+            s.allocatable,
+            s.addresses,
+            s.daemon_endpoints,
+            conds,
+        )
     };
     // The API server taints a Node created without a Ready condition, and nothing in the tenant
     // (its node lifecycle controller is off) would remove the taint.
@@ -275,7 +305,7 @@ mod tests {
                        "capacity": {"pods": "110"}, "addresses": [{"type": "InternalIP", "address": "10.0.0.5"}]}
         }))
         .unwrap();
-        let node = virtual_node(&host, "dev");
+        let node = virtual_node(&host, "dev", None);
         assert!(node.spec.is_none(), "no taints, provider ID or pod CIDR");
         assert!(node.metadata.annotations.is_none());
         let labels = node.metadata.labels.clone().unwrap();
@@ -292,5 +322,55 @@ mod tests {
         let mut stale = node.clone();
         stale.status.as_mut().unwrap().conditions.as_mut().unwrap()[0].status = "False".into();
         assert!(node_differs(&stale, &node));
+    }
+
+    #[test]
+    fn a_virtual_nodes_kubelet_is_the_operators_endpoint() {
+        let host: Node = serde_json::from_value(json!({
+            "metadata": {"name": "n1"},
+            "status": {"addresses": [{"type": "InternalIP", "address": "10.0.0.5"},
+                                     {"type": "ExternalIP", "address": "203.0.113.9"}],
+                       "daemonEndpoints": {"kubeletEndpoint": {"Port": 10250}}}
+        }))
+        .unwrap();
+        let kubelet = KubeletEndpoint {
+            address: "10.96.0.42".into(),
+            port: 10250,
+        };
+        let node = virtual_node(&host, "dev", Some(&kubelet));
+        let status = node.status.clone().unwrap();
+        let addresses: Vec<_> = status
+            .addresses
+            .unwrap()
+            .into_iter()
+            .map(|a| (a.type_, a.address))
+            .collect();
+        assert_eq!(
+            addresses,
+            [
+                ("InternalIP".to_string(), "10.96.0.42".to_string()),
+                ("Hostname".to_string(), "n1".to_string())
+            ],
+            "no host address shows"
+        );
+        let port = status
+            .daemon_endpoints
+            .unwrap()
+            .kubelet_endpoint
+            .unwrap()
+            .port;
+        assert_eq!(port, 10250);
+        let elsewhere = virtual_node(
+            &host,
+            "dev",
+            Some(&KubeletEndpoint {
+                address: "10.96.0.42".into(),
+                port: 10251,
+            }),
+        );
+        assert!(
+            node_differs(&elsewhere, &node),
+            "a moved endpoint is rewritten"
+        );
     }
 }

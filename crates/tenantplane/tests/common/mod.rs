@@ -11,6 +11,7 @@ use kube::{Client, ResourceExt};
 use tenantplane_api::conditions;
 use tenantplane_api::{Phase, TenantCluster};
 use tenantplane_controller::ControllerOptions;
+use tenantplane_controller::kubelet::KubeletOptions;
 use tenantplane_testenv::local_runtime::{self, LocalRuntime};
 use tenantplane_testenv::{TestNamespace, eventually, operator, repo_path, shared, tenant};
 
@@ -22,6 +23,8 @@ pub struct Operator {
     pub runtime: LocalRuntime,
     /// The operator's client: ServiceAccount `tenantplane-system/tenantplane`.
     pub client: Client,
+    /// The kubelet endpoint it serves, if it does.
+    pub kubelet: Option<KubeletOptions>,
 }
 
 impl Drop for Operator {
@@ -39,14 +42,27 @@ impl Operator {
         self.tasks[0].abort();
         self.tasks[0] = tokio::spawn(tenantplane_controller::run(
             self.client.clone(),
-            options(&ns.name),
+            options(&ns.name, self.kubelet.clone()),
             futures::future::pending(),
         ));
     }
 }
 
-pub fn options(ns: &str) -> ControllerOptions {
-    tenant::local_operator_options(Some(ns.to_string()), Some(Duration::from_secs(2)))
+pub fn options(ns: &str, kubelet: Option<KubeletOptions>) -> ControllerOptions {
+    tenant::local_operator_options(Some(ns.to_string()), Some(Duration::from_secs(2)), kubelet)
+}
+
+/// [`start_operator`] serving the kubelet endpoint of the virtual nodes too, as a deployed
+/// operator does (`kubectl logs`, `exec`, `port-forward` in the tenant).
+pub async fn start_operator_with_kubelet(ns: &TestNamespace) -> Operator {
+    let kubelet = tenant::start_kubelet(
+        operator::config(),
+        operator::NAMESPACE,
+        Some(ns.name.clone()),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("the kubelet endpoint starts: {e}"));
+    start_operator_using(ns, operator::client(), Some(kubelet))
 }
 
 /// The operator, authenticated as its ServiceAccount with the rights `deploy/operator/rbac.yaml`
@@ -58,6 +74,14 @@ pub fn start_operator(ns: &TestNamespace) -> Operator {
 /// The operator talking through `client` (made from [`operator::config`]); the local runtime
 /// through the namespace's admin client.
 pub fn start_operator_with(ns: &TestNamespace, client: Client) -> Operator {
+    start_operator_using(ns, client, None)
+}
+
+fn start_operator_using(
+    ns: &TestNamespace,
+    client: Client,
+    kubelet: Option<KubeletOptions>,
+) -> Operator {
     // The operator's log, shown for failing tests; `RUST_LOG` picks the detail.
     let _ = tracing_subscriber::fmt()
         .with_env_filter(
@@ -68,7 +92,7 @@ pub fn start_operator_with(ns: &TestNamespace, client: Client) -> Operator {
         .try_init();
     let controller = tokio::spawn(tenantplane_controller::run(
         client.clone(),
-        options(&ns.name),
+        options(&ns.name, kubelet.clone()),
         futures::future::pending(),
     ));
     let (runtime, task) = local_runtime::start(
@@ -81,6 +105,7 @@ pub fn start_operator_with(ns: &TestNamespace, client: Client) -> Operator {
         tasks: vec![controller, task],
         runtime,
         client,
+        kubelet,
     }
 }
 
