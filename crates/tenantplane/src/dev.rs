@@ -22,6 +22,20 @@ fn say(started: Instant, what: &str) {
     eprintln!("dev: {what} ({:.0}s)", started.elapsed().as_secs_f64());
 }
 
+async fn ensure_namespace(client: &kube::Client, name: &str) -> anyhow::Result<()> {
+    let ns =
+        serde_json::json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}});
+    Api::<Namespace>::all(client.clone())
+        .patch(
+            name,
+            &PatchParams::apply("tenantplane-cli"),
+            &Patch::Apply(&ns),
+        )
+        .await
+        .with_context(|| format!("creating namespace {name}"))?;
+    Ok(())
+}
+
 pub async fn run(state_dir: PathBuf) -> anyhow::Result<()> {
     let started = Instant::now();
     std::fs::create_dir_all(&state_dir)
@@ -63,14 +77,7 @@ pub async fn run(state_dir: PathBuf) -> anyhow::Result<()> {
         started,
         "starting the operator, its kubelet endpoint and the local runtime",
     );
-    let operator_ns = serde_json::json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": OPERATOR_NAMESPACE}});
-    Api::<Namespace>::all(client.clone())
-        .patch(
-            OPERATOR_NAMESPACE,
-            &PatchParams::apply("tenantplane-cli"),
-            &Patch::Apply(&operator_ns),
-        )
-        .await?;
+    ensure_namespace(&client, OPERATOR_NAMESPACE).await?;
     let kubelet =
         tenantplane_testenv::tenant::start_kubelet(plane.config().await?, OPERATOR_NAMESPACE, None)
             .await
@@ -96,14 +103,7 @@ pub async fn run(state_dir: PathBuf) -> anyhow::Result<()> {
         started,
         &format!("creating namespace {NAMESPACE} and applying examples/tenantcluster-dev.yaml"),
     );
-    let ns = serde_json::json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}});
-    Api::<Namespace>::all(client.clone())
-        .patch(
-            NAMESPACE,
-            &PatchParams::apply("tenantplane-cli"),
-            &Patch::Apply(&ns),
-        )
-        .await?;
+    ensure_namespace(&client, NAMESPACE).await?;
     manifests::apply(&client, manifests::EXAMPLE_TENANT).await?;
 
     let ready = tokio::select! {

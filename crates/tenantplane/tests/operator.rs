@@ -52,6 +52,7 @@ impl Replica {
 
     fn start(ns: &TestNamespace, identity: &str, extra: &[&str]) -> Replica {
         let port = free_port().unwrap();
+        let kubelet_port = free_port().unwrap();
         let log = shared().dir().join(format!("operator-{identity}.log"));
         let out = std::fs::File::create(&log).unwrap();
         let err = out.try_clone().unwrap();
@@ -71,6 +72,15 @@ impl Replica {
             .args(["--metrics-address", &format!("127.0.0.1:{port}")])
             .args(["--log-format", "json", "--log-level", "info"])
             .args(["--leader-elect-identity", identity])
+            // The kubelet endpoint on a loopback port of its own; its CA in the operator's
+            // namespace, as in a deployment.
+            .args([
+                "--operator-namespace",
+                tenantplane_testenv::operator::NAMESPACE,
+            ])
+            .args(["--kubelet-address", "127.0.0.1"])
+            .args(["--kubelet-listen", &format!("127.0.0.1:{kubelet_port}")])
+            .args(["--kubelet-port", &kubelet_port.to_string()])
             .args(extra)
             .env_remove("POD_NAME")
             .env_remove("POD_NAMESPACE")

@@ -326,16 +326,7 @@ mod tests {
         let plain = serde_json::to_value(plain).unwrap();
         let plain_init = &plain["spec"]["template"]["spec"]["initContainers"][0];
         assert!(plain_init.get("env").is_none());
-        let options = BuildOptions {
-            kubelet: Some(crate::kubelet::KubeletOptions {
-                endpoint: crate::kubelet::KubeletEndpoint {
-                    address: "10.96.0.42".into(),
-                    port: 10250,
-                },
-                ca_pem: "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----".into(),
-            }),
-            ..Default::default()
-        };
+        let options = crate::build::tests::with_kubelet(BuildOptions::default());
         let sts =
             serde_json::to_value(desired_statefulset(&tenant(), TEST_API_IP, &options).unwrap())
                 .unwrap();

@@ -243,17 +243,10 @@ mod tests {
         let without = policy(&BuildOptions::default());
         assert_eq!(without.policy_types.unwrap(), ["Ingress"]);
         assert!(without.egress.is_none());
-        let options = BuildOptions {
+        let options = crate::build::tests::with_kubelet(BuildOptions {
             operator_namespace: Some("tenantplane-system".into()),
-            kubelet: Some(crate::kubelet::KubeletOptions {
-                endpoint: crate::kubelet::KubeletEndpoint {
-                    address: "10.96.0.42".into(),
-                    port: 10250,
-                },
-                ca_pem: "PEM".into(),
-            }),
             ..Default::default()
-        };
+        });
         let with = serde_json::to_value(policy(&options)).unwrap();
         assert_eq!(with["policyTypes"], json!(["Ingress", "Egress"]));
         assert_eq!(

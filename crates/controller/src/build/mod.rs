@@ -87,6 +87,20 @@ pub(crate) mod tests {
         tc
     }
 
+    /// Options of an operator that serves the kubelet endpoint.
+    pub fn with_kubelet(options: super::BuildOptions) -> super::BuildOptions {
+        super::BuildOptions {
+            kubelet: Some(crate::kubelet::KubeletOptions {
+                endpoint: crate::kubelet::KubeletEndpoint {
+                    address: "10.96.0.42".into(),
+                    port: 10250,
+                },
+                ca_pem: "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----".into(),
+            }),
+            ..options
+        }
+    }
+
     pub fn profile() -> IsolationProfile {
         serde_yaml::from_str(include_str!(
             "../../../../deploy/policies/isolationprofile-restricted.yaml"

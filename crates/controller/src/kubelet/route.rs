@@ -128,6 +128,18 @@ pub fn parse(path: &str, query: Option<&str>) -> Result<Route, RouteError> {
         })
         .collect::<Result<_, RouteError>>()?;
     let container = container.map(|c| decode(c, path)).transpose()?;
+    let (namespace, pod) = (decode(namespace, path)?, decode(pod, path)?);
+    let uid = uid.map(|u| decode(u, path)).transpose()?;
+    // Names as the API validates them, so none can reach past the pod on the host.
+    if !is_name(&namespace, 63, false)
+        || !is_name(&pod, 253, true)
+        || container.as_deref().is_some_and(|c| !is_name(c, 63, false))
+        || uid.as_deref().is_some_and(|u| !is_name(u, 63, false))
+    {
+        return Err(malformed(
+            "the namespace, pod, UID and container must be Kubernetes names",
+        ));
+    }
     let mut params = Vec::new();
     if let Some(c) = &container {
         params.push(("container".to_string(), c.clone()));
@@ -151,12 +163,23 @@ pub fn parse(path: &str, query: Option<&str>) -> Result<Route, RouteError> {
     }
     Ok(Route {
         action,
-        namespace: decode(namespace, path)?,
-        pod: decode(pod, path)?,
-        uid: uid.map(|u| decode(u, path)).transpose()?,
+        namespace,
+        pod,
+        uid,
         container: container.unwrap_or_default(),
         params,
     })
+}
+
+/// A DNS label (or, with `dots`, subdomain) of at most `max` characters.
+fn is_name(name: &str, max: usize, dots: bool) -> bool {
+    let ok =
+        |c: char| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || (dots && c == '.');
+    !name.is_empty()
+        && name.len() <= max
+        && name.chars().all(ok)
+        && name.starts_with(|c: char| c.is_ascii_alphanumeric())
+        && name.ends_with(|c: char| c.is_ascii_alphanumeric())
 }
 
 /// The host API path and query of `route` for host pod `host_pod` in `host_namespace`.
@@ -286,6 +309,10 @@ mod tests {
             "/portForward/ns/p/u/extra",
             "/exec//p/c",
             "/exec/ns/p/%zz",
+            "/exec/ns/..%2F..%2Fsecrets%2Fx/c",
+            "/containerLogs/kube-system%2Fpods/p/c",
+            "/exec/NS/p/c",
+            "/portForward/ns/p/..",
         ] {
             assert!(
                 matches!(parse(path, None), Err(RouteError::Malformed { .. })),
