@@ -7,6 +7,7 @@ pub mod apply;
 pub mod build;
 pub mod cache;
 pub mod connector;
+mod credentials;
 pub mod kubelet;
 pub mod leader;
 pub mod metrics;

@@ -1,0 +1,191 @@
+//! A tenant's credentials, as the reconcile keeps them: its PKI Secret (made once, never
+//! replaced), the admin kubeconfig Secret (rewritten when wrong or due, or when the
+//! `rotate-certificates` annotation asks), and the expiry metrics of both.
+
+use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use serde_json::json;
+use tenantplane_api::TenantCluster;
+use tracing::info;
+
+use crate::Error;
+use crate::build;
+use crate::cache;
+use crate::names::{self, FIELD_MANAGER};
+use crate::reconcile::{Context, publish};
+use crate::tenant_pki::TenantPki;
+use kube::runtime::events::EventType;
+
+/// A rotation request finds a certificate issued less than this long ago already rotated.
+const ROTATION_DEBOUNCE_SECS: i64 = 15;
+
+/// Load the tenant's PKI, creating it on first sight. `Ok(Err(..))`: the Secret is damaged and
+/// must not be replaced silently.
+pub(crate) async fn ensure_pki(
+    ctx: &Context,
+    tc: &TenantCluster,
+    secrets: &Api<Secret>,
+) -> Result<Result<TenantPki, String>, Error> {
+    let (tenant, _) = build::identity(tc)?;
+    let name = names::pki_secret(&tenant);
+    let (_, ns) = build::identity(tc)?;
+    if let Some(secret) = cache::get(&ctx.caches.secrets, Some(&ns), &name) {
+        return Ok(
+            TenantPki::from_secret_data(&secret.data.clone().unwrap_or_default())
+                .map_err(|e| format!("Secret {name}: {e}")),
+        );
+    }
+    let pki = TenantPki::generate(&tenant)?;
+    match secrets
+        .create(
+            &PostParams {
+                field_manager: Some(FIELD_MANAGER.into()),
+                ..Default::default()
+            },
+            &build::control_plane::pki_secret(tc, &pki)?,
+        )
+        .await
+    {
+        Ok(_) => {
+            publish(
+                ctx,
+                tc,
+                EventType::Normal,
+                "PKICreated",
+                format!("generated the tenant's certificate authorities in Secret {name}"),
+            )
+            .await;
+            Ok(Ok(pki))
+        }
+        // Another reconcile (or operator replica) won the race: use its PKI, never ours.
+        Err(kube::Error::Api(e)) if e.code == 409 => {
+            let secret = secrets.get(&name).await?;
+            Ok(
+                TenantPki::from_secret_data(&secret.data.unwrap_or_default())
+                    .map_err(|e| format!("Secret {name}: {e}")),
+            )
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Make sure `<name>-kubeconfig` holds a sound admin kubeconfig whose certificate is not due for
+/// renewal (or a new one when `rotate`); returns its text and when its certificate is due for
+/// renewal (Unix seconds). The CAs are never touched here.
+pub(crate) async fn ensure_kubeconfig(
+    ctx: &Context,
+    tc: &TenantCluster,
+    secrets: &Api<Secret>,
+    pki: &TenantPki,
+    rotate: bool,
+) -> Result<(String, i64), Error> {
+    let (tenant, ns) = build::identity(tc)?;
+    let name = names::kubeconfig_secret(&tenant);
+    let certificates = ctx.options.certificates;
+    let existing = cache::get(&ctx.caches.secrets, Some(&ns), &name);
+    let now_secs = Timestamp::now().as_second();
+    let renew_before = certificates.renew_before.as_secs() as i64;
+    // A rotation asked for is done once: a reconcile that still sees the annotation (its cache
+    // behind our removal of it) finds a certificate issued moments ago and keeps it.
+    let issued_just_now = |secret: &Secret| {
+        build::kubeconfig::stored_text(secret)
+            .and_then(|t| build::kubeconfig::parse(t).ok())
+            .and_then(|k| tenantplane_pki::lifetime(&k.client.cert_pem).ok())
+            .is_some_and(|l| now_secs - l.issued_at < ROTATION_DEBOUNCE_SECS)
+    };
+    let why = match existing.as_deref() {
+        None => None,
+        Some(secret) if rotate && !issued_just_now(secret) => Some(format!(
+            "rotation requested by annotation {}",
+            names::ROTATE_CERTIFICATES
+        )),
+        Some(secret) => {
+            match build::kubeconfig::needs_rewrite(secret, tc, pki, now_secs, renew_before) {
+                None => {
+                    let text = build::kubeconfig::stored_text(secret)
+                        .unwrap_or_default()
+                        .to_string();
+                    let expires = record_expiry(ctx, &ns, &tenant, pki, &text);
+                    return Ok((text, expires.unwrap_or(now_secs) - renew_before));
+                }
+                Some(why) => Some(why),
+            }
+        }
+    };
+    let admin = pki.issue_admin(certificates.validity)?;
+    let secret = build::kubeconfig::kubeconfig_secret(tc, pki, &admin)?;
+    secrets
+        .patch(
+            &name,
+            &PatchParams::apply(FIELD_MANAGER).force(),
+            &Patch::Apply(&secret),
+        )
+        .await?;
+    let (reason, note) = match why {
+        None => (
+            "KubeconfigWritten",
+            format!("wrote the admin kubeconfig to Secret {name}"),
+        ),
+        Some(why) => (
+            "KubeconfigRewritten",
+            format!("rewrote Secret {name} with a new admin certificate: {why}"),
+        ),
+    };
+    info!(secret = %name, reason, "{note}");
+    publish(ctx, tc, EventType::Normal, reason, note).await;
+    let text = build::kubeconfig::stored_text(&secret)
+        .unwrap_or_default()
+        .to_string();
+    let expires = record_expiry(ctx, &ns, &tenant, pki, &text);
+    Ok((text, expires.unwrap_or(now_secs) - renew_before))
+}
+
+/// Export when the tenant's admin certificate and CAs expire; returns when the admin
+/// certificate does.
+fn record_expiry(
+    ctx: &Context,
+    ns: &str,
+    tenant: &str,
+    pki: &TenantPki,
+    kubeconfig: &str,
+) -> Option<i64> {
+    let metrics = &ctx.options.telemetry.metrics;
+    for (ca, at) in pki.ca_expiry() {
+        metrics.certificate_expires(ns, tenant, ca, at);
+    }
+    let at = build::kubeconfig::parse(kubeconfig)
+        .ok()
+        .and_then(|k| tenantplane_pki::lifetime(&k.client.cert_pem).ok())?
+        .not_after;
+    metrics.certificate_expires(ns, tenant, "admin", at);
+    Some(at)
+}
+
+/// The rotation the annotation asked for is done: remove it (a JSON merge patch with null), so
+/// the next reconcile does not rotate again.
+pub(crate) async fn forget_rotation_request(
+    ctx: &Context,
+    tc: &TenantCluster,
+) -> Result<(), Error> {
+    let (tenant, ns) = build::identity(tc)?;
+    let api: Api<TenantCluster> = Api::namespaced(ctx.client.clone(), &ns);
+    api.patch(
+        &tenant,
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"annotations": {names::ROTATE_CERTIFICATES: null}}})),
+    )
+    .await?;
+    publish(
+        ctx,
+        tc,
+        EventType::Normal,
+        "CertificatesRotated",
+        format!(
+            "issued a new admin certificate as annotation {} asked, and removed the annotation; the CAs are unchanged",
+            names::ROTATE_CERTIFICATES
+        ),
+    )
+    .await;
+    Ok(())
+}
