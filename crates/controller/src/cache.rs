@@ -64,6 +64,15 @@ pub struct Triggers {
     pub pods: Trigger<Pod>,
 }
 
+/// A watch of the objects the controller made (its `managed-by` label).
+pub fn owned() -> watcher::Config {
+    watcher::Config::default().labels(&format!(
+        "{}={}",
+        names::LABEL_MANAGED_BY,
+        names::MANAGED_BY
+    ))
+}
+
 /// Watches for every cached kind, in `namespace` or everywhere. Namespaced kinds are limited to
 /// the objects the controller made (its `managed-by` label); control-plane pods carry it too.
 pub fn watch(client: &Client, namespace: Option<&str>) -> (Caches, Triggers) {
@@ -76,13 +85,6 @@ pub fn watch(client: &Client, namespace: Option<&str>) -> (Caches, Triggers) {
             None => Api::all(client.clone()),
         }
     }
-    let owned = || {
-        watcher::Config::default().labels(&format!(
-            "{}={}",
-            names::LABEL_MANAGED_BY,
-            names::MANAGED_BY
-        ))
-    };
     let namespaces_config = match namespace {
         Some(ns) => watcher::Config::default().fields(&format!("metadata.name={ns}")),
         None => watcher::Config::default(),

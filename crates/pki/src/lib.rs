@@ -364,6 +364,10 @@ pub fn verify_der_signed_by(cert_der: &[u8], ca_der: &[u8]) -> Result<Certificat
         .map_err(|e| Error::Invalid(format!("certificate does not parse: {e}")))?;
     let (_, ca) = x509_parser::parse_x509_certificate(ca_der)
         .map_err(|e| Error::Invalid(format!("CA certificate does not parse: {e}")))?;
+    // A certificate names its issuer: another CA's is refused without a signature check.
+    if cert.issuer().as_raw() != ca.subject().as_raw() {
+        return Err(Error::Invalid("certificate is not signed by the CA".into()));
+    }
     cert.verify_signature(Some(ca.public_key()))
         .map_err(|_| Error::Invalid("certificate is not signed by the CA".into()))?;
     let subject = cert.subject();

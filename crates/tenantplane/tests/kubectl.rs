@@ -61,19 +61,20 @@ impl TenantKubectl {
     }
 
     async fn run_with_input(&self, args: &[&str], input: Option<&str>) -> Result<String, String> {
-        let cmd = self.command(args);
-        let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
-        let input = input.map(str::to_string);
-        tokio::task::spawn_blocking(move || run_blocking(cmd, &args, input.as_deref()))
-            .await
-            .unwrap()
+        run_off_runtime(self.command(&[]), args, input).await
     }
 }
 
-async fn run_blocking_cmd(mut cmd: Command, args: &[&str]) -> Result<String, String> {
+/// `cmd` with `args` (and `input` on its stdin), run off the test's runtime.
+async fn run_off_runtime(
+    mut cmd: Command,
+    args: &[&str],
+    input: Option<&str>,
+) -> Result<String, String> {
     cmd.args(args);
     let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
-    tokio::task::spawn_blocking(move || run_blocking(cmd, &args, None))
+    let input = input.map(str::to_string);
+    tokio::task::spawn_blocking(move || run_blocking(cmd, &args, input.as_deref()))
         .await
         .unwrap()
 }
@@ -335,18 +336,18 @@ async fn logs_exec_attach_port_forward_and_cp_work_in_a_tenant() {
     as_tenant
         .arg(format!("--kubeconfig={}", kubectl.kubeconfig.display()))
         .args(&endpoint);
-    let healthz = run_blocking_cmd(as_tenant, &["get", "--raw", "/healthz"]).await;
+    let healthz = run_off_runtime(as_tenant, &["get", "--raw", "/healthz"], None).await;
     assert_eq!(healthz.unwrap().trim(), "ok");
     let mut as_tenant = Command::new(shared().binaries().path("kubectl"));
     as_tenant
         .arg(format!("--kubeconfig={}", kubectl.kubeconfig.display()))
         .args(&endpoint);
-    let other = run_blocking_cmd(as_tenant, &["get", "--raw", "/pods"]).await;
+    let other = run_off_runtime(as_tenant, &["get", "--raw", "/pods"], None).await;
     let other = other.unwrap_err();
     assert!(other.contains("NotFound"), "{other}");
     let mut as_host = shared().kubectl();
     as_host.args(&endpoint);
-    let refused = run_blocking_cmd(as_host, &["get", "--raw", "/healthz"])
+    let refused = run_off_runtime(as_host, &["get", "--raw", "/healthz"], None)
         .await
         .unwrap_err();
     assert!(!refused.contains("ok"), "{refused}");

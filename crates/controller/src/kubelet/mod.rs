@@ -25,7 +25,6 @@ use tenantplane_pki::CertificateAuthority;
 use tokio_rustls::TlsAcceptor;
 use tracing::{info, warn};
 
-use crate::names;
 pub use tenantplane_syncer::KubeletEndpoint;
 
 /// The Secret holding the kubelet CA, in the operator's namespace.
@@ -146,17 +145,12 @@ pub async fn bind(
     names.extend(settings.dns_names.iter().cloned());
     let serving =
         Arc::new(tls::Serving::new(settings.ca, names).map_err(KubeletError::Certificate)?);
-    let owned = watcher::Config::default().labels(&format!(
-        "{}={}",
-        names::LABEL_MANAGED_BY,
-        names::MANAGED_BY
-    ));
     let api: Api<Secret> = match &settings.scope {
         Some(ns) => Api::namespaced(host.clone(), ns),
         None => Api::all(host.clone()),
     };
     let (store, writer) = reflector::store();
-    let secrets = watcher(api, owned)
+    let secrets = watcher(api, crate::cache::owned())
         .default_backoff()
         .reflect(writer)
         .applied_objects();
