@@ -1,21 +1,26 @@
 #!/usr/bin/env bash
 # Build the test binaries (etcd, kube-apiserver, kube-controller-manager,
-# kube-scheduler, kubectl, kwok, helm) from the Go modules in this directory,
-# with the machine's Go, into a content-addressed cache:
+# kube-scheduler, kubectl, kwok, helm, coredns) from the Go modules in this
+# directory, with the machine's Go, into a content-addressed cache:
 #
 #   ${TENANTPLANE_CACHE:-$HOME/.cache/tenantplane}/testenv/<key>/bin/
 #
-# Each module (etcd/, kube/, kwok/, helm/) is built into a folder of its own,
-# mod-<module>-<module key>, where the module key hashes that module's go.mod
-# and go.sum, its components, the build recipe below and `go version`; so a
+# With --conformance it builds instead the Kubernetes end-to-end test binary
+# (e2e.test, at the version kube/ pins) and ginkgo, from e2e/, into
+# .../testenv/conformance-<key>/bin/ (about 20 minutes on 2 cores the first time).
+#
+# Each module (etcd/, kube/, kwok/, helm/, coredns/, e2e/) is built into a folder of its own,
+# mod-<module>-<module key>, where the module key hashes that module's go.mod,
+# go.sum and Go files, its components, the build recipe below and `go version`; so a
 # change to one module rebuilds only that module. <key> hashes the module
 # keys; its bin/ holds hard links to every binary. A complete folder is never
 # rebuilt; builds happen in temporary folders renamed into place only once
 # every binary is there.
 #
 # Usage:
-#   build.sh            build if needed; progress on stderr, bin dir on stdout
-#   build.sh --bin-dir  print the bin dir (absolute) and exit; builds nothing
+#   build.sh                build if needed; progress on stderr, bin dir on stdout
+#   build.sh --bin-dir      print the bin dir (absolute) and exit; builds nothing
+#   build.sh --conformance  the same for e2e.test and ginkgo
 #
 # GOCACHE and GOMODCACHE are Go's defaults (outside the checkout).
 set -euo pipefail
@@ -24,8 +29,8 @@ TESTENV_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 CACHE_ROOT="${TENANTPLANE_CACHE:-$HOME/.cache/tenantplane}"
 HEARTBEAT_SECS="${TESTENV_HEARTBEAT_SECS:-30}"
 
-# binary | module dir | package
-COMPONENTS=(
+# binary | module dir | package (a test binary when the name ends in .test)
+ALL_COMPONENTS=(
   "etcd|etcd|go.etcd.io/etcd/server/v3"
   "kube-apiserver|kube|k8s.io/kubernetes/cmd/kube-apiserver"
   "kube-controller-manager|kube|k8s.io/kubernetes/cmd/kube-controller-manager"
@@ -33,8 +38,24 @@ COMPONENTS=(
   "kubectl|kube|k8s.io/kubernetes/cmd/kubectl"
   "kwok|kwok|sigs.k8s.io/kwok/cmd/kwok"
   "helm|helm|helm.sh/helm/v3/cmd/helm"
+  "coredns|coredns|tenantplane.local/testenv/coredns"
+  "e2e.test|e2e|k8s.io/kubernetes/test/e2e"
+  "ginkgo|e2e|github.com/onsi/ginkgo/v2/ginkgo"
 )
-MODULES=(etcd kube kwok helm)
+MODULES=(etcd kube kwok helm coredns)
+KEY_PREFIX=""
+if [[ "${1:-}" == "--conformance" ]]; then
+  MODULES=(e2e)
+  KEY_PREFIX="conformance-"
+  shift
+fi
+COMPONENTS=()
+for c in "${ALL_COMPONENTS[@]}"; do
+  IFS='|' read -r _ m _ <<<"$c"
+  for wanted in "${MODULES[@]}"; do
+    if [[ "$m" == "$wanted" ]]; then COMPONENTS+=("$c"); fi
+  done
+done
 
 log() { printf 'testenv: %s\n' "$*" >&2; }
 die() { log "error: $*"; exit 1; }
@@ -75,6 +96,20 @@ module_ldflags() {
   printf '%s' "$flags"
 }
 
+# The link flags of e2e/: the same version stamps as kube/ (the suite reports them), from e2e's
+# own pin, which matches kube's. Part of that module's key only, with its test build.
+e2e_ldflags() {
+  local kube e2e
+  kube="$(cd "$TESTENV_DIR/kube" && "$GO" list -m -f '{{.Version}}' k8s.io/kubernetes)"
+  e2e="$(cd "$TESTENV_DIR/e2e" && "$GO" list -m -f '{{.Version}}' k8s.io/kubernetes)"
+  [[ "$kube" == "$e2e" ]] || die "e2e/go.mod pins k8s.io/kubernetes $e2e but kube/go.mod pins $kube; make them match"
+  module_ldflags kube
+}
+
+ldflags_for() {
+  if [[ "$1" == e2e ]]; then e2e_ldflags; else module_ldflags "$1"; fi
+}
+
 module_components() {
   local c m
   for c in "${COMPONENTS[@]}"; do
@@ -90,11 +125,19 @@ module_key() {
     printf 'env CGO_ENABLED=%s GOFLAGS=%s\n' "$CGO_ENABLED" "$GOFLAGS"
     printf 'go build -trimpath\n'
     declare -f module_ldflags
+    if [[ "$moddir" == e2e ]]; then
+      declare -f e2e_ldflags
+      printf 'go test -c -trimpath for a .test\n'
+    fi
     module_components "$moddir"
     printf 'file go.mod\n'
     cat "$TESTENV_DIR/$moddir/go.mod"
     printf 'file go.sum\n'
     cat "$TESTENV_DIR/$moddir/go.sum"
+    # A module's own Go files (coredns/main.go names its plugins), when it has any.
+    for f in "$TESTENV_DIR/$moddir"/*.go; do
+      if [[ -f "$f" ]]; then printf 'file %s\n' "${f##*/}"; cat "$f"; fi
+    done
   } | sha256sum | cut -c1-16
 }
 
@@ -106,7 +149,7 @@ for m in "${MODULES[@]}"; do
   KEY_INPUT+="$m $k"$'\n'
 done
 KEY="$(printf '%s' "$KEY_INPUT" | sha256sum | cut -c1-16)"
-KEY_DIR="$CACHE_ROOT/testenv/$KEY"
+KEY_DIR="$CACHE_ROOT/testenv/$KEY_PREFIX$KEY"
 BIN_DIR="$KEY_DIR/bin"
 
 # has_all DIR [MODULE]: DIR holds .complete and every binary (of MODULE, or of all).
@@ -123,7 +166,7 @@ has_all() {
 case "${1:-}" in
   --bin-dir) printf '%s\n' "$BIN_DIR"; exit 0 ;;
   "") ;;
-  -h|--help) sed -n '2,20p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+  -h|--help) sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | grep '^#' | sed 's/^# \{0,1\}//'; exit 0 ;;
   *) die "unknown argument: $1 (try --help)" ;;
 esac
 
@@ -187,7 +230,7 @@ for m in "${MODULES[@]}"; do
   fi
   TMP_DIR="$(mktemp -d "$CACHE_ROOT/testenv/.tmp-mod-$m.XXXXXX")"
   chmod 755 "$TMP_DIR"
-  ldflags="$(module_ldflags "$m")"
+  ldflags="$(ldflags_for "$m")"
   while IFS='|' read -r name moddir pkg; do
     i=$((i + 1))
     log "building $name ($i/$total)… [$((SECONDS - START))s elapsed]"
@@ -204,7 +247,11 @@ for m in "${MODULES[@]}"; do
     HEARTBEAT_PID=$!
     # In the background so that a signal to this script is handled at once
     # (bash defers traps until a foreground child exits); cleanup kills it.
-    (cd "$TESTENV_DIR/$moddir" && exec "$GO" build -trimpath -ldflags="$ldflags" -o "$TMP_DIR/$name" "$pkg") &
+    if [[ "$name" == *.test ]]; then
+      (cd "$TESTENV_DIR/$moddir" && exec "$GO" test -c -trimpath -ldflags="$ldflags" -o "$TMP_DIR/$name" "$pkg") &
+    else
+      (cd "$TESTENV_DIR/$moddir" && exec "$GO" build -trimpath -ldflags="$ldflags" -o "$TMP_DIR/$name" "$pkg") &
+    fi
     BUILD_PID=$!
     wait "$BUILD_PID" || die "go build of $name failed"
     BUILD_PID=""
