@@ -23,7 +23,7 @@ use serde_json::json;
 use tenantplane_api::conditions::SYNCED;
 use tenantplane_api::{SyncPolicy, TenantCluster};
 use tenantplane_syncer::naming;
-use tenantplane_testenv::{TestNamespace, eventually, install_crds_and_policies, namespace};
+use tenantplane_testenv::{TestNamespace, dns, eventually, install_crds_and_policies, namespace};
 
 /// A container that passes Pod Security `restricted`.
 fn container(name: &str) -> serde_json::Value {
@@ -1392,7 +1392,7 @@ async fn in_all_mode_the_tenant_sees_schedulable_nodes_before_any_pod_runs() {
 async fn the_tenant_gets_a_cluster_dns_and_synced_pods_resolve_through_it() {
     install_crds_and_policies();
     let ns = namespace("sync-dns").await;
-    let _operator = start_operator(&ns);
+    let operator = start_operator(&ns);
     let host = ns.client.clone();
     example_ready(&ns).await;
     let tenant = tenant_client(&host, &ns.name, "dev").await;
@@ -1442,7 +1442,99 @@ async fn the_tenant_gets_a_cluster_dns_and_synced_pods_resolve_through_it() {
     assert_eq!(spec.dns_policy.as_deref(), Some("None"));
     let config = spec.dns_config.unwrap();
     assert_eq!(config.nameservers.unwrap(), [dns_ip]);
-    assert_eq!(config.searches.unwrap()[0], "default.svc.cluster.local");
+    let searches = config.searches.unwrap();
+    assert_eq!(searches[0], "default.svc.cluster.local");
+
+    // A real lookup: the test control plane's CoreDNS runs the copy's Corefile with its token
+    // (the local runtime stands in for the kubelet), and answers as a synced pod would be.
+    Api::<Service>::namespaced(tenant.clone(), "default")
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "metadata": {"name": "web", "namespace": "default"},
+                "spec": {"selector": {"app": "web"}, "ports": [{"port": 80}]}
+            }))
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+    let web_ip = eventually(WAIT, || async {
+        let s = Api::<Service>::namespaced(tenant.clone(), "default")
+            .get("web")
+            .await
+            .ok()?;
+        let h = Api::<Service>::namespaced(host.clone(), &ns.name)
+            .get_opt("web-x-default-x-dev")
+            .await
+            .ok()??;
+        let ip = s.spec?.cluster_ip?;
+        (Some(&ip) == h.spec.as_ref().and_then(|h| h.cluster_ip.as_ref())).then_some(ip)
+    })
+    .await
+    .expect("the tenant Service never took its copy's address");
+    let api_ip = Api::<Service>::namespaced(host.clone(), &ns.name)
+        .get("dev")
+        .await
+        .unwrap()
+        .spec
+        .and_then(|s| s.cluster_ip)
+        .unwrap();
+    let last = std::sync::Mutex::new(String::new());
+    let resolve = |name: &'static str| {
+        let (runtime, searches, last, ns) = (&operator.runtime, &searches, &last, &ns.name);
+        async move {
+            let server = runtime.dns_address(ns, "dev")?;
+            // A pod's resolver: a name with fewer dots than ndots (5) tries the searches first.
+            for candidate in searches.iter().map(|s| format!("{name}.{s}")) {
+                match dns::lookup_a(server, &candidate).await {
+                    Ok(a) if a.rcode == 0 && !a.addresses.is_empty() => {
+                        return Some(
+                            a.addresses
+                                .iter()
+                                .map(|a| a.to_string())
+                                .collect::<Vec<_>>(),
+                        );
+                    }
+                    Ok(a) => *last.lock().unwrap() = format!("{candidate}: {a:?}"),
+                    Err(e) => *last.lock().unwrap() = format!("{candidate}: {e}"),
+                }
+            }
+            None
+        }
+    };
+    let web = eventually(WAIT, || resolve("web")).await;
+    assert_eq!(
+        web,
+        Some(vec![web_ip.clone()]),
+        "web did not resolve: {}\nCoreDNS:\n{}",
+        last.lock().unwrap(),
+        operator.runtime.dns_log(&ns.name, "dev")
+    );
+    for name in ["web.default", "web.default.svc"] {
+        assert_eq!(resolve(name).await, Some(vec![web_ip.clone()]), "{name}");
+    }
+    // The tenant API, by each of the names a client in a pod uses.
+    for name in ["kubernetes", "kubernetes.default", "kubernetes.default.svc"] {
+        assert_eq!(resolve(name).await, Some(vec![api_ip.clone()]), "{name}");
+    }
+    let server = operator.runtime.dns_address(&ns.name, "dev").unwrap();
+    let missing = dns::lookup_a(server, "nothing.default.svc.cluster.local")
+        .await
+        .unwrap();
+    assert_eq!(
+        missing.rcode, 3,
+        "a missing Service is NXDOMAIN: {missing:?}"
+    );
+    let fqdn = dns::lookup_a(server, "web.default.svc.cluster.local.")
+        .await
+        .unwrap();
+    assert_eq!(
+        fqdn.addresses
+            .iter()
+            .map(|a| a.to_string())
+            .collect::<Vec<_>>(),
+        [web_ip]
+    );
     assert!(synced_again(&host, &ns.name, "dev").await);
 }
 

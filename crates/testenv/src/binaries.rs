@@ -13,6 +13,7 @@ pub const COMPONENTS: &[&str] = &[
     "kube-scheduler",
     "kubectl",
     "kwok",
+    "coredns",
 ];
 
 /// Built with the control plane but needed only by the chart tests, so its absence fails those

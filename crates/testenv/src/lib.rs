@@ -8,7 +8,9 @@
 pub mod binaries;
 pub mod cases;
 pub mod control_plane;
+pub mod dns;
 pub mod kubeconfig;
+mod local_dns;
 pub mod local_runtime;
 pub mod metrics;
 pub mod operator;

@@ -5,8 +5,11 @@
 //! loopback ports; marks the pod Running and Ready as a kubelet would; and announces the address
 //! in the pod's `tenantplane.io/local-endpoint` annotation. When the processes die it marks the
 //! pod not Ready and restarts them after a back-off; when the pod goes, the processes go.
+//!
+//! It runs each tenant's CoreDNS pod too ([`crate::local_dns`]), so the tenant's DNS answers.
 
 use std::collections::HashMap;
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -25,6 +28,7 @@ use tenantplane_pki::Leaf;
 
 use crate::binaries::Binaries;
 use crate::control_plane::{ApiServerConfig, FrontProxy, apiserver_args, free_port};
+use crate::local_dns::{self, DnsServer, TenantApi};
 use crate::process::{self, Handle};
 use crate::{Error, Result, kubeconfig};
 
@@ -35,6 +39,8 @@ pub const RESTART_BACKOFF: Duration = Duration::from_secs(5);
 /// One running tenant control plane.
 struct Tenant {
     namespace: String,
+    /// The TenantCluster's name.
+    tenant: String,
     pod: String,
     uid: String,
     port: u16,
@@ -62,6 +68,11 @@ struct HealthView {
 #[derive(Clone)]
 pub struct LocalRuntime {
     tenants: Arc<Mutex<HashMap<String, Tenant>>>,
+    /// Running CoreDNS servers, by host pod UID.
+    dns: Arc<Mutex<HashMap<String, DnsServer>>>,
+    /// CoreDNS pods not started yet (their tenant API or token not there yet), by UID, with the
+    /// last reason, retried every tick.
+    pending_dns: Arc<Mutex<HashMap<String, (Pod, String)>>>,
 }
 
 impl LocalRuntime {
@@ -97,6 +108,26 @@ impl LocalRuntime {
     pub fn running(&self) -> usize {
         self.tenants.lock().map(|t| t.len()).unwrap_or(0)
     }
+
+    /// Where the CoreDNS of tenant `tenant` in host namespace `namespace` answers, while it runs.
+    pub fn dns_address(&self, namespace: &str, tenant: &str) -> Option<SocketAddr> {
+        let dns = self.dns.lock().ok()?;
+        dns.values()
+            .find(|d| d.namespace == namespace && d.tenant == tenant)
+            .filter(|d| process::exited(&d.handle).is_none())
+            .map(|d| d.address)
+    }
+
+    /// What that CoreDNS has written so far (for a failing test's message).
+    pub fn dns_log(&self, namespace: &str, tenant: &str) -> String {
+        let path = self.dns.lock().ok().and_then(|dns| {
+            dns.values()
+                .find(|d| d.namespace == namespace && d.tenant == tenant)
+                .map(|d| d.log.clone())
+        });
+        path.and_then(|p| std::fs::read_to_string(p).ok())
+            .unwrap_or_else(|| "(no CoreDNS runs for it)".into())
+    }
 }
 
 /// Start the runtime: it watches control-plane pods (in `namespace`, or everywhere) until the
@@ -109,6 +140,8 @@ pub fn start(
 ) -> (LocalRuntime, tokio::task::JoinHandle<()>) {
     let runtime = LocalRuntime {
         tenants: Arc::new(Mutex::new(HashMap::new())),
+        dns: Arc::new(Mutex::new(HashMap::new())),
+        pending_dns: Arc::new(Mutex::new(HashMap::new())),
     };
     let handle = runtime.clone();
     let task = tokio::spawn(async move {
@@ -120,6 +153,14 @@ pub fn start(
         let mut events = watcher(pods.clone(), watcher::Config::default().labels(&selector))
             .default_backoff()
             .boxed();
+        // The tenants' CoreDNS copies carry their pods' labels.
+        let dns_selector = format!("k8s-app={}", tenantplane_syncer::addons::DNS_SERVICE);
+        let mut dns_events = watcher(
+            pods.clone(),
+            watcher::Config::default().labels(&dns_selector),
+        )
+        .default_backoff()
+        .boxed();
         let mut tick = tokio::time::interval(Duration::from_secs(1));
         let guard = StopOnDrop(runtime.clone());
         loop {
@@ -135,7 +176,21 @@ pub fn start(
                         None => break,
                     }
                 }
-                _ = tick.tick() => guard.0.check_health(&client, &binaries).await,
+                event = dns_events.next() => {
+                    match event {
+                        Some(Ok(watcher::Event::Apply(pod) | watcher::Event::InitApply(pod))) => {
+                            guard.0.on_dns_pod(&client, &binaries, &dir, pod).await;
+                        }
+                        Some(Ok(watcher::Event::Delete(pod))) => guard.0.stop_dns(&pod.uid().unwrap_or_default()),
+                        Some(Ok(_)) => {}
+                        Some(Err(e)) => eprintln!("local runtime: watch error (DNS pods): {e}"),
+                        None => break,
+                    }
+                }
+                _ = tick.tick() => {
+                    guard.0.check_health(&client, &binaries).await;
+                    guard.0.retry_dns(&client, &binaries, &dir).await;
+                }
             }
         }
     });
@@ -147,6 +202,11 @@ struct StopOnDrop(LocalRuntime);
 
 impl Drop for StopOnDrop {
     fn drop(&mut self) {
+        if let Ok(mut dns) = self.0.dns.lock() {
+            for (_, d) in dns.drain() {
+                process::stop(&d.handle);
+            }
+        }
         if let Ok(mut tenants) = self.0.tenants.lock() {
             for (_, t) in tenants.drain() {
                 for h in t.processes.iter().rev() {
@@ -346,6 +406,11 @@ impl LocalRuntime {
             .unwrap_or_else(|| "*".into());
         let mut tenant = Tenant {
             namespace: ns,
+            tenant: pod
+                .labels()
+                .get(names::LABEL_TENANT)
+                .cloned()
+                .unwrap_or_default(),
             pod: name,
             uid: pod.uid().unwrap_or_default(),
             port,
@@ -365,6 +430,104 @@ impl LocalRuntime {
             kubelet_args,
         )?;
         Ok(tenant)
+    }
+
+    /// As a kubelet for a tenant's CoreDNS copy: start it once it is scheduled, stop it when it
+    /// is being deleted.
+    async fn on_dns_pod(&self, client: &Client, binaries: &Binaries, dir: &Path, pod: Pod) {
+        if !local_dns::is_dns_pod(&pod) {
+            return;
+        }
+        let uid = pod.uid().unwrap_or_default();
+        if pod.metadata.deletion_timestamp.is_some() {
+            self.stop_dns(&uid);
+            return;
+        }
+        let scheduled = pod.spec.as_ref().is_some_and(|s| s.node_name.is_some());
+        let known = self
+            .dns
+            .lock()
+            .map(|d| d.contains_key(&uid))
+            .unwrap_or(true);
+        if !scheduled || known {
+            return;
+        }
+        let result = self.launch_dns(client, binaries, dir, &pod).await;
+        let mut pending = match self.pending_dns.lock() {
+            Ok(p) => p,
+            Err(_) => return,
+        };
+        match result {
+            Ok(server) => {
+                pending.remove(&uid);
+                if let Ok(mut dns) = self.dns.lock() {
+                    dns.insert(uid, server);
+                }
+            }
+            Err(e) => {
+                let reason = e.to_string();
+                let changed = pending.get(&uid).is_none_or(|(_, last)| *last != reason);
+                if changed {
+                    eprintln!(
+                        "local runtime: CoreDNS {}/{} not started yet: {reason}",
+                        pod.namespace().unwrap_or_default(),
+                        pod.name_any()
+                    );
+                }
+                pending.insert(uid, (pod, reason));
+            }
+        }
+    }
+
+    async fn launch_dns(
+        &self,
+        client: &Client,
+        binaries: &Binaries,
+        dir: &Path,
+        pod: &Pod,
+    ) -> Result<DnsServer> {
+        let ns = pod.namespace().unwrap_or_default();
+        let tenant = pod
+            .annotations()
+            .get(tenantplane_syncer::naming::ANNOTATION_TENANT)
+            .cloned()
+            .unwrap_or_default();
+        let api = self
+            .tenants
+            .lock()
+            .ok()
+            .and_then(|t| {
+                let t = t
+                    .values()
+                    .find(|t| t.namespace == ns && t.tenant == tenant && t.ready)?;
+                Some((t.port, t.dir.join("tls").join(tenant_pki::SERVER_CA_CRT)))
+            })
+            .ok_or_else(|| Error::Io(format!("tenant {ns}/{tenant}'s API server is not ready")))?;
+        let api = TenantApi {
+            server: format!("https://127.0.0.1:{}", api.0),
+            ca_pem: std::fs::read_to_string(&api.1)?,
+        };
+        local_dns::launch(client, binaries, dir, pod, &tenant, &api).await
+    }
+
+    async fn retry_dns(&self, client: &Client, binaries: &Binaries, dir: &Path) {
+        let pods: Vec<Pod> = match self.pending_dns.lock() {
+            Ok(p) => p.values().map(|(pod, _)| pod.clone()).collect(),
+            Err(_) => return,
+        };
+        for pod in pods {
+            self.on_dns_pod(client, binaries, dir, pod).await;
+        }
+    }
+
+    fn stop_dns(&self, uid: &str) {
+        if let Ok(mut pending) = self.pending_dns.lock() {
+            pending.remove(uid);
+        }
+        let server = self.dns.lock().ok().and_then(|mut d| d.remove(uid));
+        if let Some(d) = server {
+            process::stop(&d.handle);
+        }
     }
 
     fn stop(&self, uid: &str) {
