@@ -7,7 +7,7 @@ export CARGO_TARGET_DIR ?= $(CACHE)/target
 export GOTOOLCHAIN := local
 CARGO ?= cargo
 
-.PHONY: test testenv lint crds build demo bench-controller bench-sync
+.PHONY: test testenv lint crds build demo bench-controller bench-sync conformance
 
 ## test: every test, unit and against the real control plane (builds the control plane if missing)
 test: testenv
@@ -30,6 +30,12 @@ bench-sync: N ?= 1000
 bench-sync: TENANTS ?= 1
 bench-sync: testenv
 	N=$(N) TENANTS=$(TENANTS) $(CARGO) bench -p tenantplane --locked --bench sync
+
+## conformance: the upstream [Conformance] tests that can pass on simulated nodes, on the dev
+## cluster's host and in a tenant at once, in a network namespace with only loopback; prints the
+## table and `conformance parity: X/Y` (CONFORMANCE_FOCUS, _SKIP, _PROCS, _TIMEOUT: see the script)
+conformance: testenv
+	bash testenv/conformance.sh
 
 ## testenv: build etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, kwok and helm
 testenv:

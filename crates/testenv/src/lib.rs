@@ -7,6 +7,7 @@
 
 pub mod binaries;
 pub mod cases;
+pub mod conformance;
 pub mod control_plane;
 pub mod dns;
 pub mod kubeconfig;

@@ -1,0 +1,205 @@
+#!/usr/bin/env bash
+# make conformance: the upstream Kubernetes conformance tests that can pass on simulated nodes,
+# against the dev cluster's host and against a tenant of it, in the same run, and the table of
+# both with the parity line `conformance parity: X/Y` (passed in the tenant of passed on the host).
+#
+# It builds the test control plane, e2e.test and ginkgo (testenv/build.sh --conformance; about
+# 20 minutes on 2 cores the first time) and the tenantplane binary, then re-runs itself in a
+# network namespace of its own that has only loopback, and refuses to go on if that namespace has
+# any other route: the suite makes the API servers dial pod and Service addresses, and nothing may
+# leave the machine. There it starts `tenantplane dev`, a tenant `conformance/conf` with the
+# IsolationProfile `conformance` (Pod Security privileged, no NetworkPolicy, no quota: what the
+# host's own test namespaces get) and the SyncPolicy `conformance` (every host node shown, so the
+# suite finds schedulable Nodes), and runs the suite on both at once.
+#
+# Settings (environment):
+#   CONFORMANCE_FOCUS    regexp of specs (default: [Conformance] of sig-api-machinery, apps,
+#                        node, network, scheduling)
+#   CONFORMANCE_SKIP     regexp of specs left out (default: [Serial], [Disruptive])
+#   CONFORMANCE_PROCS    parallel ginkgo processes per side (default 6)
+#   CONFORMANCE_TIMEOUT  the time bound of each side's run (default 45m); what it leaves is
+#                        reported as not run
+#   CONFORMANCE_OUT      where the logs, reports and table go (default: .tenantplane/conformance)
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+export TENANTPLANE_CACHE="${TENANTPLANE_CACHE:-$HOME/.cache/tenantplane}"
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$TENANTPLANE_CACHE/target}"
+FOCUS="${CONFORMANCE_FOCUS:-\[sig-(api-machinery|apps|node|network|scheduling)\].*\[Conformance\]}"
+SKIP="${CONFORMANCE_SKIP:-\[Serial\]|\[Disruptive\]}"
+PROCS="${CONFORMANCE_PROCS:-6}"
+TIMEOUT="${CONFORMANCE_TIMEOUT:-45m}"
+OUT="${CONFORMANCE_OUT:-$ROOT/.tenantplane/conformance}"
+HEARTBEAT_SECS="${CONFORMANCE_HEARTBEAT_SECS:-30}"
+
+log() { printf 'conformance: %s\n' "$*" >&2; }
+die() { log "error: $*"; exit 1; }
+
+if [[ "${TENANTPLANE_CONFORMANCE_INSIDE:-}" != 1 ]]; then
+  # Outside the namespace: everything that may need the package registries.
+  log "building the test control plane (testenv/build.sh)"
+  BIN="$(bash "$ROOT/testenv/build.sh")"
+  log "building e2e.test and ginkgo (testenv/build.sh --conformance)"
+  E2E_BIN="$(bash "$ROOT/testenv/build.sh" --conformance)"
+  log "building tenantplane and conformance-report"
+  cargo build -q --locked -p tenantplane -p tenantplane-testenv --bin tenantplane --bin conformance-report
+  command -v unshare >/dev/null || die "unshare (util-linux) is needed for the network namespace"
+  command -v ip >/dev/null || die "ip (iproute2) is needed to bring up loopback in the namespace"
+  user_ns=()
+  if [[ "$(id -u)" != 0 ]]; then user_ns=(--map-root-user); fi
+  log "entering a network namespace with only loopback"
+  exec unshare --net "${user_ns[@]}" env TENANTPLANE_CONFORMANCE_INSIDE=1 \
+    CONFORMANCE_BIN="$BIN" CONFORMANCE_E2E_BIN="$E2E_BIN" bash "${BASH_SOURCE[0]}" "$@"
+fi
+
+BIN="${CONFORMANCE_BIN:?}"
+E2E_BIN="${CONFORMANCE_E2E_BIN:?}"
+ip link set lo up
+routes="$(ip -4 route show table all | grep -v ' dev lo ' || true)$(ip -6 route show table all | grep -v ' dev lo ' || true)"
+links="$(ip -o link show | grep -v ': lo:' || true)"
+if [[ -n "$routes" || -n "$links" ]]; then
+  die "this network namespace reaches beyond loopback; refusing to run:
+$routes$links"
+fi
+log "network namespace: loopback only"
+
+export PATH="$BIN:$PATH"
+TP="$CARGO_TARGET_DIR/debug/tenantplane"
+REPORT="$CARGO_TARGET_DIR/debug/conformance-report"
+rm -rf "$OUT"
+mkdir -p "$OUT"
+DEV_PID=""
+RUN_PIDS=()
+cleanup() {
+  local p
+  for p in "${RUN_PIDS[@]}"; do kill -INT "$p" 2>/dev/null || true; done
+  if [[ -n "$DEV_PID" ]]; then
+    kill -INT "$DEV_PID" 2>/dev/null || true
+    wait "$DEV_PID" 2>/dev/null || true
+  fi
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+START=$SECONDS
+elapsed() { printf '%ss' "$((SECONDS - START))"; }
+
+log "starting the dev cluster (log: $OUT/dev.log)"
+"$TP" dev --state-dir "$OUT/dev" >"$OUT/dev.log" 2>&1 &
+DEV_PID=$!
+shown=0
+until grep -q "The dev cluster is ready" "$OUT/dev.log" 2>/dev/null; do
+  kill -0 "$DEV_PID" 2>/dev/null || die "the dev cluster stopped: $(tail -5 "$OUT/dev.log")"
+  # Pass its progress lines on.
+  total="$(grep -c '^dev: \|^testenv: ' "$OUT/dev.log" || true)"
+  if ((total > shown)); then
+    grep '^dev: \|^testenv: ' "$OUT/dev.log" | sed -n "$((shown + 1)),${total}p" | sed 's/^/  /' >&2
+    shown=$total
+  fi
+  sleep 1
+done
+export KUBECONFIG="$OUT/dev/kubeconfig"
+
+log "creating the tenant conformance/conf [$(elapsed)]"
+kubectl apply -f - >/dev/null <<'EOF'
+apiVersion: tenantplane.io/v1alpha1
+kind: IsolationProfile
+metadata:
+  name: conformance
+spec:
+  podSecurity: privileged
+  networkPolicy:
+    enabled: false
+  resourceQuota:
+    enforce: false
+---
+apiVersion: tenantplane.io/v1alpha1
+kind: SyncPolicy
+metadata:
+  name: conformance
+spec:
+  toHost:
+    pods: {enabled: true}
+    services: {enabled: true}
+    endpoints: {enabled: true}
+    configMaps: {enabled: true, all: false}
+    secrets: {enabled: true, all: false}
+    persistentVolumeClaims: {enabled: true}
+  fromHost:
+    nodes: {enabled: true, mode: all}
+    events: {enabled: true}
+---
+apiVersion: v1
+kind: Namespace
+metadata:
+  name: conformance
+---
+apiVersion: tenantplane.io/v1alpha1
+kind: TenantCluster
+metadata:
+  name: conf
+  namespace: conformance
+spec:
+  mode: shared
+  kubernetesVersion: v1.30.4
+  isolationProfileRef:
+    name: conformance
+  syncPolicyRef:
+    name: conformance
+  controlPlane:
+    replicas: 1
+    datastore:
+      type: sqlite
+  networking:
+    egressPolicy: allow-all
+EOF
+phase=""
+deadline=$((SECONDS + 300))
+while [[ "$phase" != Ready ]]; do
+  ((SECONDS < deadline)) || die "tenant conformance/conf is not Ready after 300s: $(kubectl get tenantcluster conf -n conformance -o jsonpath='{.status.conditions}')"
+  sleep 2
+  now="$(kubectl get tenantcluster conf -n conformance -o jsonpath='{.status.phase}' 2>/dev/null || true)"
+  if [[ "$now" != "$phase" ]]; then log "  tenant phase: ${now:-none} [$(elapsed)]"; phase="$now"; fi
+done
+"$TP" kubeconfig conf -n conformance >"$OUT/tenant.kubeconfig"
+
+run_side() {
+  local side="$1" kubeconfig="$2"
+  "$E2E_BIN/ginkgo" --procs="$PROCS" --timeout="$TIMEOUT" --no-color --silence-skips \
+    --focus="$FOCUS" --skip="$SKIP" --json-report="$OUT/$side.json" \
+    "$E2E_BIN/e2e.test" -- --kubeconfig="$kubeconfig" --provider=skeleton \
+    --report-dir="$OUT/$side" --e2e-output-dir="$OUT/$side" \
+    >"$OUT/$side.log" 2>&1 || true
+}
+
+selected="$("$E2E_BIN/e2e.test" --ginkgo.dry-run --ginkgo.no-color --ginkgo.focus="$FOCUS" \
+  --ginkgo.skip="$SKIP" 2>/dev/null | sed -n 's/^Ran \([0-9]*\) of.*/\1/p' | tail -1)"
+log "running ${selected:-?} specs on the host and in the tenant, $PROCS processes each, at most $TIMEOUT each [$(elapsed)]"
+log "  logs: $OUT/host.log, $OUT/tenant.log"
+mkdir -p "$OUT/host" "$OUT/tenant"
+run_side host "$KUBECONFIG" &
+RUN_PIDS+=($!)
+run_side tenant "$OUT/tenant.kubeconfig" &
+RUN_PIDS+=($!)
+done_count() {
+  # ginkgo prints a bullet for every spec it finished (passed or failed; skips are silenced).
+  grep -o '•' "$OUT/$1.log" 2>/dev/null | wc -l
+}
+failed_count() {
+  grep -c '^• \[FAILED\]\|^• \[TIMEDOUT\]\|^• \[PANICKED\]' "$OUT/$1.log" 2>/dev/null || true
+}
+while kill -0 "${RUN_PIDS[0]}" 2>/dev/null || kill -0 "${RUN_PIDS[1]}" 2>/dev/null; do
+  for ((i = 0; i < HEARTBEAT_SECS; i++)); do
+    kill -0 "${RUN_PIDS[0]}" 2>/dev/null || kill -0 "${RUN_PIDS[1]}" 2>/dev/null || break
+    sleep 1
+  done
+  log "  host $(done_count host)/${selected:-?} done ($(failed_count host) failed), tenant $(done_count tenant)/${selected:-?} done ($(failed_count tenant) failed) [$(elapsed)]"
+done
+wait "${RUN_PIDS[@]}" 2>/dev/null || true
+RUN_PIDS=()
+for side in host tenant; do
+  [[ -s "$OUT/$side.json" ]] || die "no report from the $side run: $(tail -20 "$OUT/$side.log")"
+done
+"$REPORT" "$OUT/host.json" "$OUT/tenant.json" | tee "$OUT/report.md"
+log "done in $(elapsed): table in $OUT/report.md, the suite's logs in $OUT/host.log and $OUT/tenant.log"
