@@ -149,41 +149,43 @@ pub fn start(
             Some(ns) => Api::namespaced(client.clone(), ns),
             None => Api::all(client.clone()),
         };
-        let selector = format!("{}={}", names::LABEL_RUNTIME, names::RUNTIME_LOCAL);
-        let mut events = watcher(pods.clone(), watcher::Config::default().labels(&selector))
-            .default_backoff()
-            .boxed();
-        // The tenants' CoreDNS copies carry their pods' labels.
-        let dns_selector = format!("k8s-app={}", tenantplane_syncer::addons::DNS_SERVICE);
-        let mut dns_events = watcher(
-            pods.clone(),
-            watcher::Config::default().labels(&dns_selector),
+        // Control-plane pods, and the tenants' CoreDNS copies (they carry their pods' labels).
+        let watch = |selector: String, runs: Runs| {
+            watcher(pods.clone(), watcher::Config::default().labels(&selector))
+                .default_backoff()
+                .map(move |e| (runs, e))
+        };
+        let mut events = futures::stream::select(
+            watch(
+                format!("{}={}", names::LABEL_RUNTIME, names::RUNTIME_LOCAL),
+                Runs::ControlPlane,
+            ),
+            watch(
+                format!("k8s-app={}", tenantplane_syncer::addons::DNS_SERVICE),
+                Runs::Dns,
+            ),
         )
-        .default_backoff()
         .boxed();
         let mut tick = tokio::time::interval(Duration::from_secs(1));
         let guard = StopOnDrop(runtime.clone());
         loop {
             tokio::select! {
                 event = events.next() => {
+                    let r = &guard.0;
                     match event {
-                        Some(Ok(watcher::Event::Apply(pod) | watcher::Event::InitApply(pod))) => {
-                            guard.0.on_pod(&client, &binaries, &dir, pod).await;
+                        Some((runs, Ok(watcher::Event::Apply(pod) | watcher::Event::InitApply(pod)))) => match runs {
+                            Runs::ControlPlane => r.on_pod(&client, &binaries, &dir, pod).await,
+                            Runs::Dns => r.on_dns_pod(&client, &binaries, &dir, pod).await,
+                        },
+                        Some((runs, Ok(watcher::Event::Delete(pod)))) => {
+                            let uid = pod.uid().unwrap_or_default();
+                            match runs {
+                                Runs::ControlPlane => r.stop(&uid),
+                                Runs::Dns => r.stop_dns(&uid),
+                            }
                         }
-                        Some(Ok(watcher::Event::Delete(pod))) => guard.0.stop(&pod.uid().unwrap_or_default()),
-                        Some(Ok(_)) => {}
-                        Some(Err(e)) => eprintln!("local runtime: watch error: {e}"),
-                        None => break,
-                    }
-                }
-                event = dns_events.next() => {
-                    match event {
-                        Some(Ok(watcher::Event::Apply(pod) | watcher::Event::InitApply(pod))) => {
-                            guard.0.on_dns_pod(&client, &binaries, &dir, pod).await;
-                        }
-                        Some(Ok(watcher::Event::Delete(pod))) => guard.0.stop_dns(&pod.uid().unwrap_or_default()),
-                        Some(Ok(_)) => {}
-                        Some(Err(e)) => eprintln!("local runtime: watch error (DNS pods): {e}"),
+                        Some((_, Ok(_))) => {}
+                        Some((runs, Err(e))) => eprintln!("local runtime: watch error ({runs:?} pods): {e}"),
                         None => break,
                     }
                 }
@@ -195,6 +197,13 @@ pub fn start(
         }
     });
     (handle, task)
+}
+
+/// Which pods a watch event is about.
+#[derive(Clone, Copy, Debug)]
+enum Runs {
+    ControlPlane,
+    Dns,
 }
 
 /// Stops every tenant process when the runtime's task ends.
