@@ -178,11 +178,12 @@ where
 }
 
 /// Delete `obj` if it is still the object we saw (UID precondition); gone already is fine.
+/// `true` when this call deleted it; `false` when it was gone or replaced already.
 pub async fn delete_if_present<K>(
     api: &Api<K>,
     obj: &K,
     grace: Option<u32>,
-) -> Result<(), kube::Error>
+) -> Result<bool, kube::Error>
 where
     K: Resource<DynamicType = ()> + Clone + Debug + DeserializeOwned,
 {
@@ -195,9 +196,9 @@ where
         ..DeleteParams::background()
     };
     match api.delete(&obj.name_any(), &dp).await {
-        Ok(_) => Ok(()),
+        Ok(_) => Ok(true),
         // Gone, or replaced by a newer object of the same name (not ours to delete).
-        Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => Ok(()),
+        Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => Ok(false),
         Err(e) => Err(e),
     }
 }

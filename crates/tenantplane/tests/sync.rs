@@ -1876,3 +1876,138 @@ async fn a_deployment_rolls_out_a_pdb_guards_eviction_and_a_cronjob_runs() {
     let (status, reason, message) = synced_condition(&host, &ns.name, "dev").await;
     assert_eq!(status, "True", "{reason}: {message}");
 }
+
+#[tokio::test]
+async fn a_selectorless_service_keeps_its_endpoints_and_a_deleted_service_stays_deleted() {
+    use k8s_openapi::api::core::v1::Endpoints;
+    use k8s_openapi::api::discovery::v1::EndpointSlice;
+    install_crds_and_policies();
+    let ns = namespace("sync-endpoints").await;
+    let _operator = start_operator(&ns);
+    let host = ns.client.clone();
+    example_ready(&ns).await;
+    let tenant = tenant_client(&host, &ns.name, "dev").await;
+    let pp = PostParams::default();
+    let services = Api::<Service>::namespaced(tenant.clone(), "default");
+    let endpoints = Api::<Endpoints>::namespaced(tenant.clone(), "default");
+    // A Service for something outside the cluster, its Endpoints written right after it: the
+    // tenant Service is made again with its copy's address, and the Endpoints must survive that.
+    services
+        .create(
+            &pp,
+            &serde_json::from_value(json!({
+                "metadata": {"name": "db", "namespace": "default"},
+                "spec": {"ports": [{"name": "pg", "port": 5432}]}
+            }))
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+    endpoints
+        .create(
+            &pp,
+            &serde_json::from_value(json!({
+                "metadata": {"name": "db", "namespace": "default"},
+                "subsets": [{"addresses": [{"ip": "10.1.2.3"}], "ports": [{"name": "pg", "port": 5432}]}]
+            }))
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+    let took = eventually(WAIT, || async {
+        let t = services.get("db").await.ok()?;
+        let h = Api::<Service>::namespaced(host.clone(), &ns.name)
+            .get_opt("db-x-default-x-dev")
+            .await
+            .ok()??;
+        (t.spec?.cluster_ip == h.spec?.cluster_ip).then_some(())
+    })
+    .await;
+    assert!(
+        took.is_some(),
+        "the tenant Service never took its copy's address"
+    );
+    // Past the syncer's watch window for the endpoints controller's delete.
+    tokio::time::sleep(std::time::Duration::from_secs(8)).await;
+    let addresses = |ep: Option<Endpoints>| -> Vec<String> {
+        ep.into_iter()
+            .flat_map(|e| e.subsets.unwrap_or_default())
+            .flat_map(|s| s.addresses.unwrap_or_default())
+            .map(|a| a.ip)
+            .collect()
+    };
+    assert_eq!(
+        addresses(endpoints.get_opt("db").await.unwrap()),
+        ["10.1.2.3"]
+    );
+    let mirrored = eventually(WAIT, || async {
+        let slices = Api::<EndpointSlice>::namespaced(tenant.clone(), "default")
+            .list(&ListParams::default().labels("kubernetes.io/service-name=db"))
+            .await
+            .ok()?;
+        slices
+            .items
+            .iter()
+            .any(|s| s.endpoints.iter().any(|e| e.addresses == ["10.1.2.3"]))
+            .then_some(())
+    })
+    .await;
+    assert!(
+        mirrored.is_some(),
+        "the tenant never mirrored the Endpoints into an EndpointSlice"
+    );
+    let host_copy = eventually(WAIT, || async {
+        let e = Api::<Endpoints>::namespaced(host.clone(), &ns.name)
+            .get_opt("db-x-default-x-dev")
+            .await
+            .ok()??;
+        (addresses(Some(e)) == ["10.1.2.3"]).then_some(())
+    })
+    .await;
+    assert!(host_copy.is_some(), "the Endpoints never reached the host");
+
+    // Services deleted as soon as they are made stay deleted, on both sides.
+    for i in 0..5 {
+        let name = format!("brief-{i}");
+        services
+            .create(
+                &pp,
+                &serde_json::from_value(json!({
+                    "metadata": {"name": name, "namespace": "default"},
+                    "spec": {"selector": {"app": "web"}, "ports": [{"port": 80}]}
+                }))
+                .unwrap(),
+            )
+            .await
+            .unwrap();
+        tokio::time::sleep(std::time::Duration::from_millis(200 * i)).await;
+        services
+            .delete(&name, &DeleteParams::default())
+            .await
+            .unwrap();
+    }
+    tokio::time::sleep(std::time::Duration::from_secs(10)).await;
+    let left: Vec<String> = services
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .map(|s| s.name_any())
+        .filter(|n| n.starts_with("brief-"))
+        .collect();
+    assert!(left.is_empty(), "deleted Services came back: {left:?}");
+    let gone = eventually(WAIT, || async {
+        let copies = Api::<Service>::namespaced(host.clone(), &ns.name)
+            .list(&ListParams::default())
+            .await
+            .ok()?;
+        (!copies
+            .items
+            .iter()
+            .any(|s| s.name_any().starts_with("brief-")))
+        .then_some(())
+    })
+    .await;
+    assert!(gone.is_some(), "host copies of deleted Services stayed");
+}

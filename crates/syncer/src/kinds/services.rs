@@ -3,7 +3,7 @@
 //! reach the host copies. The tenant's own `kubernetes` Service gets the address of the tenant
 //! API server's host Service. Load-balancer addresses come back.
 
-use k8s_openapi::api::core::v1::{EnvVar, Service, ServicePort, ServiceSpec};
+use k8s_openapi::api::core::v1::{Endpoints, EnvVar, Service, ServicePort, ServiceSpec};
 use kube::ResourceExt;
 use kube::api::{ObjectMeta, Patch, PatchParams, PostParams};
 use serde_json::json;
@@ -138,7 +138,17 @@ async fn take_cluster_ip(
         field_manager: Some(SYNCER_MANAGER.into()),
         ..Default::default()
     };
-    delete_if_present(&tenant_api, t, None).await?;
+    // A selector-less Service's Endpoints are written by a person; the tenant's endpoints
+    // controller deletes them when it sees the Service go.
+    let endpoints = if selectorless(t) {
+        cx.tenant_api::<Endpoints>(&ns).get_opt(&name).await?
+    } else {
+        None
+    };
+    if !delete_if_present(&tenant_api, t, None).await? {
+        // Deleted or replaced by someone else meanwhile: never bring it back.
+        return Ok(true);
+    }
     if let Err(e) = tenant_api.create(&pp, &copy).await {
         // Never leave the tenant without its Service: put it back as it was, with an address
         // of the tenant's choosing, and say why the host's was refused.
@@ -151,7 +161,56 @@ async fn take_cluster_ip(
         });
     }
     debug!(service = %format!("{ns}/{name}"), ip = %ip, "tenant Service recreated with the host's cluster IP");
+    if let Some(endpoints) = endpoints {
+        keep_endpoints(cx, &endpoints).await?;
+    }
     Ok(true)
+}
+
+/// Does Service `t` leave its Endpoints to a person (no selector, not ExternalName)?
+fn selectorless(t: &Service) -> bool {
+    t.spec.as_ref().is_none_or(|s| {
+        s.selector.as_ref().is_none_or(|sel| sel.is_empty())
+            && s.type_.as_deref() != Some("ExternalName")
+    })
+}
+
+/// How long, after a selector-less Service is made again, its Endpoints are watched for the
+/// tenant endpoints controller's delete, and how often.
+const KEEP_ENDPOINTS_CHECKS: u32 = 20;
+const KEEP_ENDPOINTS_EVERY: std::time::Duration = std::time::Duration::from_millis(250);
+
+/// Put Endpoints `saved` back whenever they are missing, for a few seconds after their Service
+/// was deleted and made again (the tenant's endpoints controller deletes the Endpoints of a
+/// Service it saw go, once it gets to that key).
+async fn keep_endpoints(cx: &Tenant, saved: &Endpoints) -> Result<()> {
+    let (ns, name) = (saved.namespace().unwrap_or_default(), saved.name_any());
+    let api = cx.tenant_api::<Endpoints>(&ns);
+    let again = Endpoints {
+        metadata: ObjectMeta {
+            name: Some(name.clone()),
+            namespace: Some(ns.clone()),
+            labels: saved.metadata.labels.clone(),
+            annotations: saved.metadata.annotations.clone(),
+            ..Default::default()
+        },
+        subsets: saved.subsets.clone(),
+    };
+    let pp = PostParams {
+        field_manager: Some(SYNCER_MANAGER.into()),
+        ..Default::default()
+    };
+    for _ in 0..KEEP_ENDPOINTS_CHECKS {
+        if api.get_opt(&name).await?.is_none() {
+            match api.create(&pp, &again).await {
+                Ok(_) => debug!(endpoints = %format!("{ns}/{name}"), "Endpoints put back"),
+                Err(kube::Error::Api(e)) if e.code == 409 => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        tokio::time::sleep(KEEP_ENDPOINTS_EVERY).await;
+    }
+    Ok(())
 }
 
 /// Tenant Service `t` as it is made again with cluster IP `ip` (`None`: of the tenant's choosing).
