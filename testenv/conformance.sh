@@ -16,7 +16,8 @@
 #   CONFORMANCE_FOCUS    regexp of specs (default: [Conformance] of sig-api-machinery, apps,
 #                        node, network, scheduling)
 #   CONFORMANCE_SKIP     regexp of specs left out (default: [Serial], [Disruptive])
-#   CONFORMANCE_PROCS    parallel ginkgo processes per side (default 6)
+#   CONFORMANCE_PROCS    parallel ginkgo processes per side (default 20: most specs wait on
+#                        timers, so the machine idles at 6; each process takes about 150 MB)
 #   CONFORMANCE_TIMEOUT  the time bound of each side's run (default 45m); what it leaves is
 #                        reported as not run
 #   CONFORMANCE_OUT      where the logs, reports and table go (default: .tenantplane/conformance)
@@ -27,7 +28,7 @@ export TENANTPLANE_CACHE="${TENANTPLANE_CACHE:-$HOME/.cache/tenantplane}"
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$TENANTPLANE_CACHE/target}"
 FOCUS="${CONFORMANCE_FOCUS:-\[sig-(api-machinery|apps|node|network|scheduling)\].*\[Conformance\]}"
 SKIP="${CONFORMANCE_SKIP:-\[Serial\]|\[Disruptive\]}"
-PROCS="${CONFORMANCE_PROCS:-6}"
+PROCS="${CONFORMANCE_PROCS:-20}"
 TIMEOUT="${CONFORMANCE_TIMEOUT:-45m}"
 OUT="${CONFORMANCE_OUT:-$ROOT/.tenantplane/conformance}"
 HEARTBEAT_SECS="${CONFORMANCE_HEARTBEAT_SECS:-30}"
@@ -71,8 +72,15 @@ mkdir -p "$OUT"
 DEV_PID=""
 RUN_PIDS=()
 cleanup() {
-  local p
+  local p i
+  # ginkgo interrupts its specs on SIGINT and still writes its report; its processes get a
+  # minute for their clean-up, then go.
   for p in "${RUN_PIDS[@]}"; do kill -INT "$p" 2>/dev/null || true; done
+  for p in "${RUN_PIDS[@]}"; do
+    for ((i = 0; i < 60; i++)); do kill -0 "$p" 2>/dev/null || break; sleep 1; done
+    pkill -KILL -P "$p" 2>/dev/null || true
+    kill -KILL "$p" 2>/dev/null || true
+  done
   if [[ -n "$DEV_PID" ]]; then
     kill -INT "$DEV_PID" 2>/dev/null || true
     wait "$DEV_PID" 2>/dev/null || true
@@ -164,30 +172,30 @@ while [[ "$phase" != Ready ]]; do
 done
 "$TP" kubeconfig conf -n conformance >"$OUT/tenant.kubeconfig"
 
+# One side's run, in the background; its ginkgo's pid goes into RUN_PIDS.
 run_side() {
   local side="$1" kubeconfig="$2"
+  mkdir -p "$OUT/$side"
   "$E2E_BIN/ginkgo" --procs="$PROCS" --timeout="$TIMEOUT" --no-color --silence-skips \
     --focus="$FOCUS" --skip="$SKIP" --json-report="$OUT/$side.json" \
     "$E2E_BIN/e2e.test" -- --kubeconfig="$kubeconfig" --provider=skeleton \
     --report-dir="$OUT/$side" --e2e-output-dir="$OUT/$side" \
-    >"$OUT/$side.log" 2>&1 || true
+    >"$OUT/$side.log" 2>&1 &
+  RUN_PIDS+=($!)
 }
 
 selected="$("$E2E_BIN/e2e.test" --ginkgo.dry-run --ginkgo.no-color --ginkgo.focus="$FOCUS" \
   --ginkgo.skip="$SKIP" 2>/dev/null | sed -n 's/^Ran \([0-9]*\) of.*/\1/p' | tail -1)"
 log "running ${selected:-?} specs on the host and in the tenant, $PROCS processes each, at most $TIMEOUT each [$(elapsed)]"
 log "  logs: $OUT/host.log, $OUT/tenant.log"
-mkdir -p "$OUT/host" "$OUT/tenant"
-run_side host "$KUBECONFIG" &
-RUN_PIDS+=($!)
-run_side tenant "$OUT/tenant.kubeconfig" &
-RUN_PIDS+=($!)
+run_side host "$KUBECONFIG"
+run_side tenant "$OUT/tenant.kubeconfig"
 done_count() {
   # ginkgo prints a bullet for every spec it finished (passed or failed; skips are silenced).
-  grep -o '•' "$OUT/$1.log" 2>/dev/null | wc -l
+  grep -ao '•' "$OUT/$1.log" 2>/dev/null | wc -l
 }
 failed_count() {
-  grep -c '^• \[FAILED\]\|^• \[TIMEDOUT\]\|^• \[PANICKED\]' "$OUT/$1.log" 2>/dev/null || true
+  grep -ac '^• \[FAILED\]\|^• \[TIMEDOUT\]\|^• \[PANICKED\]' "$OUT/$1.log" 2>/dev/null || true
 }
 while kill -0 "${RUN_PIDS[0]}" 2>/dev/null || kill -0 "${RUN_PIDS[1]}" 2>/dev/null; do
   for ((i = 0; i < HEARTBEAT_SECS; i++)); do
