@@ -1914,18 +1914,24 @@ async fn a_selectorless_service_keeps_its_endpoints_and_a_deleted_service_stays_
         )
         .await
         .unwrap();
+    let uid = services.get("db").await.unwrap().uid();
     let took = eventually(WAIT, || async {
         let t = services.get("db").await.ok()?;
         let h = Api::<Service>::namespaced(host.clone(), &ns.name)
             .get_opt("db-x-default-x-dev")
             .await
             .ok()??;
-        (t.spec?.cluster_ip == h.spec?.cluster_ip).then_some(())
+        {
+            let uid = t.uid();
+            (t.spec?.cluster_ip == h.spec?.cluster_ip).then_some(uid)
+        }
     })
     .await;
-    assert!(
-        took.is_some(),
-        "the tenant Service never took its copy's address"
+    // The copy asked the host for the tenant's own address, so the Service was never made again.
+    assert_eq!(
+        took,
+        Some(uid),
+        "the tenant and host addresses never agreed, or the Service was made again"
     );
     // Past the syncer's watch window for the endpoints controller's delete.
     tokio::time::sleep(std::time::Duration::from_secs(8)).await;
@@ -1965,6 +1971,45 @@ async fn a_selectorless_service_keeps_its_endpoints_and_a_deleted_service_stays_
     })
     .await;
     assert!(host_copy.is_some(), "the Endpoints never reached the host");
+
+    // An address the host holds already: the copy takes one of the host's choosing, and the
+    // tenant Service is made again with it.
+    Api::<Service>::namespaced(host.clone(), &ns.name)
+        .create(
+            &pp,
+            &serde_json::from_value(json!({
+                "metadata": {"name": "holder"},
+                "spec": {"clusterIP": "10.96.200.200", "ports": [{"port": 80}]}
+            }))
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+    services
+        .create(
+            &pp,
+            &serde_json::from_value(json!({
+                "metadata": {"name": "clash", "namespace": "default"},
+                "spec": {"clusterIP": "10.96.200.200", "selector": {"app": "web"}, "ports": [{"port": 80}]}
+            }))
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+    let moved = eventually(WAIT, || async {
+        let t = services.get("clash").await.ok()?;
+        let h = Api::<Service>::namespaced(host.clone(), &ns.name)
+            .get_opt("clash-x-default-x-dev")
+            .await
+            .ok()??;
+        let ip = t.spec?.cluster_ip?;
+        (Some(&ip) == h.spec.as_ref().and_then(|s| s.cluster_ip.as_ref())).then_some(ip)
+    })
+    .await;
+    assert!(
+        moved.as_deref().is_some_and(|ip| ip != "10.96.200.200"),
+        "the tenant Service never moved to its copy's address: {moved:?}"
+    );
 
     // Services deleted as soon as they are made stay deleted, on both sides.
     for i in 0..5 {

@@ -83,8 +83,16 @@ async fn converge_service(cx: &Tenant, ns: &str, name: &str) -> Result<()> {
     if t.metadata.deletion_timestamp.is_some() {
         return Ok(());
     }
-    let desired = service(&cx.tr, &t);
-    apply_copy(cx, ns, name, h.as_deref(), &desired).await?;
+    let desired = with_address(service(&cx.tr, &t), h.as_deref().unwrap_or(&t));
+    match apply_copy(cx, ns, name, h.as_deref(), &desired).await {
+        // The host holds the tenant's address already, or its range lacks it: the copy takes
+        // one of the host's choosing, and the tenant Service is made again with that.
+        Err(Error::HostRejected(m)) if h.is_none() && m.contains("spec.clusterIP") => {
+            debug!(service = %format!("{ns}/{name}"), reason = %m, "the host refused the tenant's address");
+            apply_copy(cx, ns, name, None, &service(&cx.tr, &t)).await?;
+        }
+        other => other?,
+    }
     let Some(h) = h else {
         // The watch brings the copy with its address.
         return Ok(());
@@ -237,9 +245,26 @@ pub fn with_cluster_ip(t: &Service, ip: Option<String>, ips: Option<Vec<String>>
     copy
 }
 
+/// Host copy `copy` asking for the cluster IPs `of` has (the tenant Service, when the copy is
+/// first made: so the tenant's address is the host's too, and the tenant Service is never made
+/// again; the live copy after that, whose address cannot change). Headless and ExternalName
+/// Services have none.
+pub fn with_address(mut copy: Service, of: &Service) -> Service {
+    let from = of.spec.as_ref();
+    let ip = from
+        .and_then(|s| s.cluster_ip.clone())
+        .filter(|ip| !ip.is_empty() && ip != "None");
+    if let (Some(spec), Some(ip)) = (copy.spec.as_mut(), ip) {
+        spec.cluster_ip = Some(ip);
+        spec.cluster_ips = from.and_then(|s| s.cluster_ips.clone());
+    }
+    copy
+}
+
 /// The host copy of a tenant Service: same ports and type, the selector confined to this
-/// tenant's pods of the same namespace, and no cluster IP of its own choosing (the host
-/// allocates it and the tenant copy takes it over).
+/// tenant's pods of the same namespace, and no cluster IP of its own choosing ([`with_address`]
+/// asks for the tenant's; where the host refuses it, the host allocates one and the tenant
+/// Service takes that over).
 pub fn service(tr: &Translator, svc: &Service) -> Service {
     let ns = svc.namespace().unwrap_or_default();
     let spec = svc.spec.clone().unwrap_or_default();
@@ -345,6 +370,32 @@ mod tests {
     use super::*;
     use crate::naming;
     use crate::translate::tests::translator;
+
+    #[test]
+    fn a_copy_asks_for_the_tenants_address_but_never_for_a_headless_one() {
+        let svc = |ip: &str| -> Service {
+            serde_json::from_value(json!({
+                "metadata": {"name": "web", "namespace": "default"},
+                "spec": {"clusterIP": ip, "clusterIPs": [ip], "ports": [{"port": 80}]}
+            }))
+            .unwrap()
+        };
+        let t = svc("10.96.7.7");
+        let copy = with_address(service(&translator(), &t), &t);
+        let spec = copy.spec.unwrap();
+        assert_eq!(spec.cluster_ip.as_deref(), Some("10.96.7.7"));
+        assert_eq!(spec.cluster_ips.unwrap(), ["10.96.7.7"]);
+        let headless = svc("None");
+        let copy = with_address(service(&translator(), &headless), &headless);
+        assert_eq!(copy.spec.unwrap().cluster_ip.as_deref(), Some("None"));
+        // Not allocated yet: nothing to ask for.
+        let none: Service = serde_json::from_value(json!({
+            "metadata": {"name": "web", "namespace": "default"}, "spec": {}
+        }))
+        .unwrap();
+        let copy = with_address(service(&translator(), &none), &none);
+        assert_eq!(copy.spec.unwrap().cluster_ip, None);
+    }
 
     #[test]
     fn a_service_selects_only_its_namespace_copies() {
