@@ -36,6 +36,9 @@ HEARTBEAT_SECS="${CONFORMANCE_HEARTBEAT_SECS:-30}"
 log() { printf 'conformance: %s\n' "$*" >&2; }
 die() { log "error: $*"; exit 1; }
 
+# All in one function, so that bash has read the whole script before it runs any of it (an edit
+# to the file during a run changes nothing).
+main() {
 if [[ "${TENANTPLANE_CONFORMANCE_INSIDE:-}" != 1 ]]; then
   # Outside the namespace: everything that may need the package registries.
   log "building the test control plane (testenv/build.sh)"
@@ -56,7 +59,9 @@ fi
 BIN="${CONFORMANCE_BIN:?}"
 E2E_BIN="${CONFORMANCE_E2E_BIN:?}"
 ip link set lo up
-routes="$(ip -4 route show table all | grep -v ' dev lo ' || true)$(ip -6 route show table all | grep -v ' dev lo ' || true)"
+routes="$(ip -4 route show table all | grep -v ' dev lo ' || true)
+$(ip -6 route show table all | grep -v ' dev lo ' || true)"
+routes="$(printf '%s\n' "$routes" | sed '/^$/d')"
 links="$(ip -o link show | grep -v ': lo:' || true)"
 if [[ -n "$routes" || -n "$links" ]]; then
   die "this network namespace reaches beyond loopback; refusing to run:
@@ -211,3 +216,6 @@ for side in host tenant; do
 done
 "$REPORT" "$OUT/host.json" "$OUT/tenant.json" | tee "$OUT/report.md"
 log "done in $(elapsed): table in $OUT/report.md, the suite's logs in $OUT/host.log and $OUT/tenant.log"
+}
+
+main "$@"
