@@ -168,6 +168,30 @@ fn bare_pod(name: &str, labels: serde_json::Value) -> Pod {
     .unwrap()
 }
 
+/// Wait until tenant Service `default/name` of tenant `dev` has its host copy's cluster IP; that
+/// address and the tenant Service's UID then.
+async fn shared_address(
+    host: &Client,
+    tenant: &Client,
+    ns: &str,
+    name: &str,
+) -> Option<(String, String)> {
+    eventually(WAIT, || async {
+        let t = Api::<Service>::namespaced(tenant.clone(), "default")
+            .get_opt(name)
+            .await
+            .ok()??;
+        let h = Api::<Service>::namespaced(host.clone(), ns)
+            .get_opt(&format!("{name}-x-default-x-dev"))
+            .await
+            .ok()??;
+        let uid = t.uid()?;
+        let ip = t.spec?.cluster_ip?;
+        (Some(&ip) == h.spec.as_ref().and_then(|h| h.cluster_ip.as_ref())).then_some((ip, uid))
+    })
+    .await
+}
+
 #[tokio::test]
 async fn a_deployment_runs_on_the_host_and_everything_converges() {
     install_crds_and_policies();
@@ -341,19 +365,7 @@ async fn a_deployment_runs_on_the_host_and_everything_converges() {
     );
 
     // The tenant Service carries its host copy's cluster IP.
-    let ip = eventually(WAIT, || async {
-        let t = Api::<Service>::namespaced(tenant.clone(), "default")
-            .get("web")
-            .await
-            .ok()?;
-        let h = Api::<Service>::namespaced(host.clone(), &ns.name)
-            .get("web-x-default-x-dev")
-            .await
-            .ok()?;
-        let t_ip = t.spec?.cluster_ip?;
-        (Some(&t_ip) == h.spec?.cluster_ip.as_ref()).then_some(t_ip)
-    })
-    .await;
+    let ip = shared_address(&host, &tenant, &ns.name, "web").await;
     assert!(
         ip.is_some(),
         "the tenant Service never took the host's cluster IP"
@@ -1458,20 +1470,9 @@ async fn the_tenant_gets_a_cluster_dns_and_synced_pods_resolve_through_it() {
         )
         .await
         .unwrap();
-    let web_ip = eventually(WAIT, || async {
-        let s = Api::<Service>::namespaced(tenant.clone(), "default")
-            .get("web")
-            .await
-            .ok()?;
-        let h = Api::<Service>::namespaced(host.clone(), &ns.name)
-            .get_opt("web-x-default-x-dev")
-            .await
-            .ok()??;
-        let ip = s.spec?.cluster_ip?;
-        (Some(&ip) == h.spec.as_ref().and_then(|h| h.cluster_ip.as_ref())).then_some(ip)
-    })
-    .await
-    .expect("the tenant Service never took its copy's address");
+    let (web_ip, _) = shared_address(&host, &tenant, &ns.name, "web")
+        .await
+        .expect("the tenant Service never took its copy's address");
     let api_ip = Api::<Service>::namespaced(host.clone(), &ns.name)
         .get("dev")
         .await
@@ -1914,19 +1915,10 @@ async fn a_selectorless_service_keeps_its_endpoints_and_a_deleted_service_stays_
         )
         .await
         .unwrap();
-    let uid = services.get("db").await.unwrap().uid();
-    let took = eventually(WAIT, || async {
-        let t = services.get("db").await.ok()?;
-        let h = Api::<Service>::namespaced(host.clone(), &ns.name)
-            .get_opt("db-x-default-x-dev")
-            .await
-            .ok()??;
-        {
-            let uid = t.uid();
-            (t.spec?.cluster_ip == h.spec?.cluster_ip).then_some(uid)
-        }
-    })
-    .await;
+    let uid = services.get("db").await.unwrap().uid().unwrap();
+    let took = shared_address(&host, &tenant, &ns.name, "db")
+        .await
+        .map(|(_, uid)| uid);
     // The copy asked the host for the tenant's own address, so the Service was never made again.
     assert_eq!(
         took,
@@ -1996,16 +1988,9 @@ async fn a_selectorless_service_keeps_its_endpoints_and_a_deleted_service_stays_
         )
         .await
         .unwrap();
-    let moved = eventually(WAIT, || async {
-        let t = services.get("clash").await.ok()?;
-        let h = Api::<Service>::namespaced(host.clone(), &ns.name)
-            .get_opt("clash-x-default-x-dev")
-            .await
-            .ok()??;
-        let ip = t.spec?.cluster_ip?;
-        (Some(&ip) == h.spec.as_ref().and_then(|s| s.cluster_ip.as_ref())).then_some(ip)
-    })
-    .await;
+    let moved = shared_address(&host, &tenant, &ns.name, "clash")
+        .await
+        .map(|(ip, _)| ip);
     assert!(
         moved.as_deref().is_some_and(|ip| ip != "10.96.200.200"),
         "the tenant Service never moved to its copy's address: {moved:?}"
