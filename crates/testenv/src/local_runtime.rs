@@ -9,7 +9,6 @@
 //! It runs each tenant's CoreDNS pod too ([`crate::local_dns`]), so the tenant's DNS answers.
 
 use std::collections::HashMap;
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -28,7 +27,7 @@ use tenantplane_pki::Leaf;
 
 use crate::binaries::Binaries;
 use crate::control_plane::{ApiServerConfig, FrontProxy, apiserver_args, free_port};
-use crate::local_dns::{self, DnsServer, TenantApi};
+use crate::local_dns::{DnsServer, TenantApi};
 use crate::process::{self, Handle};
 use crate::{Error, Result, kubeconfig};
 
@@ -69,10 +68,10 @@ struct HealthView {
 pub struct LocalRuntime {
     tenants: Arc<Mutex<HashMap<String, Tenant>>>,
     /// Running CoreDNS servers, by host pod UID.
-    dns: Arc<Mutex<HashMap<String, DnsServer>>>,
+    pub(crate) dns: Arc<Mutex<HashMap<String, DnsServer>>>,
     /// CoreDNS pods not started yet (their tenant API or token not there yet), by UID, with the
     /// last reason, retried every tick.
-    pending_dns: Arc<Mutex<HashMap<String, (Pod, String)>>>,
+    pub(crate) pending_dns: Arc<Mutex<HashMap<String, (Pod, String)>>>,
 }
 
 impl LocalRuntime {
@@ -107,26 +106,6 @@ impl LocalRuntime {
     /// How many tenant control planes are running.
     pub fn running(&self) -> usize {
         self.tenants.lock().map(|t| t.len()).unwrap_or(0)
-    }
-
-    /// Where the CoreDNS of tenant `tenant` in host namespace `namespace` answers, while it runs.
-    pub fn dns_address(&self, namespace: &str, tenant: &str) -> Option<SocketAddr> {
-        let dns = self.dns.lock().ok()?;
-        dns.values()
-            .find(|d| d.namespace == namespace && d.tenant == tenant)
-            .filter(|d| process::exited(&d.handle).is_none())
-            .map(|d| d.address)
-    }
-
-    /// What that CoreDNS has written so far (for a failing test's message).
-    pub fn dns_log(&self, namespace: &str, tenant: &str) -> String {
-        let path = self.dns.lock().ok().and_then(|dns| {
-            dns.values()
-                .find(|d| d.namespace == namespace && d.tenant == tenant)
-                .map(|d| d.log.clone())
-        });
-        path.and_then(|p| std::fs::read_to_string(p).ok())
-            .unwrap_or_else(|| "(no CoreDNS runs for it)".into())
     }
 }
 
@@ -441,102 +420,20 @@ impl LocalRuntime {
         Ok(tenant)
     }
 
-    /// As a kubelet for a tenant's CoreDNS copy: start it once it is scheduled, stop it when it
-    /// is being deleted.
-    async fn on_dns_pod(&self, client: &Client, binaries: &Binaries, dir: &Path, pod: Pod) {
-        if !local_dns::is_dns_pod(&pod) {
-            return;
-        }
-        let uid = pod.uid().unwrap_or_default();
-        if pod.metadata.deletion_timestamp.is_some() {
-            self.stop_dns(&uid);
-            return;
-        }
-        let scheduled = pod.spec.as_ref().is_some_and(|s| s.node_name.is_some());
-        let known = self
-            .dns
-            .lock()
-            .map(|d| d.contains_key(&uid))
-            .unwrap_or(true);
-        if !scheduled || known {
-            return;
-        }
-        let result = self.launch_dns(client, binaries, dir, &pod).await;
-        let mut pending = match self.pending_dns.lock() {
-            Ok(p) => p,
-            Err(_) => return,
-        };
-        match result {
-            Ok(server) => {
-                pending.remove(&uid);
-                if let Ok(mut dns) = self.dns.lock() {
-                    dns.insert(uid, server);
-                }
-            }
-            Err(e) => {
-                let reason = e.to_string();
-                let changed = pending.get(&uid).is_none_or(|(_, last)| *last != reason);
-                if changed {
-                    eprintln!(
-                        "local runtime: CoreDNS {}/{} not started yet: {reason}",
-                        pod.namespace().unwrap_or_default(),
-                        pod.name_any()
-                    );
-                }
-                pending.insert(uid, (pod, reason));
-            }
-        }
-    }
-
-    async fn launch_dns(
-        &self,
-        client: &Client,
-        binaries: &Binaries,
-        dir: &Path,
-        pod: &Pod,
-    ) -> Result<DnsServer> {
-        let ns = pod.namespace().unwrap_or_default();
-        let tenant = pod
-            .annotations()
-            .get(tenantplane_syncer::naming::ANNOTATION_TENANT)
-            .cloned()
-            .unwrap_or_default();
-        let api = self
-            .tenants
-            .lock()
-            .ok()
-            .and_then(|t| {
-                let t = t
-                    .values()
-                    .find(|t| t.namespace == ns && t.tenant == tenant && t.ready)?;
-                Some((t.port, t.dir.join("tls").join(tenant_pki::SERVER_CA_CRT)))
-            })
+    /// The API of tenant `tenant` in host namespace `ns`, once its API server is Ready.
+    pub(crate) fn ready_api(&self, ns: &str, tenant: &str) -> Result<TenantApi> {
+        let found = self.tenants.lock().ok().and_then(|t| {
+            let t = t
+                .values()
+                .find(|t| t.namespace == ns && t.tenant == tenant && t.ready)?;
+            Some((t.port, t.dir.join("tls").join(tenant_pki::SERVER_CA_CRT)))
+        });
+        let (port, ca) = found
             .ok_or_else(|| Error::Io(format!("tenant {ns}/{tenant}'s API server is not ready")))?;
-        let api = TenantApi {
-            server: format!("https://127.0.0.1:{}", api.0),
-            ca_pem: std::fs::read_to_string(&api.1)?,
-        };
-        local_dns::launch(client, binaries, dir, pod, &tenant, &api).await
-    }
-
-    async fn retry_dns(&self, client: &Client, binaries: &Binaries, dir: &Path) {
-        let pods: Vec<Pod> = match self.pending_dns.lock() {
-            Ok(p) => p.values().map(|(pod, _)| pod.clone()).collect(),
-            Err(_) => return,
-        };
-        for pod in pods {
-            self.on_dns_pod(client, binaries, dir, pod).await;
-        }
-    }
-
-    fn stop_dns(&self, uid: &str) {
-        if let Ok(mut pending) = self.pending_dns.lock() {
-            pending.remove(uid);
-        }
-        let server = self.dns.lock().ok().and_then(|mut d| d.remove(uid));
-        if let Some(d) = server {
-            process::stop(&d.handle);
-        }
+        Ok(TenantApi {
+            server: format!("https://127.0.0.1:{port}"),
+            ca_pem: std::fs::read_to_string(&ca)?,
+        })
     }
 
     fn stop(&self, uid: &str) {
