@@ -34,16 +34,21 @@ async fn all_synced(admin: &Client, namespaces: &[String]) {
     let mut last_report = Instant::now();
     loop {
         let mut done = 0;
+        let mut waiting = Vec::new();
         for ns in namespaces {
             let tc = Api::<TenantCluster>::namespaced(admin.clone(), ns)
                 .get_opt("dev")
                 .await
                 .ok()
                 .flatten();
-            let ok = tc.and_then(|tc| tc.status).is_some_and(|s| {
+            let status = tc.and_then(|tc| tc.status);
+            let ok = status.as_ref().is_some_and(|s| {
                 s.phase == Some(Phase::Ready) && conditions::is_true(&s.conditions, SYNCED)
             });
             done += usize::from(ok);
+            if !ok {
+                waiting.push(format!("{ns}: {}", describe(status.as_ref())));
+            }
         }
         if done == namespaces.len() {
             return;
@@ -58,11 +63,24 @@ async fn all_synced(admin: &Client, namespaces: &[String]) {
         }
         assert!(
             started.elapsed() < Duration::from_secs(900),
-            "only {done}/{} tenants became Ready and Synced",
-            namespaces.len()
+            "only {done}/{} tenants became Ready and Synced; the others:\n{}",
+            namespaces.len(),
+            waiting.join("\n")
         );
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
+}
+
+/// A tenant's phase and the conditions that are not True, with their reasons and messages.
+fn describe(status: Option<&tenantplane_api::TenantClusterStatus>) -> String {
+    let Some(s) = status else {
+        return "no status yet".into();
+    };
+    let mut out = format!("phase {:?}", s.phase);
+    for c in s.conditions.iter().filter(|c| c.status != "True") {
+        out.push_str(&format!("; {} {} ({}): {}", c.type_, c.status, c.reason, c.message));
+    }
+    out
 }
 
 #[tokio::test]
