@@ -11,11 +11,11 @@ use k8s_openapi::api::core::v1::{LimitRange, Namespace, Pod, ResourceQuota, Secr
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::{Api, ListParams, Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::finalizer::{Error as FinalizerError, Event as FinalizerEvent, finalizer};
-use kube::runtime::reflector::ObjectRef;
+use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::{Controller, watcher};
 use kube::{Client, Resource, ResourceExt};
 use serde_json::json;
@@ -95,6 +95,8 @@ pub struct Context {
     pub recorder: Recorder,
     pub caches: Caches,
     pub syncers: Syncers,
+    /// The controller's own cache of TenantClusters: who else is in a tenant's namespace.
+    pub tenants: Store<TenantCluster>,
 }
 
 fn now() -> Time {
@@ -177,6 +179,7 @@ pub async fn run(
         client: client.clone(),
         options,
         caches,
+        tenants: store.clone(),
     });
     let syncers = context.syncers.clone();
     controller
@@ -329,10 +332,97 @@ async fn finish_by(
     let after = match progress {
         // Policy watches bring the tenant back when the policy appears.
         Progress::PolicyMissing { .. } | Progress::PkiDamaged(_) => Duration::from_secs(300),
+        // Nothing watched says the holder is gone: look again soon, to take over within seconds.
+        Progress::NamespaceInUse { .. } => NAMESPACE_IN_USE_RECHECK,
         Progress::Synced { .. } => health,
         _ => Duration::from_secs(5),
     };
     Ok(Action::requeue(wake_by.map_or(after, |w| w.min(after))))
+}
+
+/// How often a TenantCluster whose namespace another one holds checks whether it is free.
+const NAMESPACE_IN_USE_RECHECK: Duration = Duration::from_secs(10);
+
+/// A TenantCluster as far as sharing a namespace goes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Occupant {
+    pub name: String,
+    pub created: Option<Timestamp>,
+    /// Being deleted (it still holds the namespace until it is gone).
+    pub deleting: bool,
+}
+
+impl Occupant {
+    fn of(tc: &TenantCluster) -> Self {
+        Self {
+            name: tc.name_any(),
+            created: tc.metadata.creation_timestamp.as_ref().map(|t| t.0),
+            deleting: tc.metadata.deletion_timestamp.is_some(),
+        }
+    }
+}
+
+/// The TenantCluster that holds a namespace, of those in it: the oldest by creation time, the
+/// lowest name among those created in the same second. One without a creation time (never
+/// stored) comes last.
+pub fn namespace_holder<'a>(
+    tenants: impl IntoIterator<Item = (&'a str, Option<Timestamp>)>,
+) -> Option<&'a str> {
+    tenants
+        .into_iter()
+        .min_by_key(|&(name, created)| (created.is_none(), created, name))
+        .map(|(name, _)| name)
+}
+
+/// Whether `tenant`'s deletion may remove the namespace's Pod Security labels, given what is in
+/// the namespace (`tenant` listed or not): only the holder's may, and only when every other one is
+/// on its way out too. One that remains takes the namespace over with the labels in place; a
+/// non-holder never set them.
+pub fn releases_namespace(tenant: &Occupant, present: &[Occupant]) -> bool {
+    let others = || present.iter().filter(|o| o.name != tenant.name);
+    let holder = namespace_holder(
+        others()
+            .chain(std::iter::once(tenant))
+            .map(|o| (o.name.as_str(), o.created)),
+    );
+    holder == Some(tenant.name.as_str()) && others().all(|o| o.deleting)
+}
+
+/// Who holds `tc`'s namespace when it is not `tc` itself, from the controller's cache (complete
+/// once listed; a TenantCluster created before `tc` is in it before `tc` is).
+async fn other_holder(tc: &TenantCluster, ctx: &Context) -> Result<Option<String>, Error> {
+    let (tenant, ns) = build::identity(tc)?;
+    let mut present = if ctx.tenants.wait_until_ready().await.is_ok() {
+        ctx.tenants
+            .state()
+            .iter()
+            .filter(|t| t.namespace().as_deref() == Some(ns.as_str()))
+            .map(|t| Occupant::of(t))
+            .collect::<Vec<_>>()
+    } else {
+        // The cache is gone (shutting down): ask the API server.
+        occupants(ctx, &ns).await?
+    };
+    if !present.iter().any(|o| o.name == tenant) {
+        present.push(Occupant::of(tc));
+    }
+    let holder = namespace_holder(present.iter().map(|o| (o.name.as_str(), o.created)));
+    Ok(holder.filter(|h| *h != tenant).map(str::to_string))
+}
+
+/// Every TenantCluster in `ns`, as the API server has them now.
+async fn occupants(ctx: &Context, ns: &str) -> Result<Vec<Occupant>, Error> {
+    let api: Api<TenantCluster> = Api::namespaced(ctx.client.clone(), ns);
+    let list = api.list_metadata(&ListParams::default()).await?;
+    Ok(list
+        .items
+        .iter()
+        .map(|m| Occupant {
+            name: m.name_any(),
+            created: m.metadata.creation_timestamp.as_ref().map(|t| t.0),
+            deleting: m.metadata.deletion_timestamp.is_some(),
+        })
+        .collect())
 }
 
 async fn apply_tenant(tc: &TenantCluster, ctx: &Context) -> Result<Action, Error> {
@@ -347,6 +437,12 @@ async fn apply_tenant(tc: &TenantCluster, ctx: &Context) -> Result<Action, Error
             &names::endpoint(&tenant, &ns),
             &now(),
         ));
+    }
+
+    // One tenant per namespace: the Pod Security labels and the NetworkPolicies are the
+    // namespace's, so a second tenant there provisions nothing until the first is gone.
+    if let Some(by) = other_holder(&tc, ctx).await? {
+        return finish(ctx, &tc, Progress::NamespaceInUse { by }).await;
     }
 
     // Dereference.
@@ -637,11 +733,25 @@ async fn set_namespace_labels(
     Ok(())
 }
 
-/// Deletion: owned objects go with the garbage collector; the namespace labels are ours to remove.
+/// Deletion: owned objects go with the garbage collector; the namespace labels are ours to
+/// remove, unless another TenantCluster remains in the namespace (it holds them now) or this one
+/// never held the namespace.
 async fn cleanup(tc: &TenantCluster, ctx: &Context) -> Result<Action, Error> {
     let (tenant, ns) = build::identity(tc)?;
     // Stop syncing first, so nothing is copied again while the copies are removed.
     ctx.syncers.remove(&ns, &tenant).await?;
+    ctx.options.telemetry.metrics.forget_tenant(&ns, &tenant);
+    // Asked of the API server, not the cache: what is shared stays unless nothing else is there.
+    let present = occupants(ctx, &ns).await?;
+    if !releases_namespace(&Occupant::of(tc), &present) {
+        let others: Vec<&str> = present
+            .iter()
+            .map(|o| o.name.as_str())
+            .filter(|n| *n != tenant)
+            .collect();
+        info!(tenant = %tenant, namespace = %ns, others = ?others, "tenant deleted; the namespace labels stay for the other TenantClusters in it");
+        return Ok(Action::await_change());
+    }
     let namespaces: Api<Namespace> = Api::all(ctx.client.clone());
     match namespaces.get_opt(&ns).await? {
         Some(n) if n.metadata.deletion_timestamp.is_none() => {
@@ -649,7 +759,87 @@ async fn cleanup(tc: &TenantCluster, ctx: &Context) -> Result<Action, Error> {
         }
         _ => {}
     }
-    ctx.options.telemetry.metrics.forget_tenant(&ns, &tenant);
     info!(tenant = %tenant, namespace = %ns, "tenant deleted; namespace labels removed");
     Ok(Action::await_change())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(s: i64) -> Option<Timestamp> {
+        Some(Timestamp::from_second(s).unwrap())
+    }
+
+    fn occupant(name: &str, created: i64, deleting: bool) -> Occupant {
+        Occupant {
+            name: name.into(),
+            created: at(created),
+            deleting,
+        }
+    }
+
+    #[test]
+    fn the_oldest_tenant_holds_the_namespace() {
+        assert_eq!(namespace_holder([("b", at(10)), ("a", at(20))]), Some("b"));
+        assert_eq!(namespace_holder([("a", at(20)), ("b", at(10))]), Some("b"));
+        assert_eq!(namespace_holder([("only", at(5))]), Some("only"));
+        assert_eq!(namespace_holder([]), None);
+    }
+
+    #[test]
+    fn tenants_created_in_the_same_second_go_by_name() {
+        assert_eq!(
+            namespace_holder([("zeta", at(7)), ("alpha", at(7)), ("mid", at(7))]),
+            Some("alpha")
+        );
+        // Name breaks only the tie: an older tenant with a later name still holds it.
+        assert_eq!(
+            namespace_holder([("zeta", at(6)), ("alpha", at(7))]),
+            Some("zeta")
+        );
+    }
+
+    #[test]
+    fn a_tenant_without_a_creation_time_comes_last() {
+        assert_eq!(namespace_holder([("a", None), ("b", at(99))]), Some("b"));
+        assert_eq!(namespace_holder([("b", None), ("a", None)]), Some("a"));
+    }
+
+    #[test]
+    fn the_last_tenant_in_a_namespace_releases_it() {
+        let a = occupant("a", 1, true);
+        assert!(releases_namespace(&a, std::slice::from_ref(&a)));
+        // Missing from the list (a read that raced the deletion): still the only one.
+        assert!(releases_namespace(&a, &[]));
+    }
+
+    #[test]
+    fn a_tenant_that_remains_keeps_the_labels() {
+        // The holder goes while the second one waits: the second takes over, labels in place.
+        let present = [occupant("first", 1, true), occupant("second", 2, false)];
+        assert!(!releases_namespace(&present[0], &present));
+        // The second one goes: it never held the namespace.
+        let present = [occupant("first", 1, false), occupant("second", 2, true)];
+        assert!(!releases_namespace(&present[1], &present));
+        assert!(
+            !releases_namespace(&present[1], &present[..1]),
+            "listed or not"
+        );
+    }
+
+    #[test]
+    fn when_all_go_the_holder_releases_and_the_others_touch_nothing() {
+        let present = [
+            occupant("first", 1, true),
+            occupant("second", 2, true),
+            occupant("third", 3, true),
+        ];
+        assert!(releases_namespace(&present[0], &present));
+        assert!(!releases_namespace(&present[1], &present));
+        assert!(!releases_namespace(&present[2], &present));
+        // One of them remains: nobody releases.
+        let present = [occupant("first", 1, true), occupant("second", 2, false)];
+        assert!(!releases_namespace(&present[0], &present));
+    }
 }

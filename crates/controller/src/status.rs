@@ -11,6 +11,9 @@ pub enum Progress {
     Accepted,
     /// A referenced policy does not exist.
     PolicyMissing { kind: &'static str, name: String },
+    /// Another TenantCluster, `by`, holds the namespace (it is older): this one provisions
+    /// nothing until it is gone.
+    NamespaceInUse { by: String },
     /// The PKI Secret exists but cannot be used.
     PkiDamaged(String),
     /// Objects could not be applied.
@@ -77,6 +80,17 @@ pub fn desired_status(
                 Phase::Degraded,
                 ConditionSpec::new(READY, false, reason.clone(), message.clone()),
                 waiting(&reason, &message),
+            )
+        }
+        Progress::NamespaceInUse { by } => {
+            let ns = tc.metadata.namespace.as_deref().unwrap_or_default();
+            let message = format!(
+                "namespace {ns} already holds TenantCluster {by:?}; one TenantCluster per namespace: create this one in a namespace of its own, or delete {by:?}"
+            );
+            (
+                Phase::Degraded,
+                ConditionSpec::new(READY, false, "NamespaceInUse", message.clone()),
+                waiting("NamespaceInUse", &message),
             )
         }
         Progress::PkiDamaged(detail) => {
@@ -215,6 +229,10 @@ mod tests {
             ),
             (Progress::Unreachable("refused".into()), Phase::Degraded),
             (
+                Progress::NamespaceInUse { by: "first".into() },
+                Phase::Degraded,
+            ),
+            (
                 Progress::SyncFailed {
                     version: "v1".into(),
                     reason: "SyncFailed".into(),
@@ -260,6 +278,27 @@ mod tests {
             ready.message
         );
         assert_eq!(status.endpoint, None);
+    }
+
+    #[test]
+    fn a_second_tenant_in_a_namespace_names_the_holder_and_what_to_do() {
+        let status = desired_status(
+            &tenant(),
+            &Progress::NamespaceInUse { by: "first".into() },
+            EP,
+            &at(1),
+        );
+        let expected = "namespace team-dev already holds TenantCluster \"first\"; one TenantCluster per namespace: create this one in a namespace of its own, or delete \"first\"";
+        for type_ in [READY, SYNCED] {
+            let c = conditions::find(&status.conditions, type_).unwrap();
+            assert_eq!(
+                (c.status.as_str(), c.reason.as_str(), c.message.as_str()),
+                ("False", "NamespaceInUse", expected),
+                "{type_}"
+            );
+        }
+        assert_eq!(status.phase, Some(Phase::Degraded));
+        assert_eq!(status.endpoint, None, "it never had a control plane");
     }
 
     #[test]
