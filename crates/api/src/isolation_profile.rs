@@ -58,6 +58,11 @@ pub struct IsolationProfileSpec {
     /// Tolerations put on every synced tenant pod.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tolerations: Vec<Toleration>,
+
+    /// What tenant objects may ask of the host beyond the default, which is nothing: host
+    /// access, classes, Service types and addresses, Ingress hosts, annotations.
+    #[serde(default)]
+    pub allow: crate::allowances::Allowances,
 }
 
 /// NetworkPolicy settings.

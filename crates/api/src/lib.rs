@@ -2,6 +2,7 @@
 //! and `SyncPolicy`, with their defaults, admission rules, printer columns and condition helpers.
 //! No I/O lives here; the controller, syncer and CLI all share these types.
 
+pub mod allowances;
 pub mod conditions;
 pub mod isolation_profile;
 pub mod rules;
@@ -10,6 +11,7 @@ pub mod sync_policy;
 pub mod tenant_cluster;
 pub mod validation;
 
+pub use allowances::Allowances;
 pub use isolation_profile::{
     IsolationProfile, IsolationProfileSpec, PodSecurityLevel, QuantityString,
 };

@@ -1,0 +1,192 @@
+//! What tenant objects may ask of the host, in an `IsolationProfile`. The syncer denies by
+//! default: a tenant object that asks for something listed here and not allowed is refused (or
+//! the field is left out of the host copy, where the object works without it), and the tenant is
+//! told why. The host's Pod Security level is checked on top of this, never instead of it.
+
+use kube::KubeSchema;
+use serde::{Deserialize, Serialize};
+
+/// What tenant objects may ask of the host. Everything is off, or empty, unless listed.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct Allowances {
+    /// Privileged containers (and Windows host-process containers). Otherwise refused.
+    #[serde(default)]
+    pub privileged: bool,
+    /// Pods in the host node's network namespace. Otherwise refused.
+    #[serde(default)]
+    pub host_network: bool,
+    /// Pods in the host node's process namespace. Otherwise refused.
+    #[serde(default, rename = "hostPID")]
+    pub host_pid: bool,
+    /// Pods in the host node's IPC namespace. Otherwise refused.
+    #[serde(default, rename = "hostIPC")]
+    pub host_ipc: bool,
+    /// `hostPath` volumes. Otherwise refused.
+    #[serde(default)]
+    pub host_path: bool,
+    /// Container `hostPort`s. Otherwise refused.
+    #[serde(default)]
+    pub host_ports: bool,
+    /// Capabilities containers may add, such as `NET_BIND_SERVICE`. A pod adding another is
+    /// refused.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64), inner(length(max = 64)))]
+    pub capabilities: Vec<String>,
+    /// Host RuntimeClasses tenant pods may name in `runtimeClassName`; a pod naming another is
+    /// refused.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 32), inner(length(max = 253)))]
+    pub runtime_classes: Vec<String>,
+    /// Host PriorityClasses tenant pods may name in `priorityClassName`; another is left out of
+    /// the host copy (the pod runs at the host's default priority).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 32), inner(length(max = 253)))]
+    pub priority_classes: Vec<String>,
+    /// Host StorageClasses tenant claims may name in `storageClassName`; a claim naming another
+    /// is refused. A claim that names none gets the host's default class.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 32), inner(length(max = 253)))]
+    pub storage_classes: Vec<String>,
+    /// Taint keys tenant pods may tolerate, beyond the node-condition taints
+    /// (`node.kubernetes.io/not-ready` and the like) every pod may tolerate. Other tolerations
+    /// are left out of the host copy.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 32), inner(length(max = 317)))]
+    pub toleration_keys: Vec<String>,
+    /// Node label keys tenant pods may select on (`nodeSelector`, node affinity), beyond the
+    /// well-known ones (`kubernetes.io/hostname`, `kubernetes.io/os`, `kubernetes.io/arch`,
+    /// `topology.kubernetes.io/zone` and `region`, `node.kubernetes.io/instance-type`). Other
+    /// terms are left out of the host copy.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 32), inner(length(max = 317)))]
+    pub node_label_keys: Vec<String>,
+    /// Services of type `LoadBalancer`. Otherwise refused.
+    #[serde(default)]
+    pub load_balancers: bool,
+    /// Services of type `NodePort`. Otherwise refused.
+    #[serde(default)]
+    pub node_ports: bool,
+    /// Names `ExternalName` Services may point at: exact DNS names, or `*.example.com` for any
+    /// name under `example.com`. Otherwise refused.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64), inner(length(max = 253)))]
+    pub external_names: Vec<String>,
+    /// Addresses the Endpoints of selector-less Services may hold, as CIDRs, beyond this
+    /// tenant's own pods. Other addresses are left out of the host copy.
+    #[serde(
+        default,
+        rename = "endpointCIDRs",
+        skip_serializing_if = "Vec::is_empty"
+    )]
+    #[schemars(length(max = 64), inner(length(max = 64)))]
+    #[x_kube(validation = crate::rules::cidrs("allow.endpointCIDRs"))]
+    pub endpoint_cidrs: Vec<String>,
+    /// Addresses Services may claim in `externalIPs`, as CIDRs. A Service claiming another is
+    /// refused.
+    #[serde(
+        default,
+        rename = "externalIPCIDRs",
+        skip_serializing_if = "Vec::is_empty"
+    )]
+    #[schemars(length(max = 64), inner(length(max = 64)))]
+    #[x_kube(validation = crate::rules::cidrs("allow.externalIPCIDRs"))]
+    pub external_ip_cidrs: Vec<String>,
+    /// Hosts tenant Ingresses may serve: exact names, or `*.example.com` for any name under
+    /// `example.com`. An Ingress with another host, or a rule without a host, is refused.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64), inner(length(max = 253)))]
+    pub ingress_hosts: Vec<String>,
+    /// IngressClasses tenant Ingresses may name; an Ingress naming another is refused. One that
+    /// names none gets the host's default class.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 32), inner(length(max = 253)))]
+    pub ingress_classes: Vec<String>,
+    /// Annotation keys copied to host copies, by kind, beyond the few every copy may carry.
+    /// `example.com/*` allows every key under that prefix. Others are left out of the host copy.
+    #[serde(default)]
+    pub annotations: AnnotationAllowances,
+}
+
+/// Annotation keys the host copies of each kind may carry.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct AnnotationAllowances {
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64), inner(length(max = 317)))]
+    pub pods: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64), inner(length(max = 317)))]
+    pub services: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64), inner(length(max = 317)))]
+    pub ingresses: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64), inner(length(max = 317)))]
+    pub persistent_volume_claims: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64), inner(length(max = 317)))]
+    pub config_maps: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64), inner(length(max = 317)))]
+    pub secrets: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64), inner(length(max = 317)))]
+    pub service_accounts: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64), inner(length(max = 317)))]
+    pub endpoints: Vec<String>,
+}
+
+impl AnnotationAllowances {
+    /// The keys allowed on copies of `kind` (as the syncer names kinds: `Pod`, `Service`, …).
+    pub fn for_kind(&self, kind: &str) -> &[String] {
+        match kind {
+            "Pod" => &self.pods,
+            "Service" => &self.services,
+            "Ingress" => &self.ingresses,
+            "PersistentVolumeClaim" => &self.persistent_volume_claims,
+            "ConfigMap" => &self.config_maps,
+            "Secret" => &self.secrets,
+            "ServiceAccount" => &self.service_accounts,
+            "Endpoints" => &self.endpoints,
+            _ => &[],
+        }
+    }
+}
+
+/// Does `name` match `pattern`: equal, or under the domain of a `*.example.com` pattern?
+pub fn name_matches(pattern: &str, name: &str) -> bool {
+    match pattern.strip_prefix("*.") {
+        Some(domain) => name
+            .strip_suffix(domain)
+            .is_some_and(|head| head.len() > 1 && head.ends_with('.')),
+        None => pattern == name,
+    }
+}
+
+/// Does annotation `key` match `pattern`: equal, or under the prefix of a `prefix*` pattern?
+pub fn key_matches(pattern: &str, key: &str) -> bool {
+    match pattern.strip_suffix('*') {
+        Some(prefix) => key.starts_with(prefix),
+        None => pattern == key,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn patterns_match_names_under_a_domain_and_keys_under_a_prefix() {
+        assert!(name_matches("*.apps.example.com", "web.apps.example.com"));
+        assert!(name_matches("*.apps.example.com", "a.b.apps.example.com"));
+        assert!(!name_matches("*.apps.example.com", "apps.example.com"));
+        assert!(!name_matches("*.apps.example.com", "evilapps.example.com"));
+        assert!(name_matches("db.example.com", "db.example.com"));
+        assert!(!name_matches("db.example.com", "x.db.example.com"));
+        assert!(key_matches("prometheus.io/*", "prometheus.io/scrape"));
+        assert!(!key_matches("prometheus.io/*", "prometheus.iox/scrape"));
+        assert!(key_matches("a/b", "a/b") && !key_matches("a/b", "a/bc"));
+    }
+}
