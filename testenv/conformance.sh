@@ -8,8 +8,8 @@
 # network namespace of its own that has only loopback, and refuses to go on if that namespace has
 # any other route: the suite makes the API servers dial pod and Service addresses, and nothing may
 # leave the machine. There it starts `tenantplane dev`, a tenant `conformance/conf` with the
-# IsolationProfile `conformance` (Pod Security privileged, no NetworkPolicy, no quota: what the
-# host's own test namespaces get) and the SyncPolicy `conformance` (every host node shown, so the
+# IsolationProfile `conformance` (Pod Security privileged, no NetworkPolicy, no quota, and an
+# `allow` that opens what the host's own test namespaces get) and the SyncPolicy `conformance` (every host node shown, so the
 # suite finds schedulable Nodes), and runs the suite on both at once.
 #
 # Settings (environment):
@@ -126,6 +126,22 @@ spec:
     enabled: false
   resourceQuota:
     enforce: false
+  # What the host's own test namespaces may do, the tenant may ask of the host too.
+  allow:
+    privileged: true
+    hostNetwork: true
+    hostPID: true
+    hostIPC: true
+    hostPath: true
+    hostPorts: true
+    capabilities: [NET_ADMIN, NET_RAW, SYS_ADMIN, SYS_PTRACE, NET_BIND_SERVICE, SYS_TIME]
+    loadBalancers: true
+    nodePorts: true
+    externalNames: ["*.com", "*.org", "*.local", "*.io", "*.net"]
+    endpointCIDRs: [0.0.0.0/0, "::/0"]
+    annotations:
+      pods: ["*"]
+      services: ["*"]
 ---
 apiVersion: tenantplane.io/v1alpha1
 kind: SyncPolicy

@@ -12,6 +12,7 @@ use crate::error::{Error, Result};
 use crate::host::Scope;
 use crate::kind::{Key, Kind, scoped_api};
 use crate::naming::SYNCER_MANAGER;
+use crate::tell::{self, Review};
 use crate::tenant::Tenant;
 use crate::translate::Translator;
 
@@ -22,6 +23,25 @@ pub trait CopyDown: Kind<Object: Resource<Scope = k8s_openapi::NamespaceResource
 
     /// The host copy of `obj`: pure.
     fn translate(tr: &Translator, obj: &Self::Object) -> Self::Object;
+
+    /// What the host copy of `obj` leaves out, and why it may have none: pure. By default, the
+    /// annotations the IsolationProfile does not allow on the kind.
+    fn review(tr: &Translator, obj: &Self::Object) -> Review {
+        Review {
+            refused: vec![],
+            dropped: tr.annotations(Self::NAME, obj.meta()).1,
+        }
+    }
+
+    /// [`Self::translate`], for kinds whose copy depends on what else the tenant has.
+    fn translate_in(cx: &Tenant, obj: &Self::Object) -> Self::Object {
+        Self::translate(&cx.tr, obj)
+    }
+
+    /// [`Self::review`], for kinds whose copy depends on what else the tenant has.
+    fn review_in(cx: &Tenant, obj: &Self::Object) -> Review {
+        Self::review(&cx.tr, obj)
+    }
 
     /// Must the live copy be replaced rather than updated (a field that cannot change did)?
     fn must_replace(_desired: &Self::Object, _live: &Self::Object) -> bool {
@@ -47,7 +67,7 @@ pub enum Step<K> {
 
 /// The step for tenant object `tenant` (if it should be synced) and its live copy: pure.
 pub fn step<S: CopyDown>(
-    tr: &Translator,
+    translate: impl Fn(&S::Object) -> S::Object,
     tenant: Option<&S::Object>,
     live: Option<&S::Object>,
 ) -> Step<S::Object> {
@@ -56,7 +76,7 @@ pub fn step<S: CopyDown>(
         (None, None) => Step::Nothing,
         (None, Some(_)) => Step::Delete,
         (Some(t), live) => {
-            let desired = S::translate(tr, t);
+            let desired = translate(t);
             match live {
                 Some(live) if S::must_replace(&desired, live) => Step::Replace,
                 _ => Step::Apply(desired),
@@ -73,7 +93,23 @@ pub async fn converge_copy<S: CopyDown>(cx: &Tenant, key: &Key) -> Result<Pair<S
         .tenant_get::<S::Object>(ns, name)
         .filter(|t| S::wanted(cx, t));
     let h = cx.host_copy::<S::Object>(ns, name);
-    match step::<S>(&cx.tr, t.as_deref(), h.as_deref()) {
+    if let Some(t) = t
+        .as_deref()
+        .filter(|t| t.meta().deletion_timestamp.is_none())
+    {
+        let review = S::review_in(cx, t);
+        if review.refusal().is_some()
+            && let Some(h) = &h
+        {
+            // Refused now (the object or the profile changed): no copy stays behind.
+            delete_if_present(&cx.host_api::<S::Object>(), &**h, None).await?;
+        }
+        if review == Review::default() {
+            tell::forget(cx, &t.uid().unwrap_or_default());
+        }
+        tell::review(cx, t, &review).await?;
+    }
+    match step::<S>(|t| S::translate_in(cx, t), t.as_deref(), h.as_deref()) {
         Step::Nothing => Ok(None),
         // Made again on the next pass, once the delete is seen.
         Step::Delete | Step::Replace => {
@@ -198,24 +234,28 @@ mod tests {
         let tr = translator();
         let t = secret("Opaque", false);
         let copy = Secrets::translate(&tr, &t);
-        assert_eq!(step::<Secrets>(&tr, None, None), Step::Nothing);
-        assert_eq!(step::<Secrets>(&tr, None, Some(&copy)), Step::Delete);
+        let tr_of = |s: &Secret| Secrets::translate(&tr, s);
+        assert_eq!(step::<Secrets>(tr_of, None, None), Step::Nothing);
+        assert_eq!(step::<Secrets>(tr_of, None, Some(&copy)), Step::Delete);
         let going = secret("Opaque", true);
         assert_eq!(
-            step::<Secrets>(&tr, Some(&going), Some(&copy)),
+            step::<Secrets>(tr_of, Some(&going), Some(&copy)),
             Step::Delete
         );
-        assert_eq!(step::<Secrets>(&tr, Some(&going), None), Step::Nothing);
+        assert_eq!(step::<Secrets>(tr_of, Some(&going), None), Step::Nothing);
         assert_eq!(
-            step::<Secrets>(&tr, Some(&t), None),
+            step::<Secrets>(tr_of, Some(&t), None),
             Step::Apply(copy.clone())
         );
         assert_eq!(
-            step::<Secrets>(&tr, Some(&t), Some(&copy)),
+            step::<Secrets>(tr_of, Some(&t), Some(&copy)),
             Step::Apply(copy.clone())
         );
         // A type cannot change in place.
         let tls = secret("kubernetes.io/tls", false);
-        assert_eq!(step::<Secrets>(&tr, Some(&tls), Some(&copy)), Step::Replace);
+        assert_eq!(
+            step::<Secrets>(tr_of, Some(&tls), Some(&copy)),
+            Step::Replace
+        );
     }
 }

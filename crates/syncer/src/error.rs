@@ -9,6 +9,9 @@ pub enum Error {
     /// The host API refused the copy (admission, validation, quota).
     #[error("the host refused it: {0}")]
     HostRejected(String),
+    /// The tenant's IsolationProfile does not allow what the object asks of the host.
+    #[error("not allowed on the host: {0}")]
+    NotAllowed(String),
     /// A host object of the copy's name exists that the syncer did not make.
     #[error(
         "a host {kind} named {name} exists that the syncer did not create; rename or delete it"
@@ -38,6 +41,7 @@ impl Error {
     pub fn reason(&self) -> &'static str {
         match self {
             Error::HostRejected(_) => "HostRejected",
+            Error::NotAllowed(_) => "NotAllowed",
             Error::HostNameTaken { .. } => "HostNameTaken",
             Error::ServiceIpNotAdopted { .. } => "ServiceIPNotAdopted",
             Error::TokenRequestFailed(_) => "TokenRequestFailed",
@@ -45,11 +49,18 @@ impl Error {
         }
     }
 
+    /// Is this a verdict on the object that only a change of the object or of the profile (which
+    /// restarts the syncer) can undo? Such a key is not retried on a clock.
+    pub fn waits_for_change(&self) -> bool {
+        matches!(self, Error::NotAllowed(_))
+    }
+
     /// The first delay of the key's back-off. A refusal does not go away by itself: it is looked
     /// at again slowly (or as soon as the tenant object changes); anything else soon.
     pub fn first_retry(&self) -> Duration {
         match self {
             Error::HostRejected(_)
+            | Error::NotAllowed(_)
             | Error::HostNameTaken { .. }
             | Error::ServiceIpNotAdopted { .. } => Duration::from_secs(10),
             _ => Duration::from_millis(250),

@@ -11,6 +11,7 @@
 //! - [`converge`]: the one way an object is converged, shared with the controller.
 
 pub mod addons;
+pub mod allow;
 pub mod converge;
 pub mod copy;
 pub mod error;
@@ -21,6 +22,7 @@ pub mod kinds;
 pub mod naming;
 pub mod queue;
 mod run;
+pub mod tell;
 pub mod tenant;
 pub mod translate;
 mod wiring;

@@ -193,6 +193,36 @@ pub fn copyable(map: Option<&BTreeMap<String, String>>) -> BTreeMap<String, Stri
         .collect()
 }
 
+/// The host form of tenant label key `key` for copies of `tenant`: `<tenant>.tenant.tenantplane.io/<name>`,
+/// so that no host selector written for something else (another team's Service or
+/// NetworkPolicy, a monitoring rule) matches a tenant's copy. `<name>` is the key itself when it
+/// has no prefix, `<prefix>_<name>` when it has one, and `h__` and a hash when that would not fit
+/// or the key holds `_` (so two tenant keys never share a host key).
+pub fn host_label_key(tenant: &str, key: &str) -> String {
+    let readable = match key.split_once('/') {
+        None => Some(key.to_string()),
+        Some((prefix, name)) => Some(format!("{prefix}_{name}")),
+    }
+    .filter(|n| n.len() <= MAX_NAME && n.matches('_').count() == usize::from(key.contains('/')));
+    let name = readable.unwrap_or_else(|| format!("h__{}", hash(&[key])));
+    format!("{tenant}.{HOST_LABEL_DOMAIN}/{name}")
+}
+
+/// The domain of the host form of tenant label keys, after the tenant's name.
+pub const HOST_LABEL_DOMAIN: &str = "tenant.tenantplane.io";
+
+/// A tenant's labels as a host copy of `tenant` carries them: reserved keys left out, every other
+/// key in its host form.
+pub fn host_labels(
+    tenant: &str,
+    labels: Option<&BTreeMap<String, String>>,
+) -> BTreeMap<String, String> {
+    copyable(labels)
+        .into_iter()
+        .map(|(k, v)| (host_label_key(tenant, &k), v))
+        .collect()
+}
+
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
@@ -322,5 +352,32 @@ pub(crate) mod tests {
                 prop_assert_ne!(x, y);
             }
         }
+    }
+
+    #[test]
+    fn tenant_label_keys_get_a_host_form_of_their_own() {
+        assert_eq!(
+            host_label_key("dev", "app"),
+            "dev.tenant.tenantplane.io/app"
+        );
+        assert_eq!(
+            host_label_key("dev", "app.kubernetes.io/name"),
+            "dev.tenant.tenantplane.io/app.kubernetes.io_name"
+        );
+        // `_` would make two keys meet; long keys would not fit: both are hashed.
+        let underscored = host_label_key("dev", "a_b");
+        assert!(underscored.starts_with("dev.tenant.tenantplane.io/h__"));
+        assert_ne!(underscored, host_label_key("dev", "a/b"));
+        let long = format!("{}/{}", "p".repeat(60), "n".repeat(60));
+        let name = host_label_key("dev", &long);
+        assert!(name.split_once('/').unwrap().1.len() <= 63, "{name}");
+        assert_ne!(host_label_key("dev", "app"), host_label_key("prod", "app"));
+        let labels = BTreeMap::from([
+            ("app".to_string(), "web".to_string()),
+            (LABEL_SYNCED_FROM.to_string(), "other".to_string()),
+        ]);
+        let host = host_labels("dev", Some(&labels));
+        assert_eq!(host.len(), 1, "reserved keys stay out: {host:?}");
+        assert_eq!(host["dev.tenant.tenantplane.io/app"], "web");
     }
 }

@@ -192,6 +192,7 @@ async fn run(
             api_ip: spec.api_ip.clone(),
             node_selector: spec.profile.node_selector.clone(),
             tolerations: spec.profile.tolerations.clone(),
+            allow: spec.profile.allow.clone(),
             kubelet: spec.kubelet.clone(),
         },
         policy: policy.clone(),

@@ -47,7 +47,7 @@ pub struct Tenant {
     pub queue: Arc<WorkQueue<Key>>,
     /// Events in the tenant, as the syncer.
     pub recorder: Recorder,
-    /// Tenant pods already told (by Event) why the host refused them, with what message.
+    /// What each tenant object was last told (by Event), by `<uid>/<reason>` (see `tell`).
     pub told: Mutex<HashMap<String, String>>,
     /// When each host pod's token Secret is due to be minted again, once a pass is scheduled.
     pub refresh_scheduled: Mutex<HashMap<String, Timestamp>>,
@@ -194,8 +194,14 @@ impl Tenant {
             }
             Err(e) => {
                 observer.sync_failed(ns, tenant, key.kind, e.reason());
-                let delay = self.queue.retry(key.clone(), e.first_retry());
-                debug!(key = %description, error = %e, "sync failed; retrying in {delay:?}");
+                if e.waits_for_change() {
+                    // Looked at again when the object or the profile changes, not on a clock.
+                    self.queue.forget(key);
+                    debug!(key = %description, error = %e, "sync refused; waiting for a change");
+                } else {
+                    let delay = self.queue.retry(key.clone(), e.first_retry());
+                    debug!(key = %description, error = %e, "sync failed; retrying in {delay:?}");
+                }
                 self.reporter.set_error(
                     &description,
                     Some(Failure {

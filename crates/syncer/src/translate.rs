@@ -21,6 +21,8 @@ pub struct Translator {
     pub api_ip: String,
     pub node_selector: BTreeMap<String, String>,
     pub tolerations: Vec<Toleration>,
+    /// What tenant objects may ask of the host (the IsolationProfile's `allow`).
+    pub allow: tenantplane_api::Allowances,
     /// What virtual Nodes name as their kubelet.
     pub kubelet: Option<crate::KubeletEndpoint>,
 }
@@ -44,18 +46,18 @@ impl Translator {
         naming::host_name(name, namespace, &self.tenant.name)
     }
 
-    /// Host metadata for the copy of a tenant object: translated name, the tenant's labels and
-    /// annotations (without reserved keys) plus the ownership marks and the owner reference.
-    pub fn host_meta(&self, meta: &ObjectMeta) -> ObjectMeta {
+    /// Host metadata for the copy of a tenant object of `kind`: translated name, the tenant's
+    /// labels in their host form, the annotations the profile allows on the kind (reserved keys
+    /// never), plus the ownership marks and the owner reference.
+    pub fn host_meta(&self, kind: &str, meta: &ObjectMeta) -> ObjectMeta {
         let of = virtual_ref(meta);
-        let mut labels = naming::copyable(meta.labels.as_ref());
+        let mut labels = naming::host_labels(&self.tenant.name, meta.labels.as_ref());
         labels.extend(naming::owner_labels(
             &self.tenant.name,
             &of.namespace,
             &of.name,
         ));
-        let mut annotations = naming::copyable(meta.annotations.as_ref());
-        annotations.remove("kubectl.kubernetes.io/last-applied-configuration");
+        let (mut annotations, _) = self.annotations(kind, meta);
         annotations.extend(naming::owner_annotations(&self.tenant, &of));
         ObjectMeta {
             name: Some(self.host_name(&of.namespace, &of.name)),
@@ -67,13 +69,31 @@ impl Translator {
         }
     }
 
+    /// The annotations a copy of `kind` keeps of `meta`'s, and what it leaves out, said.
+    pub fn annotations(
+        &self,
+        kind: &str,
+        meta: &ObjectMeta,
+    ) -> (BTreeMap<String, String>, Vec<String>) {
+        crate::allow::annotations(
+            &self.allow,
+            kind,
+            naming::copyable(meta.annotations.as_ref()),
+        )
+    }
+
+    /// The host form of a tenant label key.
+    pub fn label_key(&self, key: &str) -> String {
+        naming::host_label_key(&self.tenant.name, key)
+    }
+
     /// The host labels that select the copies of tenant pods in `namespace` labelled `selector`.
     pub fn host_selector(
         &self,
         namespace: &str,
         selector: &BTreeMap<String, String>,
     ) -> BTreeMap<String, String> {
-        let mut s = naming::copyable(Some(selector));
+        let mut s = naming::host_labels(&self.tenant.name, Some(selector));
         s.insert(naming::LABEL_SYNCED_FROM.into(), self.tenant.name.clone());
         s.insert(
             naming::LABEL_VIRTUAL_NAMESPACE.into(),
@@ -99,6 +119,7 @@ pub(crate) mod tests {
             api_ip: "10.96.0.10".into(),
             node_selector: BTreeMap::from([("pool".to_string(), "tenants".to_string())]),
             tolerations: vec![],
+            allow: Default::default(),
             kubelet: None,
         }
     }
@@ -116,7 +137,7 @@ pub(crate) mod tests {
             )])),
             ..Default::default()
         };
-        let host = t.host_meta(&meta);
+        let host = t.host_meta("ConfigMap", &meta);
         assert_eq!(host.name.as_deref(), Some("conf-x-default-x-dev"));
         assert_eq!(host.owner_references.as_ref().unwrap()[0].uid, "tc-uid");
         assert_eq!(

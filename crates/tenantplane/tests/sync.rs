@@ -92,6 +92,11 @@ fn running(p: &Pod) -> bool {
     p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
 }
 
+/// The host form of tenant `dev`'s label key `key`.
+fn hk(key: &str) -> String {
+    naming::host_label_key("dev", key)
+}
+
 /// Wait until the tenant has `n` Running pods labelled `app=web`, each bound to a node, and the
 /// host has exactly their copies (of the host's `app=web` copies); returns the tenant pods.
 async fn converged(host: &Client, tenant: &Client, ns: &str, name: &str, n: usize) -> Vec<Pod> {
@@ -106,7 +111,12 @@ async fn converged(host: &Client, tenant: &Client, ns: &str, name: &str, n: usiz
         let h: Vec<Pod> = host_pods(host, ns, name)
             .await
             .into_iter()
-            .filter(|p| p.labels().get("app").map(String::as_str) == Some("web"))
+            .filter(|p| {
+                p.labels()
+                    .get(&naming::host_label_key(name, "app"))
+                    .map(String::as_str)
+                    == Some("web")
+            })
             .collect();
         let t_names: BTreeSet<String> = t.iter().map(|p| p.name_any()).collect();
         let h_names: BTreeSet<String> = h
@@ -410,7 +420,7 @@ async fn a_deployment_runs_on_the_host_and_everything_converges() {
         .patch(
             &copy_name,
             &PatchParams::default(),
-            &Patch::Merge(json!({"metadata": {"labels": {"app": "hijacked"}}})),
+            &Patch::Merge(json!({"metadata": {"labels": {hk("app"): "hijacked"}}})),
         )
         .await
         .unwrap();
@@ -425,7 +435,7 @@ async fn a_deployment_runs_on_the_host_and_everything_converges() {
     let restored = eventually(WAIT, || async {
         let p = host_pods_api.get(&copy_name).await.ok()?;
         let c = host_cms.get("conf-x-default-x-dev").await.ok()?;
-        (p.labels().get("app").map(String::as_str) == Some("web")
+        (p.labels().get(&hk("app")).map(String::as_str) == Some("web")
             && c.data?.get("value").map(String::as_str) == Some("one"))
         .then_some(())
     })
@@ -609,11 +619,11 @@ async fn converged_once(host: &Client, tenant: &Client, ns: &str, name: &str) ->
     (t_names == h_names && t.iter().all(running) && h.iter().all(running)).then_some(t)
 }
 
-/// Pod `default/priv` in the tenant, privileged, which the host's Pod Security refuses; the
-/// tenant's pods Api.
+/// Pod `default/priv` in the tenant, running as root with no security context: the syncer lets
+/// it through, the host's Pod Security (`restricted`) refuses it; the tenant's pods Api.
 async fn create_privileged_pod(tenant: &Client) -> Api<Pod> {
     let mut c = container("root");
-    c["securityContext"] = json!({"privileged": true});
+    c["securityContext"] = json!({"runAsUser": 0});
     let pod: Pod = serde_json::from_value(json!({
         "metadata": {"name": "priv", "namespace": "default"},
         "spec": {"containers": [c]}
@@ -646,7 +656,7 @@ async fn a_privileged_pod_never_runs_and_the_tenant_is_told_why() {
     })
     .await
     .expect("the tenant pod never said the host refused it");
-    assert!(told.contains("privileged"), "{told}");
+    assert!(told.contains("restricted"), "{told}");
     let event = eventually(WAIT, || async {
         Api::<Event>::namespaced(tenant.clone(), "default")
             .list(&ListParams::default())
@@ -684,23 +694,25 @@ async fn a_privileged_pod_never_runs_and_the_tenant_is_told_why() {
 #[tokio::test]
 async fn two_tenants_with_the_same_pod_never_collide() {
     install_crds_and_policies();
-    let ns = namespace("sync-two").await;
-    let _operator = start_operator(&ns);
-    let host = ns.client.clone();
-    for name in ["alpha", "beta"] {
+    // One tenant per namespace: each has its operator here, as a namespaced install would.
+    let (a, b) = (namespace("sync-two").await, namespace("sync-two").await);
+    let _operators = (start_operator(&a), start_operator(&b));
+    let host = a.client.clone();
+    let spaces = [(&a, "alpha"), (&b, "beta")];
+    for (ns, name) in spaces {
         create_ready(&host, &tenant_named(&ns.name, name)).await;
     }
     let mut uids = Vec::new();
-    for name in ["alpha", "beta"] {
+    for (ns, name) in spaces {
         let tenant = tenant_client(&host, &ns.name, name).await;
         let pod = bare_pod("web", json!({}));
         let created = Api::<Pod>::namespaced(tenant.clone(), "default")
             .create(&PostParams::default(), &pod)
             .await
             .unwrap();
-        uids.push((name, tenant, created.uid().unwrap()));
+        uids.push((ns, name, tenant, created.uid().unwrap()));
     }
-    for (name, tenant, uid) in &uids {
+    for (ns, name, tenant, uid) in &uids {
         let pods = converged(&host, tenant, &ns.name, name, 1).await;
         assert_eq!(pods[0].uid().as_ref(), Some(uid));
         let copies = host_pods(&host, &ns.name, name).await;
@@ -804,6 +816,15 @@ async fn tenant_with_policy(
     ns: &TestNamespace,
     spec: serde_json::Value,
 ) -> (Client, Api<SyncPolicy>, String) {
+    tenant_with_policies(ns, spec, None).await
+}
+
+/// [`tenant_with_policy`], under an IsolationProfile of its own with `allow` when given.
+async fn tenant_with_policies(
+    ns: &TestNamespace,
+    spec: serde_json::Value,
+    allow: Option<serde_json::Value>,
+) -> (Client, Api<SyncPolicy>, String) {
     let host = ns.client.clone();
     let policy_name = format!("{}-policy", ns.name);
     let policy: SyncPolicy = serde_json::from_value(json!({
@@ -820,6 +841,11 @@ async fn tenant_with_policy(
         .unwrap();
     let mut tc = example(&ns.name);
     tc.spec.sync_policy_ref.name = policy_name.clone();
+    if let Some(allow) = allow {
+        let profile = format!("{}-profile", ns.name);
+        profile_allowing(&host, &profile, allow).await;
+        tc.spec.isolation_profile_ref.name = profile;
+    }
     create_ready(&host, &tc).await;
     (
         tenant_client(&host, &ns.name, "dev").await,
@@ -924,12 +950,13 @@ async fn an_ingress_goes_down_with_its_tls_secret_and_its_address_comes_back() {
         .create(&PostParams::default(), &class)
         .await
         .unwrap();
-    let (tenant, policies, policy_name) = tenant_with_policy(
+    let (tenant, policies, policy_name) = tenant_with_policies(
         &ns,
         json!({
             "toHost": {"ingresses": {"enabled": true}},
             "fromHost": {"ingressClasses": {"enabled": true}}
         }),
+        Some(json!({"ingressClasses": [class_name], "ingressHosts": ["*.example.org"]})),
     )
     .await;
 
@@ -1177,12 +1204,12 @@ async fn removals_reach_the_host_copies_and_forged_copies_are_left_alone() {
         );
         (!data.contains_key("extra")
             && data.contains_key("value")
-            && !cm.labels().contains_key("env")
-            && cm.labels().contains_key("team")
-            && !p.labels().contains_key("tier")
-            && p.labels().get("app").map(String::as_str) == Some("web")
-            && !selector.contains_key("tier")
-            && selector.contains_key("app"))
+            && !cm.labels().contains_key(&hk("env"))
+            && cm.labels().contains_key(&hk("team"))
+            && !p.labels().contains_key(&hk("tier"))
+            && p.labels().get(&hk("app")).map(String::as_str) == Some("web")
+            && !selector.contains_key(&hk("tier"))
+            && selector.contains_key(&hk("app")))
         .then_some(p)
     })
     .await;

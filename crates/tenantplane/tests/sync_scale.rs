@@ -78,7 +78,10 @@ fn describe(status: Option<&tenantplane_api::TenantClusterStatus>) -> String {
     };
     let mut out = format!("phase {:?}", s.phase);
     for c in s.conditions.iter().filter(|c| c.status != "True") {
-        out.push_str(&format!("; {} {} ({}): {}", c.type_, c.status, c.reason, c.message));
+        out.push_str(&format!(
+            "; {} {} ({}): {}",
+            c.type_, c.status, c.reason, c.message
+        ));
     }
     out
 }

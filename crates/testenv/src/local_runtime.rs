@@ -139,8 +139,10 @@ pub fn start(
                 format!("{}={}", names::LABEL_RUNTIME, names::RUNTIME_LOCAL),
                 Runs::ControlPlane,
             ),
+            // Synced pods carry the tenant's labels in their host form; the CoreDNS copies are
+            // told apart by their image.
             watch(
-                format!("k8s-app={}", tenantplane_syncer::addons::DNS_SERVICE),
+                tenantplane_syncer::naming::LABEL_SYNCED_FROM.to_string(),
                 Runs::Dns,
             ),
         )

@@ -25,7 +25,7 @@ impl CopyDown for ConfigMaps {
 
     fn translate(tr: &Translator, cm: &ConfigMap) -> ConfigMap {
         ConfigMap {
-            metadata: tr.host_meta(&cm.metadata),
+            metadata: tr.host_meta(Self::NAME, &cm.metadata),
             data: cm.data.clone(),
             binary_data: cm.binary_data.clone(),
             immutable: None,

@@ -1,13 +1,17 @@
 //! Endpoints go down only for selector-less Services, whose Endpoints a person wrote; the host
 //! computes the rest from its own pods.
 
-use k8s_openapi::api::core::v1::{Endpoints, Service};
+use std::collections::BTreeSet;
+
+use k8s_openapi::api::core::v1::{Endpoints, Pod, Service};
 use kube::ResourceExt;
 
+use crate::allow;
 use crate::copy::CopyDown;
 use crate::copy_down_kind;
 use crate::kind::Kind;
 use crate::kinds::services::Services;
+use crate::tell::Review;
 use crate::tenant::Tenant;
 use crate::translate::Translator;
 
@@ -29,25 +33,79 @@ impl CopyDown for EndpointsKind {
             && !(ns == "default" && name == "kubernetes")
     }
 
+    /// Without the tenant's caches no address is known to be its own: only the profile's CIDRs.
     fn translate(tr: &Translator, ep: &Endpoints) -> Endpoints {
-        let mut subsets = ep.subsets.clone();
-        for s in subsets.iter_mut().flatten() {
-            for a in s
-                .addresses
-                .iter_mut()
+        translate_with(tr, ep, &BTreeSet::new()).0
+    }
+
+    fn translate_in(cx: &Tenant, ep: &Endpoints) -> Endpoints {
+        translate_with(&cx.tr, ep, &own_pod_ips(cx)).0
+    }
+
+    fn review_in(cx: &Tenant, ep: &Endpoints) -> Review {
+        let mut dropped = cx.tr.annotations(Self::NAME, &ep.metadata).1;
+        dropped.extend(translate_with(&cx.tr, ep, &own_pod_ips(cx)).1);
+        Review {
+            refused: vec![],
+            dropped,
+        }
+    }
+}
+
+/// The addresses of this tenant's pod copies on the host.
+pub fn own_pod_ips(cx: &Tenant) -> BTreeSet<String> {
+    cx.host_slice::<Pod>()
+        .iter()
+        .filter(|p| cx.tr.copy_of(&p.metadata).is_some())
+        .filter_map(|p| p.status.as_ref())
+        .flat_map(|s| {
+            s.pod_ips
+                .iter()
                 .flatten()
-                .chain(s.not_ready_addresses.iter_mut().flatten())
-            {
+                .map(|i| i.ip.clone())
+                .chain(s.pod_ip.clone())
+        })
+        .collect()
+}
+
+/// The host copy of tenant Endpoints: only addresses of this tenant's own pods (`own`) or inside
+/// the profile's `allow.endpointCIDRs`, so a host Service can never be pointed at the host API,
+/// the control plane or anyone else's pods; and a sentence per address left out.
+pub fn translate_with(
+    tr: &Translator,
+    ep: &Endpoints,
+    own: &BTreeSet<String>,
+) -> (Endpoints, Vec<String>) {
+    let mut dropped = Vec::new();
+    let mut subsets = ep.subsets.clone();
+    let allowed = |ip: &str| own.contains(ip) || allow::in_cidrs(&tr.allow.endpoint_cidrs, ip);
+    for s in subsets.iter_mut().flatten() {
+        for list in [s.addresses.as_mut(), s.not_ready_addresses.as_mut()]
+            .into_iter()
+            .flatten()
+        {
+            list.retain(|a| {
+                let ok = allowed(&a.ip);
+                if !ok {
+                    dropped.push(format!(
+                        "address {} is left out: it is not one of this tenant's pods nor inside the IsolationProfile's allow.endpointCIDRs",
+                        a.ip
+                    ));
+                }
+                ok
+            });
+            for a in list.iter_mut() {
                 // Tenant object references mean nothing on the host.
                 a.target_ref = None;
                 a.node_name = None;
             }
         }
-        Endpoints {
-            metadata: tr.host_meta(&ep.metadata),
-            subsets,
-        }
     }
+    let endpoints = Endpoints {
+        metadata: tr.host_meta(EndpointsKind::NAME, &ep.metadata),
+        subsets,
+    };
+    (endpoints, dropped)
 }
 
 #[cfg(test)]
@@ -64,9 +122,36 @@ mod tests {
                 "targetRef": {"kind": "Pod", "name": "db-0"}}], "ports": [{"port": 5432}]}]
         }))
         .unwrap();
-        let host = EndpointsKind::translate(&translator(), &ep);
+        let own = BTreeSet::from(["10.1.2.3".to_string()]);
+        let (host, dropped) = translate_with(&translator(), &ep, &own);
         let a = &host.subsets.unwrap()[0].addresses.clone().unwrap()[0];
         assert_eq!(a.ip, "10.1.2.3");
         assert!(a.target_ref.is_none() && a.node_name.is_none());
+        assert!(dropped.is_empty());
+    }
+
+    #[test]
+    fn only_own_pods_and_allowed_cidrs_stay_in_the_copy() {
+        let ep: Endpoints = serde_json::from_value(json!({
+            "metadata": {"name": "db", "namespace": "default"},
+            "subsets": [{"addresses": [{"ip": "10.96.0.1"}, {"ip": "10.244.0.9"}, {"ip": "192.0.2.10"}],
+                         "notReadyAddresses": [{"ip": "10.244.1.1"}], "ports": [{"port": 5432}]}]
+        }))
+        .unwrap();
+        let mut tr = translator();
+        tr.allow.endpoint_cidrs = vec!["192.0.2.0/24".into()];
+        let own = BTreeSet::from(["10.244.0.9".to_string()]);
+        let (host, dropped) = translate_with(&tr, &ep, &own);
+        let subset = &host.subsets.unwrap()[0];
+        let ips: Vec<&str> = subset
+            .addresses
+            .iter()
+            .flatten()
+            .map(|a| a.ip.as_str())
+            .collect();
+        assert_eq!(ips, ["10.244.0.9", "192.0.2.10"]);
+        assert!(subset.not_ready_addresses.as_ref().unwrap().is_empty());
+        assert_eq!(dropped.len(), 2, "{dropped:?}");
+        assert!(dropped[0].contains("10.96.0.1"));
     }
 }

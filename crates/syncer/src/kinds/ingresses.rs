@@ -17,6 +17,7 @@ use tenantplane_api::SyncPolicySpec;
 
 use crate::kind::{Key, Kind, tenant_watch_config};
 use crate::kinds::secrets::Secrets;
+use crate::tell::Review;
 use crate::tenant::Tenant;
 use crate::translate::Translator;
 
@@ -37,6 +38,16 @@ copy_down_kind!(Ingresses, Ingress, "Ingress", then = address_up;
 impl CopyDown for Ingresses {
     fn wanted(cx: &Tenant, i: &Ingress) -> bool {
         cx.policy.to_host.ingresses.enabled && cx.selected(Self::NAME, &i.metadata)
+    }
+
+    fn review(tr: &Translator, ingress: &Ingress) -> Review {
+        Review {
+            refused: crate::allow::ingress_refusals(
+                &tr.allow,
+                &ingress.spec.clone().unwrap_or_default(),
+            ),
+            dropped: tr.annotations(Self::NAME, &ingress.metadata).1,
+        }
     }
 
     fn translate(tr: &Translator, ingress: &Ingress) -> Ingress {
@@ -61,7 +72,7 @@ impl CopyDown for Ingresses {
                 *name = tr.host_name(&ns, name);
             }
         }
-        let mut metadata = tr.host_meta(&ingress.metadata);
+        let mut metadata = tr.host_meta(Self::NAME, &ingress.metadata);
         // Snippet annotations make an ingress controller run configuration the tenant wrote, with
         // the controller's rights on the host (ingress-nginx reads Secrets that way): never copied.
         if let Some(a) = metadata.annotations.as_mut() {
@@ -135,10 +146,21 @@ mod tests {
             }
         }))
         .unwrap();
-        let host = Ingresses::translate(&translator(), &ingress);
+        let plain = Ingresses::translate(&translator(), &ingress);
+        let annotations = plain.metadata.annotations.unwrap();
+        assert!(
+            !annotations.keys().any(|k| k.starts_with("nginx.")),
+            "none unless the profile allows them"
+        );
+        let mut tr = translator();
+        tr.allow.annotations.ingresses = vec!["nginx.ingress.kubernetes.io/*".into()];
+        let host = Ingresses::translate(&tr, &ingress);
         let annotations = host.metadata.annotations.unwrap();
         assert!(annotations.contains_key("nginx.ingress.kubernetes.io/rewrite-target"));
-        assert!(!annotations.keys().any(|k| k.contains("snippet")));
+        assert!(
+            !annotations.keys().any(|k| k.contains("snippet")),
+            "snippets never, whatever the profile allows"
+        );
         let spec = host.spec.unwrap();
         assert_eq!(
             spec.tls.unwrap()[0].secret_name.as_deref(),

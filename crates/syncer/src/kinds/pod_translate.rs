@@ -4,13 +4,16 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::core::v1::{
-    KeyToPath, Pod, PodCondition, PodStatus, SecretVolumeSource, Service, VolumeProjection,
+    KeyToPath, Pod, PodCondition, PodSpec, PodStatus, SecretVolumeSource, Service, VolumeProjection,
 };
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::ResourceExt;
 
+use crate::allow;
 use crate::kinds::services::{service_env, tenant_api_env};
 use crate::kinds::tokens::token_secret_name;
 use crate::naming;
+use crate::tell::Review;
 use crate::translate::Translator;
 
 /// The ConfigMaps, Secrets and claims a pod uses, by tenant name.
@@ -24,7 +27,7 @@ pub struct References {
 
 /// The host metadata of a tenant pod's copy: the marks, and the service account it runs as.
 pub fn pod_meta(tr: &Translator, pod: &Pod) -> kube::api::ObjectMeta {
-    let mut meta = tr.host_meta(&pod.metadata);
+    let mut meta = tr.host_meta("Pod", &pod.metadata);
     let spec = pod.spec.as_ref();
     let sa = spec
         .and_then(|s| s.service_account_name.clone().or(s.service_account.clone()))
@@ -51,12 +54,15 @@ pub fn pod(tr: &Translator, pod: &Pod, services: &[&Service], dns: Option<&str>)
     let host_name = tr.host_name(&ns, &pod.name_any());
     let mut meta = pod_meta(tr, pod);
     let mut spec = pod.spec.clone().unwrap_or_default();
-    // Scheduling is the host's; the tenant's binding follows the host's.
+    // Scheduling is the host's; the tenant's binding follows the host's. Only a priority class
+    // the profile allows is asked for; the host's admission computes the rest.
     spec.node_name = None;
     spec.scheduler_name = None;
-    spec.priority_class_name = None;
+    spec.priority_class_name =
+        allow::priority_class(&tr.allow, spec.priority_class_name.as_deref()).0;
     spec.priority = None;
     spec.preemption_policy = None;
+    spec.overhead = None;
     // The host's own service-account token is never mounted.
     spec.service_account_name = None;
     spec.service_account = None;
@@ -71,21 +77,8 @@ pub fn pod(tr: &Translator, pod: &Pod, services: &[&Service], dns: Option<&str>)
     if let Some(sub) = spec.subdomain.take() {
         spec.subdomain = Some(tr.host_name(&ns, &sub));
     }
-    // The isolation profile's placement wins over the tenant's.
-    if !tr.node_selector.is_empty() {
-        let mut selector = spec.node_selector.take().unwrap_or_default();
-        selector.extend(tr.node_selector.clone());
-        spec.node_selector = Some(selector);
-    }
-    if !tr.tolerations.is_empty() {
-        let mut tolerations = spec.tolerations.take().unwrap_or_default();
-        for t in &tr.tolerations {
-            if !tolerations.contains(t) {
-                tolerations.push(t.clone());
-            }
-        }
-        spec.tolerations = Some(tolerations);
-    }
+    // Placement: the tenant's, as far as the profile allows it; the profile's own wins.
+    placement(tr, &mut spec);
     if let Some(secrets) = spec.image_pull_secrets.as_mut() {
         for s in secrets.iter_mut() {
             s.name = tr.host_name(&ns, &s.name);
@@ -122,6 +115,23 @@ pub fn pod(tr: &Translator, pod: &Pod, services: &[&Service], dns: Option<&str>)
         }
         if let Some(pvc) = volume.persistent_volume_claim.as_mut() {
             pvc.claim_name = tr.host_name(&ns, &pvc.claim_name);
+        }
+        // The tenant's own controller makes the claim of an ephemeral volume; the copy mounts
+        // that claim's copy, so the host never expands a template the tenant wrote.
+        if volume.ephemeral.take().is_some() {
+            volume.persistent_volume_claim = Some(
+                k8s_openapi::api::core::v1::PersistentVolumeClaimVolumeSource {
+                    claim_name: tr.host_name(&ns, &ephemeral_claim(&pod.name_any(), &volume.name)),
+                    read_only: None,
+                },
+            );
+        }
+        if let Some(r) = volume
+            .csi
+            .as_mut()
+            .and_then(|c| c.node_publish_secret_ref.as_mut())
+        {
+            r.name = tr.host_name(&ns, &r.name);
         }
         if let Some(d) = volume.downward_api.as_mut() {
             for item in d.items.iter_mut().flatten() {
@@ -190,7 +200,19 @@ pub fn pod(tr: &Translator, pod: &Pod, services: &[&Service], dns: Option<&str>)
             let namespaces = term.namespaces.take().unwrap_or_default();
             let own_namespace = namespaces.is_empty() && term.namespace_selector.is_none();
             term.namespace_selector = None;
+            for keys in [
+                term.match_label_keys.as_mut(),
+                term.mismatch_label_keys.as_mut(),
+            ]
+            .into_iter()
+            .flatten()
+            {
+                for k in keys.iter_mut() {
+                    *k = tr.label_key(k);
+                }
+            }
             let selector = term.label_selector.get_or_insert_with(Default::default);
+            host_label_selector(tr, selector);
             let labels = selector.match_labels.get_or_insert_with(BTreeMap::new);
             labels.insert(naming::LABEL_SYNCED_FROM.into(), tr.tenant.name.clone());
             if own_namespace {
@@ -214,11 +236,122 @@ pub fn pod(tr: &Translator, pod: &Pod, services: &[&Service], dns: Option<&str>)
             }
         }
     }
+    // Spread constraints count the copies of the same tenant namespace, by their host labels.
+    for c in spec.topology_spread_constraints.iter_mut().flatten() {
+        let selector = c.label_selector.get_or_insert_with(Default::default);
+        host_label_selector(tr, selector);
+        let labels = selector.match_labels.get_or_insert_with(BTreeMap::new);
+        labels.insert(naming::LABEL_SYNCED_FROM.into(), tr.tenant.name.clone());
+        labels.insert(
+            naming::LABEL_VIRTUAL_NAMESPACE.into(),
+            naming::label_value(&ns),
+        );
+        for k in c.match_label_keys.iter_mut().flatten() {
+            *k = tr.label_key(k);
+        }
+    }
     meta.name = Some(host_name);
     Pod {
         metadata: meta,
         spec: Some(spec),
         status: None,
+    }
+}
+
+/// The name of the claim the tenant's ephemeral-volume controller makes for volume `volume` of
+/// pod `pod`.
+pub fn ephemeral_claim(pod: &str, volume: &str) -> String {
+    format!("{pod}-{volume}")
+}
+
+/// A tenant label selector in host form: its keys as the host copies carry them.
+fn host_label_selector(tr: &Translator, selector: &mut LabelSelector) {
+    if let Some(labels) = selector.match_labels.take() {
+        selector.match_labels = Some(naming::host_labels(&tr.tenant.name, Some(&labels)));
+    }
+    for e in selector.match_expressions.iter_mut().flatten() {
+        e.key = tr.label_key(&e.key);
+    }
+}
+
+/// The tenant's placement as far as the profile allows it (what is left out, said by
+/// [`review`]), then the profile's own node selector and tolerations.
+fn placement(tr: &Translator, spec: &mut PodSpec) {
+    let mut selector =
+        allow::node_selector(&tr.allow, &spec.node_selector.take().unwrap_or_default()).0;
+    selector.extend(tr.node_selector.clone());
+    spec.node_selector = (!selector.is_empty()).then_some(selector);
+    let mut tolerations =
+        allow::tolerations(&tr.allow, &spec.tolerations.take().unwrap_or_default()).0;
+    for t in &tr.tolerations {
+        if !tolerations.contains(t) {
+            tolerations.push(t.clone());
+        }
+    }
+    spec.tolerations = (!tolerations.is_empty()).then_some(tolerations);
+    node_affinity(tr, spec);
+}
+
+/// The pod's node affinity without terms on node labels the profile does not allow; what is
+/// left out, said.
+fn node_affinity(tr: &Translator, spec: &mut PodSpec) -> Vec<String> {
+    let mut dropped = Vec::new();
+    let Some(na) = spec
+        .affinity
+        .as_mut()
+        .and_then(|a| a.node_affinity.as_mut())
+    else {
+        return dropped;
+    };
+    let empty = |t: &k8s_openapi::api::core::v1::NodeSelectorTerm| {
+        t.match_expressions.as_ref().is_none_or(|e| e.is_empty())
+            && t.match_fields.as_ref().is_none_or(|f| f.is_empty())
+    };
+    if let Some(required) = na
+        .required_during_scheduling_ignored_during_execution
+        .as_mut()
+    {
+        for term in required.node_selector_terms.iter_mut() {
+            dropped.extend(allow::node_term(&tr.allow, term));
+        }
+        // An empty term matches no node: one that lost every expression goes.
+        required.node_selector_terms.retain(|t| !empty(t));
+        if required.node_selector_terms.is_empty() {
+            na.required_during_scheduling_ignored_during_execution = None;
+        }
+    }
+    if let Some(preferred) = na
+        .preferred_during_scheduling_ignored_during_execution
+        .as_mut()
+    {
+        for p in preferred.iter_mut() {
+            dropped.extend(allow::node_term(&tr.allow, &mut p.preference));
+        }
+        preferred.retain(|p| !empty(&p.preference));
+    }
+    dropped
+}
+
+/// What the host copy of `pod` leaves out and why it may have none (see [`crate::allow`]).
+pub fn review(tr: &Translator, pod: &Pod) -> Review {
+    let Some(spec) = pod.spec.as_ref() else {
+        return Review::default();
+    };
+    let mut dropped = tr.annotations("Pod", &pod.metadata).1;
+    dropped.extend(
+        allow::node_selector(
+            &tr.allow,
+            spec.node_selector.as_ref().unwrap_or(&BTreeMap::new()),
+        )
+        .1,
+    );
+    dropped
+        .extend(allow::tolerations(&tr.allow, spec.tolerations.as_deref().unwrap_or_default()).1);
+    dropped.extend(allow::priority_class(&tr.allow, spec.priority_class_name.as_deref()).1);
+    dropped.extend(node_affinity(tr, &mut spec.clone()));
+    Review {
+        refused: allow::pod_refusals(&tr.allow, spec),
+        dropped,
     }
 }
 
@@ -321,6 +454,16 @@ pub fn references(pod: &Pod) -> References {
         }
         if let Some(pvc) = &v.persistent_volume_claim {
             r.claims.insert(pvc.claim_name.clone());
+        }
+        if v.ephemeral.is_some() {
+            r.claims.insert(ephemeral_claim(&pod.name_any(), &v.name));
+        }
+        if let Some(s) = v
+            .csi
+            .as_ref()
+            .and_then(|c| c.node_publish_secret_ref.as_ref())
+        {
+            r.secrets.insert(s.name.clone());
         }
         for s in v.projected.iter().flat_map(|p| p.sources.iter().flatten()) {
             if let Some(cm) = &s.config_map {
@@ -446,7 +589,11 @@ mod tests {
         assert_eq!(meta.name.as_deref(), Some("web-0-x-default-x-dev"));
         assert_eq!(meta.namespace.as_deref(), Some("team-dev"));
         let labels = meta.labels.as_ref().unwrap();
-        assert_eq!(labels["app"], "web");
+        assert_eq!(labels["dev.tenant.tenantplane.io/app"], "web");
+        assert!(
+            !labels.contains_key("app"),
+            "host selectors never match a tenant key"
+        );
         assert_eq!(
             labels[naming::LABEL_SYNCED_FROM],
             "dev",

@@ -9,8 +9,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::{Binding, ObjectReference, Pod, Service};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{ObjectMeta, Patch, PatchParams, PostParams};
-use kube::runtime::events::{Event, EventType};
-use kube::{Client, Resource, ResourceExt};
+use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
 use tenantplane_api::SyncPolicySpec;
 use tracing::warn;
@@ -20,6 +19,7 @@ use crate::error::{Error, Result};
 use crate::host::Scope;
 use crate::kind::{Key, Kind, scoped_api};
 use crate::kinds::configmaps::ConfigMaps;
+use crate::kinds::endpoints::EndpointsKind;
 use crate::kinds::nodes::{self, node_key};
 use crate::kinds::persistentvolumeclaims::Claims;
 use crate::kinds::pod_translate::{self, References, images, pod_meta, references};
@@ -27,6 +27,7 @@ use crate::kinds::secrets::Secrets;
 use crate::kinds::services::is_tenant_api;
 use crate::kinds::tokens;
 use crate::naming::{ANNOTATION_APPLIED_HASH, SYNCER_MANAGER};
+use crate::tell;
 use crate::tenant::Tenant;
 
 pub struct Pods;
@@ -80,13 +81,43 @@ impl Kind for Pods {
 }
 
 /// Is something in tenant namespace `ns` used by a pod that syncs (`pick` says what)?
+/// Only pods the host admitted count: a pod refused by the profile or the host pulls nothing
+/// onto the host.
 pub fn referenced(cx: &Tenant, ns: &str, pick: impl Fn(&References) -> bool) -> bool {
     cx.policy.to_host.pods.enabled
         && cx.tenant_list::<Pod>().iter().any(|p| {
             p.namespace().as_deref() == Some(ns)
                 && cx.selected(Pods::NAME, &p.metadata)
                 && pick(&references(p))
+                && cx.host_copy::<Pod>(ns, &p.name_any()).is_some()
         })
+}
+
+/// Once the host admitted a pod, what it uses follows: its ConfigMaps, Secrets and claims that
+/// have no copy yet are looked at.
+fn wake_references(cx: &Tenant, t: &Pod) {
+    let ns = t.namespace().unwrap_or_default();
+    let r = references(t);
+    let missing = |kind: &'static str, names: &std::collections::BTreeSet<String>| -> Vec<Key> {
+        names
+            .iter()
+            .filter(|n| match kind {
+                "ConfigMap" => cx
+                    .host_copy::<k8s_openapi::api::core::v1::ConfigMap>(&ns, n)
+                    .is_none(),
+                _ => cx
+                    .host_copy::<k8s_openapi::api::core::v1::Secret>(&ns, n)
+                    .is_none(),
+            })
+            .map(|n| Key::new(kind, ns.clone(), n.clone()))
+            .collect()
+    };
+    for key in missing(ConfigMaps::NAME, &r.config_maps)
+        .into_iter()
+        .chain(missing(Secrets::NAME, &r.secrets))
+    {
+        cx.queue.add(key);
+    }
 }
 
 async fn converge_pod(cx: &Tenant, ns: &str, name: &str) -> Result<()> {
@@ -132,16 +163,29 @@ async fn converge_pod(cx: &Tenant, ns: &str, name: &str) -> Result<()> {
             Some(_) => {}
             None => {
                 // The host copy is gone: the tenant pod can go, as a kubelet would confirm.
-                cx.told
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .remove(&t_uid);
+                tell::forget(cx, &t_uid);
                 delete_if_present(&tenant_pods, &*t, Some(0)).await?;
             }
         }
         return Ok(());
     }
+    if let Some(h) = &h
+        && pod_translate::review(&cx.tr, &t).refusal().is_some()
+    {
+        // Refused now (the profile changed, which restarts the syncer): no copy runs on.
+        forget(cx, h);
+        delete_if_present(&host_pods, h, None).await?;
+        return Ok(());
+    }
     let Some(h) = h else {
+        if t.spec
+            .as_ref()
+            .and_then(|s| s.scheduling_gates.as_ref())
+            .is_some_and(|g| !g.is_empty())
+        {
+            // Not to be scheduled yet: the copy is made once the tenant lifts its gates.
+            return Ok(());
+        }
         if ran {
             // The copy was deleted on the host: the pod is gone, as on a node that lost it;
             // its controller in the tenant makes a new one.
@@ -151,6 +195,7 @@ async fn converge_pod(cx: &Tenant, ns: &str, name: &str) -> Result<()> {
         return create_host_pod(cx, &t).await;
     };
     restore(cx, &t, &h).await?;
+    wake_references(cx, &t);
     tokens::ensure_tokens(cx, &t, &h).await?;
     if h.metadata.deletion_timestamp.is_some() {
         return Ok(());
@@ -158,6 +203,15 @@ async fn converge_pod(cx: &Tenant, ns: &str, name: &str) -> Result<()> {
     bind(cx, &t, &h).await?;
     let wanted = pod_translate::pod_status_up(&h);
     if h.status.is_some() && pod_translate::pod_status_differs(t.status.as_ref(), &wanted) {
+        let t_ip = t.status.as_ref().and_then(|s| s.pod_ip.as_ref());
+        if t_ip != wanted.pod_ip.as_ref() {
+            // A new address of our own: Endpoints written by hand may name it now.
+            for ep in cx.tenant_list::<k8s_openapi::api::core::v1::Endpoints>() {
+                if ep.namespace().as_deref() == Some(ns) {
+                    cx.queue.add(Key::for_object::<EndpointsKind>(&*ep));
+                }
+            }
+        }
         tenant_pods
             .patch_status(
                 name,
@@ -166,10 +220,9 @@ async fn converge_pod(cx: &Tenant, ns: &str, name: &str) -> Result<()> {
             )
             .await?;
     }
-    cx.told
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .remove(&t_uid);
+    if pod_translate::review(&cx.tr, &t).dropped.is_empty() {
+        tell::forget(cx, &t_uid);
+    }
     Ok(())
 }
 
@@ -221,10 +274,7 @@ fn forget(cx: &Tenant, h: &Pod) {
         tokens::forget(cx, &uid);
     }
     if let Some(v) = cx.tr.copy_of(&h.metadata) {
-        cx.told
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&v.uid);
+        tell::forget(cx, &v.uid);
     }
 }
 
@@ -249,6 +299,11 @@ fn changeable(desired: &Pod) -> Value {
 }
 
 async fn create_host_pod(cx: &Tenant, t: &Pod) -> Result<()> {
+    let review = pod_translate::review(&cx.tr, t);
+    if let Some(refused) = review.refusal() {
+        mark_unschedulable(cx, t, tell::NOT_ALLOWED, &refused.to_string()).await;
+    }
+    tell::review(cx, t, &review).await?;
     let ns = t.namespace().unwrap_or_default();
     let services: Vec<Arc<Service>> = cx
         .tenant_list::<Service>()
@@ -275,8 +330,10 @@ async fn create_host_pod(cx: &Tenant, t: &Pod) -> Result<()> {
     )
     .await
     .map_err(Error::on_host);
-    if let Err(Error::HostRejected(message)) = &created {
-        tell_rejected(cx, t, &format!("the host refused it: {message}")).await;
+    if let Err(e @ Error::HostRejected(_)) = &created {
+        let message = e.to_string();
+        tell::tell(cx, t, e.reason(), &message).await;
+        mark_unschedulable(cx, t, e.reason(), &message).await;
     }
     created.map(|_| ())
 }
@@ -331,33 +388,27 @@ async fn restore(cx: &Tenant, t: &Pod, h: &Pod) -> Result<()> {
     Ok(())
 }
 
-/// Tell the tenant why its pod does not run: an Event on the pod and its `PodScheduled`
-/// condition, once per distinct reason.
-async fn tell_rejected(cx: &Tenant, t: &Pod, message: &str) {
-    let uid = t.uid().unwrap_or_default();
-    {
-        let mut told = cx.told.lock().unwrap_or_else(|e| e.into_inner());
-        if told.get(&uid).map(String::as_str) == Some(message) {
-            return;
-        }
-        told.insert(uid.clone(), message.to_string());
-    }
-    let event = Event {
-        type_: EventType::Warning,
-        reason: "HostRejected".into(),
-        note: Some(message.chars().take(1000).collect()),
-        action: "Sync".into(),
-        secondary: None,
-    };
-    if let Err(e) = cx.recorder.publish(&event, &t.object_ref(&())).await {
-        warn!(error = %e, "publishing an event in the tenant failed");
+/// Show why a tenant pod does not run in its `PodScheduled` condition (the Event is
+/// [`tell::tell`]'s), as a scheduler would.
+async fn mark_unschedulable(cx: &Tenant, t: &Pod, reason: &str, message: &str) {
+    let already = t
+        .status
+        .iter()
+        .flat_map(|s| s.conditions.iter().flatten())
+        .any(|c| {
+            c.type_ == "PodScheduled"
+                && c.reason.as_deref() == Some(reason)
+                && c.message.as_deref() == Some(message)
+        });
+    if already {
+        return;
     }
     let patch = json!({
-        "metadata": {"uid": uid},
+        "metadata": {"uid": t.uid()},
         "status": {"conditions": [{
             "type": "PodScheduled",
             "status": "False",
-            "reason": "HostRejected",
+            "reason": reason,
             "message": message,
             "lastTransitionTime": Timestamp::now().to_string(),
         }]}

@@ -42,7 +42,7 @@ impl CopyDown for Secrets {
             other => other.map(String::from),
         };
         Secret {
-            metadata: tr.host_meta(&secret.metadata),
+            metadata: tr.host_meta(Self::NAME, &secret.metadata),
             data: secret.data.clone(),
             string_data: None,
             type_,
@@ -92,6 +92,7 @@ mod tests {
     #[test]
     fn a_host_token_secret_wakes_its_pod() {
         let mut meta = translator().host_meta(
+            "Secret",
             &serde_json::from_value(json!({"name": "web-0", "namespace": "default"})).unwrap(),
         );
         meta.annotations.get_or_insert_default().insert(

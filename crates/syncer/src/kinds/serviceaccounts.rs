@@ -27,7 +27,7 @@ impl CopyDown for ServiceAccounts {
 
     fn translate(tr: &Translator, sa: &ServiceAccount) -> ServiceAccount {
         ServiceAccount {
-            metadata: tr.host_meta(&sa.metadata),
+            metadata: tr.host_meta(Self::NAME, &sa.metadata),
             automount_service_account_token: Some(false),
             image_pull_secrets: None,
             secrets: None,

@@ -16,6 +16,7 @@ use crate::host::Scope;
 use crate::kind::{Key, Kind};
 use crate::kinds::endpoints::EndpointsKind;
 use crate::naming::SYNCER_MANAGER;
+use crate::tell::{self, Review};
 use crate::tenant::Tenant;
 use crate::translate::Translator;
 
@@ -83,6 +84,14 @@ async fn converge_service(cx: &Tenant, ns: &str, name: &str) -> Result<()> {
     if t.metadata.deletion_timestamp.is_some() {
         return Ok(());
     }
+    let review = review(&cx.tr, &t);
+    if review.refusal().is_some()
+        && let Some(h) = &h
+    {
+        // Refused now (the Service or the profile changed): no copy stays behind.
+        delete_if_present(&api, h, None).await?;
+    }
+    tell::review(cx, &*t, &review).await?;
     let desired = with_address(service(&cx.tr, &t), h.as_deref().unwrap_or(&t));
     match apply_copy(cx, ns, name, h.as_deref(), &desired).await {
         // The host holds the tenant's address already, or its range lacks it: the copy takes
@@ -261,6 +270,23 @@ pub fn with_address(mut copy: Service, of: &Service) -> Service {
     copy
 }
 
+/// What the host copy of a tenant Service leaves out, and why it may have none: its type,
+/// external name and external IPs under the profile's `allow`.
+pub fn review(tr: &Translator, svc: &Service) -> Review {
+    let mut dropped = tr.annotations("Service", &svc.metadata).1;
+    let spec = svc.spec.clone().unwrap_or_default();
+    if spec.load_balancer_ip.is_some() {
+        dropped.push(
+            "spec.loadBalancerIP is left out (an address of the host's balancers is the host's to give)"
+                .into(),
+        );
+    }
+    Review {
+        refused: crate::allow::service_refusals(&tr.allow, &spec),
+        dropped,
+    }
+}
+
 /// The host copy of a tenant Service: same ports and type, the selector confined to this
 /// tenant's pods of the same namespace, and no cluster IP of its own choosing ([`with_address`]
 /// asks for the tenant's; where the host refuses it, the host allocates one and the tenant
@@ -279,7 +305,7 @@ pub fn service(tr: &Translator, svc: &Service) -> Service {
             .collect()
     });
     Service {
-        metadata: tr.host_meta(&svc.metadata),
+        metadata: tr.host_meta("Service", &svc.metadata),
         spec: Some(ServiceSpec {
             type_: spec.type_.clone(),
             ports,
@@ -292,6 +318,14 @@ pub fn service(tr: &Translator, svc: &Service) -> Service {
             ip_family_policy: spec.ip_family_policy.clone(),
             internal_traffic_policy: spec.internal_traffic_policy.clone(),
             external_traffic_policy: spec.external_traffic_policy.clone(),
+            // Who may reach a balancer: leaving it out would open the balancer to everyone.
+            load_balancer_source_ranges: spec.load_balancer_source_ranges.clone(),
+            load_balancer_class: spec.load_balancer_class.clone(),
+            allocate_load_balancer_node_ports: spec.allocate_load_balancer_node_ports,
+            // Only addresses the profile allows (a Service with others is refused).
+            external_ips: spec.external_ips.clone(),
+            session_affinity_config: spec.session_affinity_config.clone(),
+            traffic_distribution: spec.traffic_distribution.clone(),
             ..Default::default()
         }),
         status: None,
@@ -411,7 +445,7 @@ mod tests {
         assert_eq!(spec.cluster_ip, None, "the host allocates it");
         assert_eq!(spec.ports.unwrap()[0].node_port, None);
         let selector = spec.selector.unwrap();
-        assert_eq!(selector["app"], "web");
+        assert_eq!(selector["dev.tenant.tenantplane.io/app"], "web");
         assert_eq!(selector[naming::LABEL_SYNCED_FROM], "dev");
         assert_eq!(selector[naming::LABEL_VIRTUAL_NAMESPACE], "default");
         let env = service_env(&svc);

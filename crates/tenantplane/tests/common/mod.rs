@@ -168,6 +168,23 @@ pub async fn tenant_client(host: &Client, ns: &str, name: &str) -> Client {
     client
 }
 
+/// Create IsolationProfile `name`: the shipped `restricted` one with `allow` as its `allow`
+/// section (what tenant objects may ask of the host).
+pub async fn profile_allowing(host: &Client, name: &str, allow: serde_json::Value) {
+    let text = std::fs::read_to_string(repo_path(
+        "deploy/policies/isolationprofile-restricted.yaml",
+    ))
+    .unwrap();
+    let mut profile: serde_json::Value = serde_yaml::from_str(&text).unwrap();
+    profile["metadata"] = serde_json::json!({"name": name});
+    profile["spec"]["allow"] = allow;
+    let profile: tenantplane_api::IsolationProfile = serde_json::from_value(profile).unwrap();
+    Api::<tenantplane_api::IsolationProfile>::all(host.clone())
+        .create(&PostParams::default(), &profile)
+        .await
+        .unwrap();
+}
+
 /// A TenantCluster like the seed example, named `name`, in `ns`.
 pub fn tenant_named(ns: &str, name: &str) -> TenantCluster {
     let mut tc = example(ns);
@@ -193,7 +210,10 @@ pub async fn dns_settled(host: &Client, ns: &str, name: &str) {
     let tenant = tenant_client(host, ns, name).await;
     let settled = eventually(WAIT, || async {
         let copies = Api::<Pod>::namespaced(host.clone(), ns)
-            .list(&ListParams::default().labels("k8s-app=kube-dns"))
+            .list(&ListParams::default().labels(&format!(
+                "{}=kube-dns",
+                tenantplane_syncer::naming::host_label_key(name, "k8s-app")
+            )))
             .await
             .ok()?;
         let running = copies

@@ -1,0 +1,688 @@
+//! Default deny: what of a tenant object reaches the host, under the `allow` section of the
+//! tenant's IsolationProfile. Each check is pure and gives its findings as sentences a tenant
+//! can act on: a refusal keeps the whole object off the host; a drop leaves one field or entry
+//! out of the host copy, where the object works without it. The syncer tells the tenant both
+//! (an Event on the object; a refusal also in `Synced`).
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+
+use k8s_openapi::api::core::v1::{Container, NodeSelectorTerm, PodSpec, Toleration, Volume};
+use serde_json::Value;
+use tenantplane_api::Allowances;
+use tenantplane_api::allowances::{key_matches, name_matches};
+
+/// Annotations every host copy may carry: they change nothing on the host.
+const ALWAYS_ALLOWED_ANNOTATIONS: &[&str] = &[
+    "kubectl.kubernetes.io/default-container",
+    "kubectl.kubernetes.io/restartedAt",
+    "kubernetes.io/description",
+];
+
+/// Node-condition taints: the node controller puts them on nodes that are not fit, and the
+/// tenant's own admission adds tolerations of some to every pod. Tolerating them reaches no
+/// node a pod could not reach anyway.
+const CONDITION_TAINTS: &[&str] = &[
+    "node.kubernetes.io/not-ready",
+    "node.kubernetes.io/unreachable",
+    "node.kubernetes.io/memory-pressure",
+    "node.kubernetes.io/disk-pressure",
+    "node.kubernetes.io/pid-pressure",
+    "node.kubernetes.io/network-unavailable",
+];
+
+/// Node labels every pod may select on: they say what a node is, not whose it is.
+const WELL_KNOWN_NODE_LABELS: &[&str] = &[
+    "kubernetes.io/hostname",
+    "kubernetes.io/os",
+    "kubernetes.io/arch",
+    "topology.kubernetes.io/zone",
+    "topology.kubernetes.io/region",
+    "node.kubernetes.io/instance-type",
+];
+
+/// Volume sources the syncer translates; any other (cephfs, rbd, iscsi, nfs, flexVolume, gitRepo,
+/// the cloud disks, …) could name a host Secret or reach storage outside the tenant.
+const VOLUME_SOURCES: &[&str] = &[
+    "configMap",
+    "secret",
+    "projected",
+    "downwardAPI",
+    "emptyDir",
+    "persistentVolumeClaim",
+    "ephemeral",
+    "csi",
+    "image",
+];
+
+/// Projected sources the syncer translates (cluster trust bundles and pod certificates read the
+/// host's cluster-wide objects).
+const PROJECTED_SOURCES: &[&str] = &["configMap", "secret", "downwardAPI", "serviceAccountToken"];
+
+/// Why a pod may not run on the host under `allow`; empty when it may.
+pub fn pod_refusals(allow: &Allowances, spec: &PodSpec) -> Vec<String> {
+    let mut out = Vec::new();
+    fn refuse(out: &mut Vec<String>, on: bool, what: &str, field: &str) {
+        if on {
+            out.push(format!(
+                "{what} is not allowed for tenant pods (the IsolationProfile's allow.{field} is off)"
+            ));
+        }
+    }
+    refuse(
+        &mut out,
+        spec.host_network == Some(true) && !allow.host_network,
+        "spec.hostNetwork",
+        "hostNetwork",
+    );
+    refuse(
+        &mut out,
+        spec.host_pid == Some(true) && !allow.host_pid,
+        "spec.hostPID",
+        "hostPID",
+    );
+    refuse(
+        &mut out,
+        spec.host_ipc == Some(true) && !allow.host_ipc,
+        "spec.hostIPC",
+        "hostIPC",
+    );
+    let host_process = |w: Option<&k8s_openapi::api::core::v1::WindowsSecurityContextOptions>| {
+        w.and_then(|w| w.host_process) == Some(true)
+    };
+    refuse(
+        &mut out,
+        host_process(
+            spec.security_context
+                .as_ref()
+                .and_then(|s| s.windows_options.as_ref()),
+        ) && !allow.privileged,
+        "spec.securityContext.windowsOptions.hostProcess",
+        "privileged",
+    );
+    for v in spec.volumes.iter().flatten() {
+        refuse(
+            &mut out,
+            v.host_path.is_some() && !allow.host_path,
+            &format!("volume {:?} (hostPath)", v.name),
+            "hostPath",
+        );
+    }
+    for c in containers(spec) {
+        let sc = c.security_context.as_ref();
+        refuse(
+            &mut out,
+            sc.and_then(|s| s.privileged) == Some(true) && !allow.privileged,
+            &format!("container {:?}: privileged", c.name),
+            "privileged",
+        );
+        refuse(
+            &mut out,
+            host_process(sc.and_then(|s| s.windows_options.as_ref())) && !allow.privileged,
+            &format!("container {:?}: windowsOptions.hostProcess", c.name),
+            "privileged",
+        );
+        refuse(
+            &mut out,
+            sc.and_then(|s| s.proc_mount.as_deref()) == Some("Unmasked") && !allow.privileged,
+            &format!("container {:?}: procMount Unmasked", c.name),
+            "privileged",
+        );
+        for p in c.ports.iter().flatten() {
+            refuse(
+                &mut out,
+                p.host_port.is_some_and(|p| p != 0) && !allow.host_ports,
+                &format!(
+                    "container {:?}: hostPort {}",
+                    c.name,
+                    p.host_port.unwrap_or(0)
+                ),
+                "hostPorts",
+            );
+        }
+        let added = sc
+            .and_then(|s| s.capabilities.as_ref())
+            .and_then(|c| c.add.as_ref());
+        for cap in added.into_iter().flatten() {
+            let bare = cap.trim_start_matches("CAP_");
+            if !allow
+                .capabilities
+                .iter()
+                .any(|a| a.trim_start_matches("CAP_") == bare)
+            {
+                out.push(format!(
+                    "container {:?} adds capability {cap}, which the IsolationProfile's allow.capabilities does not list",
+                    c.name
+                ));
+            }
+        }
+        if c.resources.as_ref().is_some_and(|r| r.claims.is_some()) {
+            out.push(format!(
+                "container {:?} claims resources (resources.claims); dynamic resource allocation is not offered to tenant pods",
+                c.name
+            ));
+        }
+    }
+    if let Some(class) = &spec.runtime_class_name
+        && !allow.runtime_classes.contains(class)
+    {
+        out.push(format!(
+            "runtimeClassName {class:?} is not in the IsolationProfile's allow.runtimeClasses{}",
+            listed(&allow.runtime_classes)
+        ));
+    }
+    if spec.resource_claims.as_ref().is_some_and(|c| !c.is_empty()) {
+        out.push(
+            "spec.resourceClaims: dynamic resource allocation is not offered to tenant pods".into(),
+        );
+    }
+    for v in spec.volumes.iter().flatten() {
+        out.extend(volume_refusal(v));
+    }
+    out
+}
+
+/// `, which allows a, b` or `, which is empty`.
+fn listed(allowed: &[String]) -> String {
+    if allowed.is_empty() {
+        ", which is empty".into()
+    } else {
+        format!(", which allows {}", allowed.join(", "))
+    }
+}
+
+/// Every container of a pod spec: init (and sidecar) containers and app containers.
+fn containers(spec: &PodSpec) -> impl Iterator<Item = &Container> {
+    spec.init_containers
+        .iter()
+        .flatten()
+        .chain(spec.containers.iter())
+}
+
+/// The sources a volume (or projection) uses, as their field names.
+fn sources(value: &Value) -> Vec<String> {
+    value
+        .as_object()
+        .map(|o| {
+            o.iter()
+                .filter(|(k, v)| *k != "name" && !v.is_null())
+                .map(|(k, _)| k.clone())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Why a volume may not reach the host: it uses a source the syncer does not translate.
+fn volume_refusal(v: &Volume) -> Vec<String> {
+    let value = serde_json::to_value(v).unwrap_or_default();
+    let mut out: Vec<String> = sources(&value)
+        .into_iter()
+        .filter(|s| !VOLUME_SOURCES.contains(&s.as_str()) && s != "hostPath")
+        .map(|s| {
+            format!(
+                "volume {:?} uses {s}, which tenant pods cannot use on this host; use a PersistentVolumeClaim",
+                v.name
+            )
+        })
+        .collect();
+    for source in v.projected.iter().flat_map(|p| p.sources.iter().flatten()) {
+        let value = serde_json::to_value(source).unwrap_or_default();
+        for s in sources(&value) {
+            if !PROJECTED_SOURCES.contains(&s.as_str()) {
+                out.push(format!(
+                    "volume {:?} projects {s}, which tenant pods cannot use on this host",
+                    v.name
+                ));
+            }
+        }
+    }
+    out
+}
+
+/// The tolerations a host copy keeps, and a sentence per one left out.
+pub fn tolerations(allow: &Allowances, all: &[Toleration]) -> (Vec<Toleration>, Vec<String>) {
+    let mut kept = Vec::new();
+    let mut dropped = Vec::new();
+    for t in all {
+        let key = t.key.as_deref().unwrap_or_default();
+        let ok = !key.is_empty()
+            && (CONDITION_TAINTS.contains(&key) || allow.toleration_keys.iter().any(|k| k == key));
+        if ok {
+            kept.push(t.clone());
+        } else {
+            let what = if key.is_empty() {
+                "a toleration of every taint".to_string()
+            } else {
+                format!("the toleration of {key}")
+            };
+            dropped.push(format!(
+                "{what} is left out (not in the IsolationProfile's allow.tolerationKeys)"
+            ));
+        }
+    }
+    (kept, dropped)
+}
+
+fn node_label_allowed(allow: &Allowances, key: &str) -> bool {
+    WELL_KNOWN_NODE_LABELS.contains(&key) || allow.node_label_keys.iter().any(|k| k == key)
+}
+
+/// The node selector a host copy keeps, and a sentence per term left out.
+pub fn node_selector(
+    allow: &Allowances,
+    selector: &BTreeMap<String, String>,
+) -> (BTreeMap<String, String>, Vec<String>) {
+    let mut kept = BTreeMap::new();
+    let mut dropped = Vec::new();
+    for (k, v) in selector {
+        if node_label_allowed(allow, k) {
+            kept.insert(k.clone(), v.clone());
+        } else {
+            dropped.push(format!(
+                "nodeSelector {k}={v} is left out (not in the IsolationProfile's allow.nodeLabelKeys)"
+            ));
+        }
+    }
+    (kept, dropped)
+}
+
+/// A node affinity term without its expressions on label keys the profile does not allow.
+pub fn node_term(allow: &Allowances, term: &mut NodeSelectorTerm) -> Vec<String> {
+    let mut dropped = Vec::new();
+    if let Some(exprs) = term.match_expressions.as_mut() {
+        exprs.retain(|e| {
+            let ok = node_label_allowed(allow, &e.key);
+            if !ok {
+                dropped.push(format!(
+                    "the node affinity term on {} is left out (not in the IsolationProfile's allow.nodeLabelKeys)",
+                    e.key
+                ));
+            }
+            ok
+        });
+    }
+    dropped
+}
+
+/// The priority class a host copy keeps, and a sentence when it is left out.
+pub fn priority_class(allow: &Allowances, class: Option<&str>) -> (Option<String>, Vec<String>) {
+    match class {
+        None => (None, vec![]),
+        Some(c) if allow.priority_classes.iter().any(|a| a == c) => (Some(c.to_string()), vec![]),
+        Some(c) => (
+            None,
+            vec![format!(
+                "priorityClassName {c:?} is left out (not in the IsolationProfile's allow.priorityClasses); the pod runs at the host's default priority"
+            )],
+        ),
+    }
+}
+
+/// The annotations a host copy of `kind` keeps (reserved keys already removed), and a sentence
+/// naming the ones left out.
+pub fn annotations(
+    allow: &Allowances,
+    kind: &str,
+    all: BTreeMap<String, String>,
+) -> (BTreeMap<String, String>, Vec<String>) {
+    let extra = allow.annotations.for_kind(kind);
+    let mut kept = BTreeMap::new();
+    let mut left_out = Vec::new();
+    for (k, v) in all {
+        if k == "kubectl.kubernetes.io/last-applied-configuration" {
+            continue;
+        }
+        if ALWAYS_ALLOWED_ANNOTATIONS.contains(&k.as_str())
+            || extra.iter().any(|p| key_matches(p, &k))
+        {
+            kept.insert(k, v);
+        } else {
+            left_out.push(k);
+        }
+    }
+    let dropped = if left_out.is_empty() {
+        vec![]
+    } else {
+        vec![format!(
+            "annotations {} are left out of the host copy (not in the IsolationProfile's allow.annotations)",
+            left_out.join(", ")
+        )]
+    };
+    (kept, dropped)
+}
+
+/// Is `ip` inside one of `cidrs`?
+pub fn in_cidrs(cidrs: &[String], ip: &str) -> bool {
+    let Ok(ip) = ip.parse::<IpAddr>() else {
+        return false;
+    };
+    cidrs.iter().any(|c| cidr_contains(c, ip))
+}
+
+fn cidr_contains(cidr: &str, ip: IpAddr) -> bool {
+    let (net, bits) = match cidr.split_once('/') {
+        Some((n, b)) => (n, b.parse::<u32>().ok()),
+        None => (cidr, None),
+    };
+    let Ok(net) = net.parse::<IpAddr>() else {
+        return false;
+    };
+    match (net, ip) {
+        (IpAddr::V4(n), IpAddr::V4(i)) => {
+            let bits = bits.unwrap_or(32).min(32);
+            let mask = if bits == 0 {
+                0
+            } else {
+                u32::MAX << (32 - bits)
+            };
+            u32::from(n) & mask == u32::from(i) & mask
+        }
+        (IpAddr::V6(n), IpAddr::V6(i)) => {
+            let bits = bits.unwrap_or(128).min(128);
+            let mask = if bits == 0 {
+                0
+            } else {
+                u128::MAX << (128 - bits)
+            };
+            u128::from(n) & mask == u128::from(i) & mask
+        }
+        _ => false,
+    }
+}
+
+/// Why a Service may not reach the host under `allow`; empty when it may.
+pub fn service_refusals(
+    allow: &Allowances,
+    spec: &k8s_openapi::api::core::v1::ServiceSpec,
+) -> Vec<String> {
+    let mut out = Vec::new();
+    match spec.type_.as_deref() {
+        Some("LoadBalancer") if !allow.load_balancers => out.push(
+            "type LoadBalancer is not allowed (the IsolationProfile's allow.loadBalancers is off); use ClusterIP".into(),
+        ),
+        Some("NodePort") if !allow.node_ports => out.push(
+            "type NodePort is not allowed (the IsolationProfile's allow.nodePorts is off); use ClusterIP".into(),
+        ),
+        Some("ExternalName") => {
+            let name = spec.external_name.as_deref().unwrap_or_default();
+            let name = name.trim_end_matches('.');
+            if !allow.external_names.iter().any(|p| name_matches(p, name)) {
+                out.push(format!(
+                    "externalName {name:?} is not in the IsolationProfile's allow.externalNames{}",
+                    listed(&allow.external_names)
+                ));
+            }
+        }
+        _ => {}
+    }
+    for ip in spec.external_ips.iter().flatten() {
+        if !in_cidrs(&allow.external_ip_cidrs, ip) {
+            out.push(format!(
+                "externalIPs {ip} is not inside the IsolationProfile's allow.externalIPCIDRs{}",
+                listed(&allow.external_ip_cidrs)
+            ));
+        }
+    }
+    out
+}
+
+/// Why an Ingress may not reach the host under `allow`; empty when it may.
+pub fn ingress_refusals(
+    allow: &Allowances,
+    spec: &k8s_openapi::api::networking::v1::IngressSpec,
+) -> Vec<String> {
+    let mut out = Vec::new();
+    if let Some(class) = &spec.ingress_class_name
+        && !allow.ingress_classes.contains(class)
+    {
+        out.push(format!(
+            "ingressClassName {class:?} is not in the IsolationProfile's allow.ingressClasses{}",
+            listed(&allow.ingress_classes)
+        ));
+    }
+    let host_ok = |h: &str| {
+        allow
+            .ingress_hosts
+            .iter()
+            .any(|p| p == "*" || name_matches(p, h))
+    };
+    for rule in spec.rules.iter().flatten() {
+        match rule.host.as_deref() {
+            Some(h) if host_ok(h) => {}
+            Some(h) => out.push(format!(
+                "host {h:?} is not in the IsolationProfile's allow.ingressHosts{}",
+                listed(&allow.ingress_hosts)
+            )),
+            None if host_ok("*") => {}
+            None => out.push(
+                "a rule without a host would take every host of the ingress controller; name a host the IsolationProfile's allow.ingressHosts lists".into(),
+            ),
+        }
+    }
+    if spec.default_backend.is_some() && !host_ok("*") {
+        out.push(
+            "defaultBackend would take every host of the ingress controller; use rules with hosts"
+                .into(),
+        );
+    }
+    for tls in spec.tls.iter().flatten() {
+        for h in tls.hosts.iter().flatten() {
+            if !host_ok(h) {
+                out.push(format!(
+                    "TLS host {h:?} is not in the IsolationProfile's allow.ingressHosts{}",
+                    listed(&allow.ingress_hosts)
+                ));
+            }
+        }
+    }
+    out
+}
+
+/// Why a claim may not reach the host under `allow` (its storage class); empty when it may.
+pub fn claim_refusals(allow: &Allowances, class: Option<&str>) -> Vec<String> {
+    match class {
+        None => vec![],
+        Some(c) if allow.storage_classes.iter().any(|a| a == c) => vec![],
+        Some("") => vec![format!(
+            "storageClassName \"\" (bind to any host volume without a class) is not allowed; name a class the IsolationProfile's allow.storageClasses lists{}, or none for the host's default",
+            listed(&allow.storage_classes)
+        )],
+        Some(c) => vec![format!(
+            "storageClassName {c:?} is not in the IsolationProfile's allow.storageClasses{}; name none for the host's default",
+            listed(&allow.storage_classes)
+        )],
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn spec(v: Value) -> PodSpec {
+        serde_json::from_value(v).unwrap()
+    }
+
+    #[test]
+    fn host_access_is_refused_unless_the_profile_opts_in_to_each() {
+        let risky = spec(json!({
+            "hostNetwork": true, "hostPID": true, "hostIPC": true,
+            "runtimeClassName": "runc-unsandboxed",
+            "volumes": [{"name": "root", "hostPath": {"path": "/"}},
+                        {"name": "ceph", "cephfs": {"monitors": ["m"], "secretRef": {"name": "x-pki"}}},
+                        {"name": "git", "gitRepo": {"repository": "r"}},
+                        {"name": "p", "projected": {"sources": [{"clusterTrustBundle": {"path": "b", "name": "n"}}]}}],
+            "containers": [{"name": "c", "ports": [{"containerPort": 80, "hostPort": 80}],
+                "securityContext": {"privileged": true, "capabilities": {"add": ["SYS_ADMIN", "NET_BIND_SERVICE"]}}}]
+        }));
+        let none = Allowances::default();
+        let refusals = pod_refusals(&none, &risky);
+        let text = refusals.join("\n");
+        for needle in [
+            "hostNetwork",
+            "hostPID",
+            "hostIPC",
+            "hostPath",
+            "hostPort 80",
+            "privileged",
+            "SYS_ADMIN",
+            "NET_BIND_SERVICE",
+            "runc-unsandboxed",
+            "uses cephfs",
+            "uses gitRepo",
+            "projects clusterTrustBundle",
+        ] {
+            assert!(text.contains(needle), "{needle} missing from:\n{text}");
+        }
+        let all = Allowances {
+            privileged: true,
+            host_network: true,
+            host_pid: true,
+            host_ipc: true,
+            host_path: true,
+            host_ports: true,
+            capabilities: vec!["SYS_ADMIN".into(), "CAP_NET_BIND_SERVICE".into()],
+            runtime_classes: vec!["runc-unsandboxed".into()],
+            ..Default::default()
+        };
+        let left = pod_refusals(&all, &risky).join("\n");
+        assert!(
+            !left.contains("hostPath") && !left.contains("privileged"),
+            "{left}"
+        );
+        assert!(
+            left.contains("cephfs") && left.contains("gitRepo"),
+            "never allowed: {left}"
+        );
+        let plain = spec(json!({"containers": [{"name": "c"}],
+            "volumes": [{"name": "e", "emptyDir": {}}, {"name": "t", "projected": {"sources": [{"serviceAccountToken": {"path": "t"}}]}}]}));
+        assert!(pod_refusals(&none, &plain).is_empty());
+    }
+
+    #[test]
+    fn placement_keeps_only_what_the_profile_allows() {
+        let all: Vec<Toleration> = serde_json::from_value(json!([
+            {"key": "node.kubernetes.io/not-ready", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 300},
+            {"key": "node-role.kubernetes.io/control-plane", "operator": "Exists", "effect": "NoSchedule"},
+            {"operator": "Exists"}
+        ]))
+        .unwrap();
+        let (kept, dropped) = tolerations(&Allowances::default(), &all);
+        assert_eq!(kept.len(), 1);
+        assert_eq!(dropped.len(), 2, "{dropped:?}");
+        let selector = BTreeMap::from([
+            ("kubernetes.io/os".to_string(), "linux".to_string()),
+            (
+                "node-role.kubernetes.io/control-plane".to_string(),
+                "".to_string(),
+            ),
+        ]);
+        let (kept, dropped) = node_selector(&Allowances::default(), &selector);
+        assert_eq!(kept.len(), 1);
+        assert!(dropped[0].contains("control-plane"));
+        let (class, dropped) = priority_class(&Allowances::default(), Some("system-node-critical"));
+        assert_eq!(class, None);
+        assert_eq!(dropped.len(), 1);
+    }
+
+    #[test]
+    fn only_allowed_annotations_reach_the_host() {
+        let all = BTreeMap::from([
+            (
+                "k8s.v1.cni.cncf.io/networks".to_string(),
+                "host-net".to_string(),
+            ),
+            ("prometheus.io/scrape".to_string(), "true".to_string()),
+            (
+                "kubectl.kubernetes.io/default-container".to_string(),
+                "web".to_string(),
+            ),
+        ]);
+        let mut allow = Allowances::default();
+        let (kept, dropped) = annotations(&allow, "Pod", all.clone());
+        assert_eq!(kept.len(), 1);
+        assert!(dropped[0].contains("k8s.v1.cni.cncf.io/networks"));
+        allow.annotations.pods = vec!["prometheus.io/*".into()];
+        let (kept, _) = annotations(&allow, "Pod", all.clone());
+        assert!(kept.contains_key("prometheus.io/scrape"));
+        let (kept, _) = annotations(&allow, "Service", all);
+        assert!(!kept.contains_key("prometheus.io/scrape"), "per kind");
+    }
+
+    #[test]
+    fn services_and_ingresses_ask_only_for_what_is_allowed() {
+        let svc = |v: Value| {
+            serde_json::from_value::<k8s_openapi::api::core::v1::ServiceSpec>(v).unwrap()
+        };
+        let none = Allowances::default();
+        assert_eq!(
+            service_refusals(&none, &svc(json!({"type": "LoadBalancer"}))).len(),
+            1
+        );
+        assert_eq!(
+            service_refusals(&none, &svc(json!({"type": "NodePort"}))).len(),
+            1
+        );
+        assert_eq!(
+            service_refusals(&none, &svc(json!({"type": "ExternalName", "externalName": "kubernetes.default.svc.cluster.local"}))).len(),
+            1
+        );
+        assert_eq!(
+            service_refusals(&none, &svc(json!({"externalIPs": ["10.96.0.1"]}))).len(),
+            1
+        );
+        let allow = Allowances {
+            external_names: vec!["*.example.com".into()],
+            external_ip_cidrs: vec!["203.0.113.0/24".into()],
+            ..Default::default()
+        };
+        assert!(
+            service_refusals(
+                &allow,
+                &svc(json!({"type": "ExternalName", "externalName": "db.example.com."}))
+            )
+            .is_empty()
+        );
+        assert!(service_refusals(&allow, &svc(json!({"externalIPs": ["203.0.113.9"]}))).is_empty());
+        let ing = |v: Value| {
+            serde_json::from_value::<k8s_openapi::api::networking::v1::IngressSpec>(v).unwrap()
+        };
+        let allow = Allowances {
+            ingress_hosts: vec!["*.dev.example.com".into()],
+            ingress_classes: vec!["nginx".into()],
+            ..Default::default()
+        };
+        assert!(
+            ingress_refusals(
+                &allow,
+                &ing(
+                    json!({"ingressClassName": "nginx", "rules": [{"host": "a.dev.example.com"}]})
+                )
+            )
+            .is_empty()
+        );
+        assert_eq!(ingress_refusals(&allow, &ing(json!({"ingressClassName": "internal", "rules": [{"host": "bank.example.com"}, {}]}))).len(), 3);
+    }
+
+    #[test]
+    fn cidrs_contain_their_addresses_and_claims_name_allowed_classes() {
+        let cidrs = vec![
+            "10.0.0.0/8".to_string(),
+            "fd00::/8".to_string(),
+            "192.0.2.7".to_string(),
+        ];
+        assert!(in_cidrs(&cidrs, "10.1.2.3"));
+        assert!(!in_cidrs(&cidrs, "11.0.0.1"));
+        assert!(in_cidrs(&cidrs, "fd12::1"));
+        assert!(in_cidrs(&cidrs, "192.0.2.7") && !in_cidrs(&cidrs, "192.0.2.8"));
+        assert!(!in_cidrs(&cidrs, "not-an-ip"));
+        let allow = Allowances {
+            storage_classes: vec!["fast".into()],
+            ..Default::default()
+        };
+        assert!(claim_refusals(&allow, None).is_empty());
+        assert!(claim_refusals(&allow, Some("fast")).is_empty());
+        assert_eq!(claim_refusals(&allow, Some("")).len(), 1);
+        assert_eq!(claim_refusals(&allow, Some("local-path-of-ops")).len(), 1);
+    }
+}
