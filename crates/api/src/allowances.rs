@@ -10,7 +10,9 @@ use serde::{Deserialize, Serialize};
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
 #[serde(rename_all = "camelCase")]
 pub struct Allowances {
-    /// Privileged containers (and Windows host-process containers). Otherwise refused.
+    /// Privileged containers (and Windows host-process containers, `procMount: Unmasked`,
+    /// unconfined seccomp and AppArmor, SELinux users, roles and types other than the container
+    /// ones, and sysctls beyond the namespaced safe set). Otherwise refused.
     #[serde(default)]
     pub privileged: bool,
     /// Pods in the host node's network namespace. Otherwise refused.
@@ -33,6 +35,11 @@ pub struct Allowances {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 64), inner(length(max = 64)))]
     pub capabilities: Vec<String>,
+    /// CSI drivers tenant pods may use in inline (`csi`) volumes; a pod using another is
+    /// refused (an inline volume's attributes can name storage or objects outside the tenant).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 32), inner(length(max = 253)))]
+    pub csi_drivers: Vec<String>,
     /// Host RuntimeClasses tenant pods may name in `runtimeClassName`; a pod naming another is
     /// refused.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]

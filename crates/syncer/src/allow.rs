@@ -156,10 +156,55 @@ pub fn pod_refusals(allow: &Allowances, spec: &PodSpec) -> Vec<String> {
                 ));
             }
         }
+        // The kubelet dials a probe's or hook's `host` from the node's network: anywhere the
+        // node reaches (its own ports, the metadata service, other tenants), around NetworkPolicy.
+        for (what, host) in handler_hosts(c) {
+            out.push(format!(
+                "container {:?}: {what} names host {host:?}; probes and hooks reach only the pod's own address",
+                c.name
+            ));
+        }
+        if !allow.privileged {
+            out.extend(confinement(
+                &format!("container {:?}", c.name),
+                sc.and_then(|s| s.seccomp_profile.as_ref()),
+                sc.and_then(|s| s.app_armor_profile.as_ref()),
+                sc.and_then(|s| s.se_linux_options.as_ref()),
+            ));
+        }
         if c.resources.as_ref().is_some_and(|r| r.claims.is_some()) {
             out.push(format!(
                 "container {:?} claims resources (resources.claims); dynamic resource allocation is not offered to tenant pods",
                 c.name
+            ));
+        }
+    }
+    if !allow.privileged {
+        let psc = spec.security_context.as_ref();
+        out.extend(confinement(
+            "the pod",
+            psc.and_then(|s| s.seccomp_profile.as_ref()),
+            psc.and_then(|s| s.app_armor_profile.as_ref()),
+            psc.and_then(|s| s.se_linux_options.as_ref()),
+        ));
+        for sysctl in psc.and_then(|s| s.sysctls.as_ref()).into_iter().flatten() {
+            if !SAFE_SYSCTLS.contains(&sysctl.name.as_str()) {
+                out.push(format!(
+                    "sysctl {} is not one of the namespaced safe ones (the IsolationProfile's allow.privileged is off)",
+                    sysctl.name
+                ));
+            }
+        }
+    }
+    for v in spec.volumes.iter().flatten() {
+        if let Some(csi) = &v.csi
+            && !allow.csi_drivers.contains(&csi.driver)
+        {
+            out.push(format!(
+                "volume {:?} uses CSI driver {}, which the IsolationProfile's allow.csiDrivers does not list{}",
+                v.name,
+                csi.driver,
+                listed(&allow.csi_drivers)
             ));
         }
     }
@@ -189,6 +234,93 @@ fn listed(allowed: &[String]) -> String {
     } else {
         format!(", which allows {}", allowed.join(", "))
     }
+}
+
+/// Sysctls every pod may set: namespaced, and what Pod Security `baseline` allows.
+const SAFE_SYSCTLS: &[&str] = &[
+    "kernel.shm_rmid_forced",
+    "net.ipv4.ip_local_port_range",
+    "net.ipv4.ip_local_reserved_ports",
+    "net.ipv4.ip_unprivileged_port_start",
+    "net.ipv4.ping_group_range",
+    "net.ipv4.tcp_syncookies",
+    "net.ipv4.tcp_keepalive_time",
+    "net.ipv4.tcp_fin_timeout",
+    "net.ipv4.tcp_keepalive_intvl",
+    "net.ipv4.tcp_keepalive_probes",
+];
+
+/// SELinux types a container may ask for (those Pod Security `baseline` allows).
+const CONTAINER_SELINUX_TYPES: &[&str] = &[
+    "container_t",
+    "container_init_t",
+    "container_kvm_t",
+    "container_engine_t",
+];
+
+/// Why a pod's or container's confinement (seccomp, AppArmor, SELinux) is not allowed.
+fn confinement(
+    who: &str,
+    seccomp: Option<&k8s_openapi::api::core::v1::SeccompProfile>,
+    apparmor: Option<&k8s_openapi::api::core::v1::AppArmorProfile>,
+    selinux: Option<&k8s_openapi::api::core::v1::SELinuxOptions>,
+) -> Vec<String> {
+    let mut out = Vec::new();
+    let off = "(the IsolationProfile's allow.privileged is off)";
+    if seccomp.is_some_and(|p| p.type_ == "Unconfined") {
+        out.push(format!("{who}: seccomp Unconfined is not allowed {off}"));
+    }
+    if apparmor.is_some_and(|p| p.type_ == "Unconfined") {
+        out.push(format!("{who}: AppArmor Unconfined is not allowed {off}"));
+    }
+    if let Some(se) = selinux {
+        let type_ok = se
+            .type_
+            .as_deref()
+            .is_none_or(|t| t.is_empty() || CONTAINER_SELINUX_TYPES.contains(&t));
+        if se.user.is_some() || se.role.is_some() || !type_ok {
+            out.push(format!(
+                "{who}: SELinux options other than a container type and level are not allowed {off}"
+            ));
+        }
+    }
+    out
+}
+
+/// The `host` fields a container's probes and lifecycle hooks name, by where they are.
+fn handler_hosts(c: &Container) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    let probes = [
+        ("livenessProbe", c.liveness_probe.as_ref()),
+        ("readinessProbe", c.readiness_probe.as_ref()),
+        ("startupProbe", c.startup_probe.as_ref()),
+    ];
+    for (what, probe) in probes {
+        let Some(p) = probe else { continue };
+        if let Some(h) = p.http_get.as_ref().and_then(|g| g.host.clone()) {
+            out.push((format!("{what}.httpGet"), h));
+        }
+        if let Some(h) = p.tcp_socket.as_ref().and_then(|t| t.host.clone()) {
+            out.push((format!("{what}.tcpSocket"), h));
+        }
+    }
+    let hooks = c.lifecycle.as_ref().map(|l| {
+        [
+            ("lifecycle.postStart", l.post_start.as_ref()),
+            ("lifecycle.preStop", l.pre_stop.as_ref()),
+        ]
+    });
+    for (what, hook) in hooks.into_iter().flatten() {
+        let Some(h) = hook else { continue };
+        if let Some(host) = h.http_get.as_ref().and_then(|g| g.host.clone()) {
+            out.push((format!("{what}.httpGet"), host));
+        }
+        if let Some(host) = h.tcp_socket.as_ref().and_then(|t| t.host.clone()) {
+            out.push((format!("{what}.tcpSocket"), host));
+        }
+    }
+    out.retain(|(_, h)| !h.is_empty());
+    out
 }
 
 /// Every container of a pod spec: init (and sidecar) containers and app containers.
@@ -553,6 +685,36 @@ mod tests {
         assert!(
             left.contains("cephfs") && left.contains("gitRepo"),
             "never allowed: {left}"
+        );
+        let sneaky = spec(json!({
+            "securityContext": {"seccompProfile": {"type": "Unconfined"}, "sysctls": [{"name": "kernel.msgmax", "value": "1"}]},
+            "volumes": [{"name": "nfs", "csi": {"driver": "nfs.csi.k8s.io", "volumeAttributes": {"server": "filer"}}}],
+            "containers": [{"name": "c",
+                "readinessProbe": {"tcpSocket": {"host": "10.96.0.1", "port": 443}},
+                "lifecycle": {"postStart": {"httpGet": {"host": "169.254.169.254", "path": "/", "port": 80}}},
+                "securityContext": {"seLinuxOptions": {"type": "spc_t"}, "appArmorProfile": {"type": "Unconfined"}}}]
+        }));
+        let text = pod_refusals(&none, &sneaky).join("\n");
+        for needle in [
+            "seccomp",
+            "kernel.msgmax",
+            "nfs.csi.k8s.io",
+            "readinessProbe.tcpSocket",
+            "169.254.169.254",
+            "SELinux",
+            "AppArmor",
+        ] {
+            assert!(text.contains(needle), "{needle} missing from:\n{text}");
+        }
+        let opened = Allowances {
+            privileged: true,
+            csi_drivers: vec!["nfs.csi.k8s.io".into()],
+            ..Default::default()
+        };
+        let left = pod_refusals(&opened, &sneaky).join("\n");
+        assert!(
+            left.contains("169.254.169.254") && !left.contains("seccomp") && !left.contains("nfs"),
+            "probes never: {left}"
         );
         let plain = spec(json!({"containers": [{"name": "c"}],
             "volumes": [{"name": "e", "emptyDir": {}}, {"name": "t", "projected": {"sources": [{"serviceAccountToken": {"path": "t"}}]}}]}));

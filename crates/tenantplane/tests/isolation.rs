@@ -18,21 +18,6 @@ use tenantplane_api::conditions::SYNCED;
 use tenantplane_syncer::naming;
 use tenantplane_testenv::{TestNamespace, eventually, install_crds_and_policies, namespace};
 
-/// A container that passes Pod Security `restricted`.
-fn container(name: &str) -> serde_json::Value {
-    json!({
-        "name": name,
-        "image": "registry.example/web:1",
-        "resources": {"requests": {"cpu": "10m", "memory": "16Mi"}},
-        "securityContext": {
-            "runAsNonRoot": true, "runAsUser": 1000,
-            "allowPrivilegeEscalation": false,
-            "capabilities": {"drop": ["ALL"]},
-            "seccompProfile": {"type": "RuntimeDefault"}
-        }
-    })
-}
-
 /// Tenant pod `default/<name>` with `spec` merged over one restricted container.
 fn pod(name: &str, labels: serde_json::Value, spec: serde_json::Value) -> Pod {
     let mut full = json!({"containers": [container("c")], "terminationGracePeriodSeconds": 1});
@@ -233,9 +218,25 @@ async fn volumes_and_claims_reach_only_the_tenants_own_copies() {
     let ns = namespace("iso-vol").await;
     let _operator = start_operator(&ns);
     let host = ns.client.clone();
-    example_ready(&ns).await;
-    let tenant = tenant_client(&host, &ns.name, "dev").await;
+    let tenant = tenant_under(
+        &ns,
+        json!({}),
+        json!({"csiDrivers": ["secrets.example.org"]}),
+    )
+    .await;
     let pods: Api<Pod> = Api::namespaced(tenant.clone(), "default");
+    // A CSI driver the profile does not list (its attributes reach a filer), and a probe that
+    // the kubelet would dial at the host API from the node: refused.
+    let nfs = json!({"volumes": [{"name": "filer", "csi": {"driver": "nfs.csi.k8s.io",
+                                  "volumeAttributes": {"server": "filer.internal", "share": "/"}}}]});
+    create(&pods, &pod("filer", json!({}), nfs)).await;
+    let mut prober = container("c");
+    prober["readinessProbe"] = json!({"tcpSocket": {"host": "10.96.0.1", "port": 443}});
+    create(
+        &pods,
+        &pod("prober", json!({}), json!({"containers": [prober]})),
+    )
+    .await;
     // A CSI volume whose secret names the tenant's PKI Secret on the host, and an ephemeral
     // volume whose template clones the control plane's datastore claim and picks host volumes.
     let spec = json!({"volumes": [
@@ -307,6 +308,14 @@ async fn volumes_and_claims_reach_only_the_tenants_own_copies() {
             .map(|c| c.name_any())
             .collect::<Vec<_>>()
     );
+    for (name, needle) in [("filer", "nfs.csi.k8s.io"), ("prober", "10.96.0.1")] {
+        let message = told(&tenant, name, "NotAllowed").await;
+        assert!(message.contains(needle), "{name}: {message}");
+        assert!(
+            !has_copy::<Pod>(&host, &ns.name, name).await,
+            "{name} reached the host"
+        );
+    }
     // A claim naming a storage class the profile does not list is refused.
     let claims: Api<PersistentVolumeClaim> = Api::namespaced(tenant.clone(), "default");
     let pvc: PersistentVolumeClaim = serde_json::from_value(json!({

@@ -25,21 +25,6 @@ use tenantplane_api::{SyncPolicy, TenantCluster};
 use tenantplane_syncer::naming;
 use tenantplane_testenv::{TestNamespace, dns, eventually, install_crds_and_policies, namespace};
 
-/// A container that passes Pod Security `restricted`.
-fn container(name: &str) -> serde_json::Value {
-    json!({
-        "name": name,
-        "image": "registry.example/web:1",
-        "resources": {"requests": {"cpu": "10m", "memory": "16Mi"}},
-        "securityContext": {
-            "runAsNonRoot": true, "runAsUser": 1000,
-            "allowPrivilegeEscalation": false,
-            "capabilities": {"drop": ["ALL"]},
-            "seccompProfile": {"type": "RuntimeDefault"}
-        }
-    })
-}
-
 fn deployment(replicas: i32) -> Deployment {
     let mut c = container("web");
     c["envFrom"] = json!([{"secretRef": {"name": "creds"}}]);
@@ -1454,7 +1439,7 @@ async fn the_tenant_gets_a_cluster_dns_and_synced_pods_resolve_through_it() {
         let t_ip = t.spec?.cluster_ip?;
         let h_ip = h.spec?.cluster_ip?;
         let copies = Api::<Pod>::namespaced(host.clone(), &ns.name)
-            .list(&ListParams::default().labels("k8s-app=kube-dns"))
+            .list(&ListParams::default().labels(&format!("{}=kube-dns", hk("k8s-app"))))
             .await
             .ok()?;
         *last.lock().unwrap() = format!(
@@ -1702,9 +1687,10 @@ async fn a_daemonset_runs_a_pod_on_every_node_and_a_statefulset_claim_binds() {
     .unwrap();
     let pvs: Api<k8s_openapi::api::core::v1::PersistentVolume> = Api::all(host.clone());
     pvs.create(&PostParams::default(), &pv).await.unwrap();
-    let (tenant, policies, policy_name) = tenant_with_policy(
+    let (tenant, policies, policy_name) = tenant_with_policies(
         &ns,
         json!({"fromHost": {"nodes": {"enabled": true, "mode": "all"}}}),
+        Some(json!({"storageClasses": [class]})),
     )
     .await;
     let pp = PostParams::default();
@@ -1913,8 +1899,13 @@ async fn a_selectorless_service_keeps_its_endpoints_and_a_deleted_service_stays_
     let ns = namespace("sync-endpoints").await;
     let _operator = start_operator(&ns);
     let host = ns.client.clone();
-    example_ready(&ns).await;
-    let tenant = tenant_client(&host, &ns.name, "dev").await;
+    // The database outside the cluster is at an address the profile lets Endpoints name.
+    let (tenant, _, _) = tenant_with_policies(
+        &ns,
+        json!({}),
+        Some(json!({"endpointCIDRs": ["10.1.2.0/24"]})),
+    )
+    .await;
     let pp = PostParams::default();
     let services = Api::<Service>::namespaced(tenant.clone(), "default");
     let endpoints = Api::<Endpoints>::namespaced(tenant.clone(), "default");

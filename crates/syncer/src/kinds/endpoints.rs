@@ -58,6 +58,8 @@ pub fn own_pod_ips(cx: &Tenant) -> BTreeSet<String> {
         .iter()
         .filter(|p| cx.tr.copy_of(&p.metadata).is_some())
         .filter_map(|p| p.status.as_ref())
+        // A finished pod's address goes back to the pool, and may be someone else's by now.
+        .filter(|s| matches!(s.phase.as_deref(), Some("Pending" | "Running")))
         .flat_map(|s| {
             s.pod_ips
                 .iter()

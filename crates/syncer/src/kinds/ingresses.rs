@@ -76,7 +76,7 @@ impl CopyDown for Ingresses {
         // Snippet annotations make an ingress controller run configuration the tenant wrote, with
         // the controller's rights on the host (ingress-nginx reads Secrets that way): never copied.
         if let Some(a) = metadata.annotations.as_mut() {
-            a.retain(|k, _| !k.to_ascii_lowercase().contains("snippet"));
+            a.retain(|k, _| !never_copied(k));
         }
         Ingress {
             metadata,
@@ -84,6 +84,27 @@ impl CopyDown for Ingresses {
             status: None,
         }
     }
+}
+
+/// Ingress annotations never copied, whatever the profile allows: snippets (configuration the
+/// controller runs with its own rights), and those that name Secrets or Services of any namespace,
+/// URLs the controller calls, or hosts beyond the Ingress's own.
+fn never_copied(key: &str) -> bool {
+    const NAMING_OTHERS: &[&str] = &[
+        "auth-url",
+        "auth-signin",
+        "auth-secret",
+        "auth-tls-secret",
+        "auth-tls-match-cn",
+        "proxy-ssl-secret",
+        "default-backend",
+        "mirror-target",
+        "mirror-host",
+        "server-alias",
+    ];
+    let key = key.to_ascii_lowercase();
+    let name = key.rsplit('/').next().unwrap_or_default();
+    key.contains("snippet") || NAMING_OTHERS.contains(&name)
 }
 
 /// The keys an Ingress change wakes: itself and its TLS Secrets.
@@ -137,6 +158,7 @@ mod tests {
         let ingress: Ingress = serde_json::from_value(json!({
             "metadata": {"name": "web", "namespace": "default", "annotations": {
                 "nginx.ingress.kubernetes.io/configuration-snippet": "more_set_headers x",
+                "nginx.ingress.kubernetes.io/auth-tls-secret": "kube-system/ca",
                 "nginx.ingress.kubernetes.io/rewrite-target": "/"
             }},
             "spec": {
@@ -161,6 +183,7 @@ mod tests {
             !annotations.keys().any(|k| k.contains("snippet")),
             "snippets never, whatever the profile allows"
         );
+        assert!(!annotations.contains_key("nginx.ingress.kubernetes.io/auth-tls-secret"));
         let spec = host.spec.unwrap();
         assert_eq!(
             spec.tls.unwrap()[0].secret_name.as_deref(),

@@ -41,6 +41,7 @@ impl CopyDown for Claims {
         // their labels or clone a host claim: only a clone of its own claim's copy is asked for.
         spec.volume_name = None;
         spec.selector = None;
+        spec.volume_attributes_class_name = None;
         spec.data_source = spec.data_source.filter(own_claim).map(|mut d| {
             d.name = tr.host_name(&ns, &d.name);
             d
@@ -81,6 +82,9 @@ pub fn review(tr: &Translator, pvc: &PersistentVolumeClaim) -> Review {
             "spec.volumeName is left out: the host binds the claim to a volume of its choosing"
                 .into(),
         );
+    }
+    if spec.volume_attributes_class_name.is_some() {
+        dropped.push("spec.volumeAttributesClassName is left out: host volume classes are the host's to give".into());
     }
     if spec.selector.is_some() {
         dropped

@@ -84,7 +84,12 @@ pub fn pod(tr: &Translator, pod: &Pod, services: &[&Service], dns: Option<&str>)
             s.name = tr.host_name(&ns, &s.name);
         }
     }
-    if let (Some(dns), Some("ClusterFirst") | None) = (dns, spec.dns_policy.as_deref()) {
+    // Without the host's network, ClusterFirstWithHostNet is ClusterFirst: the tenant's DNS.
+    let cluster_first = matches!(
+        spec.dns_policy.as_deref(),
+        None | Some("ClusterFirst") | Some("ClusterFirstWithHostNet")
+    ) && spec.host_network != Some(true);
+    if let (Some(dns), true) = (dns, cluster_first) {
         spec.dns_policy = Some("None".into());
         let mut config = spec.dns_config.take().unwrap_or_default();
         config.nameservers = Some(vec![dns.to_string()]);
@@ -190,6 +195,20 @@ pub fn pod(tr: &Translator, pod: &Pod, services: &[&Service], dns: Option<&str>)
         c.env = Some(env_list);
     }
     spec.ephemeral_containers = None;
+    // Every image is pulled with the pod's own credentials: an image cached on the node for
+    // someone else never runs without them.
+    for c in spec
+        .containers
+        .iter_mut()
+        .chain(spec.init_containers.iter_mut().flatten())
+    {
+        c.image_pull_policy = Some("Always".into());
+    }
+    for v in spec.volumes.iter_mut().flatten() {
+        if let Some(image) = v.image.as_mut() {
+            image.pull_policy = Some("Always".into());
+        }
+    }
     // Pod (anti-)affinity terms select tenant labels; on the host they must only match copies
     // from the same tenant namespace.
     if let Some(affinity) = spec.affinity.as_mut() {

@@ -168,6 +168,21 @@ pub async fn tenant_client(host: &Client, ns: &str, name: &str) -> Client {
     client
 }
 
+/// A container that passes Pod Security `restricted`.
+pub fn container(name: &str) -> serde_json::Value {
+    serde_json::json!({
+        "name": name,
+        "image": "registry.example/web:1",
+        "resources": {"requests": {"cpu": "10m", "memory": "16Mi"}},
+        "securityContext": {
+            "runAsNonRoot": true, "runAsUser": 1000,
+            "allowPrivilegeEscalation": false,
+            "capabilities": {"drop": ["ALL"]},
+            "seccompProfile": {"type": "RuntimeDefault"}
+        }
+    })
+}
+
 /// Create IsolationProfile `name`: the shipped `restricted` one with `allow` as its `allow`
 /// section (what tenant objects may ask of the host).
 pub async fn profile_allowing(host: &Client, name: &str, allow: serde_json::Value) {
