@@ -12,6 +12,7 @@ pub mod kubelet;
 pub mod leader;
 pub mod metrics;
 pub mod names;
+pub mod namespace;
 pub mod reconcile;
 pub mod status;
 pub mod telemetry;

@@ -17,6 +17,7 @@ pub mod events;
 pub mod ingresses;
 pub mod nodes;
 pub mod persistentvolumeclaims;
+pub mod pod_review;
 pub mod pod_translate;
 pub mod pods;
 pub mod secrets;

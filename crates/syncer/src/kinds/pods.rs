@@ -22,6 +22,7 @@ use crate::kinds::configmaps::ConfigMaps;
 use crate::kinds::endpoints::EndpointsKind;
 use crate::kinds::nodes::{self, node_key};
 use crate::kinds::persistentvolumeclaims::Claims;
+use crate::kinds::pod_review;
 use crate::kinds::pod_translate::{self, References, images, pod_meta, references};
 use crate::kinds::secrets::Secrets;
 use crate::kinds::services::is_tenant_api;
@@ -201,8 +202,8 @@ async fn converge_pod(cx: &Tenant, ns: &str, name: &str) -> Result<()> {
         return Ok(());
     }
     bind(cx, &t, &h).await?;
-    let wanted = pod_translate::pod_status_up(&h);
-    if h.status.is_some() && pod_translate::pod_status_differs(t.status.as_ref(), &wanted) {
+    let wanted = pod_review::pod_status_up(&h);
+    if h.status.is_some() && pod_review::pod_status_differs(t.status.as_ref(), &wanted) {
         let t_ip = t.status.as_ref().and_then(|s| s.pod_ip.as_ref());
         if t_ip != wanted.pod_ip.as_ref() {
             // A new address of our own: Endpoints written by hand may name it now.

@@ -1,23 +1,13 @@
-//! Default deny: what of a tenant object reaches the host, under the `allow` section of the
-//! tenant's IsolationProfile. Each check is pure and gives its findings as sentences a tenant
-//! can act on: a refusal keeps the whole object off the host; a drop leaves one field or entry
-//! out of the host copy, where the object works without it. The syncer tells the tenant both
-//! (an Event on the object; a refusal also in `Synced`).
+//! The checks on a pod: host access, confinement, volume sources, classes, and the placement a
+//! host copy keeps.
 
 use std::collections::BTreeMap;
-use std::net::IpAddr;
 
 use k8s_openapi::api::core::v1::{Container, NodeSelectorTerm, PodSpec, Toleration, Volume};
 use serde_json::Value;
 use tenantplane_api::Allowances;
-use tenantplane_api::allowances::{key_matches, name_matches};
 
-/// Annotations every host copy may carry: they change nothing on the host.
-const ALWAYS_ALLOWED_ANNOTATIONS: &[&str] = &[
-    "kubectl.kubernetes.io/default-container",
-    "kubectl.kubernetes.io/restartedAt",
-    "kubernetes.io/description",
-];
+use super::listed;
 
 /// Node-condition taints: the node controller puts them on nodes that are not fit, and the
 /// tenant's own admission adds tolerations of some to every pod. Tolerating them reaches no
@@ -225,15 +215,6 @@ pub fn pod_refusals(allow: &Allowances, spec: &PodSpec) -> Vec<String> {
         out.extend(volume_refusal(v));
     }
     out
-}
-
-/// `, which allows a, b` or `, which is empty`.
-fn listed(allowed: &[String]) -> String {
-    if allowed.is_empty() {
-        ", which is empty".into()
-    } else {
-        format!(", which allows {}", allowed.join(", "))
-    }
 }
 
 /// Sysctls every pod may set: namespaced, and what Pod Security `baseline` allows.
@@ -450,182 +431,6 @@ pub fn priority_class(allow: &Allowances, class: Option<&str>) -> (Option<String
     }
 }
 
-/// The annotations a host copy of `kind` keeps (reserved keys already removed), and a sentence
-/// naming the ones left out.
-pub fn annotations(
-    allow: &Allowances,
-    kind: &str,
-    all: BTreeMap<String, String>,
-) -> (BTreeMap<String, String>, Vec<String>) {
-    let extra = allow.annotations.for_kind(kind);
-    let mut kept = BTreeMap::new();
-    let mut left_out = Vec::new();
-    for (k, v) in all {
-        if k == "kubectl.kubernetes.io/last-applied-configuration" {
-            continue;
-        }
-        if ALWAYS_ALLOWED_ANNOTATIONS.contains(&k.as_str())
-            || extra.iter().any(|p| key_matches(p, &k))
-        {
-            kept.insert(k, v);
-        } else {
-            left_out.push(k);
-        }
-    }
-    let dropped = if left_out.is_empty() {
-        vec![]
-    } else {
-        vec![format!(
-            "annotations {} are left out of the host copy (not in the IsolationProfile's allow.annotations)",
-            left_out.join(", ")
-        )]
-    };
-    (kept, dropped)
-}
-
-/// Is `ip` inside one of `cidrs`?
-pub fn in_cidrs(cidrs: &[String], ip: &str) -> bool {
-    let Ok(ip) = ip.parse::<IpAddr>() else {
-        return false;
-    };
-    cidrs.iter().any(|c| cidr_contains(c, ip))
-}
-
-fn cidr_contains(cidr: &str, ip: IpAddr) -> bool {
-    let (net, bits) = match cidr.split_once('/') {
-        Some((n, b)) => (n, b.parse::<u32>().ok()),
-        None => (cidr, None),
-    };
-    let Ok(net) = net.parse::<IpAddr>() else {
-        return false;
-    };
-    match (net, ip) {
-        (IpAddr::V4(n), IpAddr::V4(i)) => {
-            let bits = bits.unwrap_or(32).min(32);
-            let mask = if bits == 0 {
-                0
-            } else {
-                u32::MAX << (32 - bits)
-            };
-            u32::from(n) & mask == u32::from(i) & mask
-        }
-        (IpAddr::V6(n), IpAddr::V6(i)) => {
-            let bits = bits.unwrap_or(128).min(128);
-            let mask = if bits == 0 {
-                0
-            } else {
-                u128::MAX << (128 - bits)
-            };
-            u128::from(n) & mask == u128::from(i) & mask
-        }
-        _ => false,
-    }
-}
-
-/// Why a Service may not reach the host under `allow`; empty when it may.
-pub fn service_refusals(
-    allow: &Allowances,
-    spec: &k8s_openapi::api::core::v1::ServiceSpec,
-) -> Vec<String> {
-    let mut out = Vec::new();
-    match spec.type_.as_deref() {
-        Some("LoadBalancer") if !allow.load_balancers => out.push(
-            "type LoadBalancer is not allowed (the IsolationProfile's allow.loadBalancers is off); use ClusterIP".into(),
-        ),
-        Some("NodePort") if !allow.node_ports => out.push(
-            "type NodePort is not allowed (the IsolationProfile's allow.nodePorts is off); use ClusterIP".into(),
-        ),
-        Some("ExternalName") => {
-            let name = spec.external_name.as_deref().unwrap_or_default();
-            let name = name.trim_end_matches('.');
-            if !allow.external_names.iter().any(|p| name_matches(p, name)) {
-                out.push(format!(
-                    "externalName {name:?} is not in the IsolationProfile's allow.externalNames{}",
-                    listed(&allow.external_names)
-                ));
-            }
-        }
-        _ => {}
-    }
-    for ip in spec.external_ips.iter().flatten() {
-        if !in_cidrs(&allow.external_ip_cidrs, ip) {
-            out.push(format!(
-                "externalIPs {ip} is not inside the IsolationProfile's allow.externalIPCIDRs{}",
-                listed(&allow.external_ip_cidrs)
-            ));
-        }
-    }
-    out
-}
-
-/// Why an Ingress may not reach the host under `allow`; empty when it may.
-pub fn ingress_refusals(
-    allow: &Allowances,
-    spec: &k8s_openapi::api::networking::v1::IngressSpec,
-) -> Vec<String> {
-    let mut out = Vec::new();
-    if let Some(class) = &spec.ingress_class_name
-        && !allow.ingress_classes.contains(class)
-    {
-        out.push(format!(
-            "ingressClassName {class:?} is not in the IsolationProfile's allow.ingressClasses{}",
-            listed(&allow.ingress_classes)
-        ));
-    }
-    let host_ok = |h: &str| {
-        allow
-            .ingress_hosts
-            .iter()
-            .any(|p| p == "*" || name_matches(p, h))
-    };
-    for rule in spec.rules.iter().flatten() {
-        match rule.host.as_deref() {
-            Some(h) if host_ok(h) => {}
-            Some(h) => out.push(format!(
-                "host {h:?} is not in the IsolationProfile's allow.ingressHosts{}",
-                listed(&allow.ingress_hosts)
-            )),
-            None if host_ok("*") => {}
-            None => out.push(
-                "a rule without a host would take every host of the ingress controller; name a host the IsolationProfile's allow.ingressHosts lists".into(),
-            ),
-        }
-    }
-    if spec.default_backend.is_some() && !host_ok("*") {
-        out.push(
-            "defaultBackend would take every host of the ingress controller; use rules with hosts"
-                .into(),
-        );
-    }
-    for tls in spec.tls.iter().flatten() {
-        for h in tls.hosts.iter().flatten() {
-            if !host_ok(h) {
-                out.push(format!(
-                    "TLS host {h:?} is not in the IsolationProfile's allow.ingressHosts{}",
-                    listed(&allow.ingress_hosts)
-                ));
-            }
-        }
-    }
-    out
-}
-
-/// Why a claim may not reach the host under `allow` (its storage class); empty when it may.
-pub fn claim_refusals(allow: &Allowances, class: Option<&str>) -> Vec<String> {
-    match class {
-        None => vec![],
-        Some(c) if allow.storage_classes.iter().any(|a| a == c) => vec![],
-        Some("") => vec![format!(
-            "storageClassName \"\" (bind to any host volume without a class) is not allowed; name a class the IsolationProfile's allow.storageClasses lists{}, or none for the host's default",
-            listed(&allow.storage_classes)
-        )],
-        Some(c) => vec![format!(
-            "storageClassName {c:?} is not in the IsolationProfile's allow.storageClasses{}; name none for the host's default",
-            listed(&allow.storage_classes)
-        )],
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -745,106 +550,5 @@ mod tests {
         let (class, dropped) = priority_class(&Allowances::default(), Some("system-node-critical"));
         assert_eq!(class, None);
         assert_eq!(dropped.len(), 1);
-    }
-
-    #[test]
-    fn only_allowed_annotations_reach_the_host() {
-        let all = BTreeMap::from([
-            (
-                "k8s.v1.cni.cncf.io/networks".to_string(),
-                "host-net".to_string(),
-            ),
-            ("prometheus.io/scrape".to_string(), "true".to_string()),
-            (
-                "kubectl.kubernetes.io/default-container".to_string(),
-                "web".to_string(),
-            ),
-        ]);
-        let mut allow = Allowances::default();
-        let (kept, dropped) = annotations(&allow, "Pod", all.clone());
-        assert_eq!(kept.len(), 1);
-        assert!(dropped[0].contains("k8s.v1.cni.cncf.io/networks"));
-        allow.annotations.pods = vec!["prometheus.io/*".into()];
-        let (kept, _) = annotations(&allow, "Pod", all.clone());
-        assert!(kept.contains_key("prometheus.io/scrape"));
-        let (kept, _) = annotations(&allow, "Service", all);
-        assert!(!kept.contains_key("prometheus.io/scrape"), "per kind");
-    }
-
-    #[test]
-    fn services_and_ingresses_ask_only_for_what_is_allowed() {
-        let svc = |v: Value| {
-            serde_json::from_value::<k8s_openapi::api::core::v1::ServiceSpec>(v).unwrap()
-        };
-        let none = Allowances::default();
-        assert_eq!(
-            service_refusals(&none, &svc(json!({"type": "LoadBalancer"}))).len(),
-            1
-        );
-        assert_eq!(
-            service_refusals(&none, &svc(json!({"type": "NodePort"}))).len(),
-            1
-        );
-        assert_eq!(
-            service_refusals(&none, &svc(json!({"type": "ExternalName", "externalName": "kubernetes.default.svc.cluster.local"}))).len(),
-            1
-        );
-        assert_eq!(
-            service_refusals(&none, &svc(json!({"externalIPs": ["10.96.0.1"]}))).len(),
-            1
-        );
-        let allow = Allowances {
-            external_names: vec!["*.example.com".into()],
-            external_ip_cidrs: vec!["203.0.113.0/24".into()],
-            ..Default::default()
-        };
-        assert!(
-            service_refusals(
-                &allow,
-                &svc(json!({"type": "ExternalName", "externalName": "db.example.com."}))
-            )
-            .is_empty()
-        );
-        assert!(service_refusals(&allow, &svc(json!({"externalIPs": ["203.0.113.9"]}))).is_empty());
-        let ing = |v: Value| {
-            serde_json::from_value::<k8s_openapi::api::networking::v1::IngressSpec>(v).unwrap()
-        };
-        let allow = Allowances {
-            ingress_hosts: vec!["*.dev.example.com".into()],
-            ingress_classes: vec!["nginx".into()],
-            ..Default::default()
-        };
-        assert!(
-            ingress_refusals(
-                &allow,
-                &ing(
-                    json!({"ingressClassName": "nginx", "rules": [{"host": "a.dev.example.com"}]})
-                )
-            )
-            .is_empty()
-        );
-        assert_eq!(ingress_refusals(&allow, &ing(json!({"ingressClassName": "internal", "rules": [{"host": "bank.example.com"}, {}]}))).len(), 3);
-    }
-
-    #[test]
-    fn cidrs_contain_their_addresses_and_claims_name_allowed_classes() {
-        let cidrs = vec![
-            "10.0.0.0/8".to_string(),
-            "fd00::/8".to_string(),
-            "192.0.2.7".to_string(),
-        ];
-        assert!(in_cidrs(&cidrs, "10.1.2.3"));
-        assert!(!in_cidrs(&cidrs, "11.0.0.1"));
-        assert!(in_cidrs(&cidrs, "fd12::1"));
-        assert!(in_cidrs(&cidrs, "192.0.2.7") && !in_cidrs(&cidrs, "192.0.2.8"));
-        assert!(!in_cidrs(&cidrs, "not-an-ip"));
-        let allow = Allowances {
-            storage_classes: vec!["fast".into()],
-            ..Default::default()
-        };
-        assert!(claim_refusals(&allow, None).is_empty());
-        assert!(claim_refusals(&allow, Some("fast")).is_empty());
-        assert_eq!(claim_refusals(&allow, Some("")).len(), 1);
-        assert_eq!(claim_refusals(&allow, Some("local-path-of-ops")).len(), 1);
     }
 }

@@ -1,0 +1,131 @@
+//! What of a tenant pod its host copy leaves out, and why a pod may have none: the placement
+//! the profile allows, and the review the syncer tells the tenant about (see [`crate::allow`]);
+//! and what comes back up: the status the tenant pod shows for its copy.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{Pod, PodCondition, PodSpec, PodStatus};
+
+use crate::allow;
+use crate::tell::Review;
+use crate::translate::Translator;
+
+/// The tenant's placement as far as the profile allows it (what is left out, said by
+/// [`review`]), then the profile's own node selector and tolerations.
+pub(crate) fn placement(tr: &Translator, spec: &mut PodSpec) {
+    let mut selector =
+        allow::node_selector(&tr.allow, &spec.node_selector.take().unwrap_or_default()).0;
+    selector.extend(tr.node_selector.clone());
+    spec.node_selector = (!selector.is_empty()).then_some(selector);
+    let mut tolerations =
+        allow::tolerations(&tr.allow, &spec.tolerations.take().unwrap_or_default()).0;
+    for t in &tr.tolerations {
+        if !tolerations.contains(t) {
+            tolerations.push(t.clone());
+        }
+    }
+    spec.tolerations = (!tolerations.is_empty()).then_some(tolerations);
+    node_affinity(tr, spec);
+}
+
+/// The pod's node affinity without terms on node labels the profile does not allow; what is
+/// left out, said.
+fn node_affinity(tr: &Translator, spec: &mut PodSpec) -> Vec<String> {
+    let mut dropped = Vec::new();
+    let Some(na) = spec
+        .affinity
+        .as_mut()
+        .and_then(|a| a.node_affinity.as_mut())
+    else {
+        return dropped;
+    };
+    let empty = |t: &k8s_openapi::api::core::v1::NodeSelectorTerm| {
+        t.match_expressions.as_ref().is_none_or(|e| e.is_empty())
+            && t.match_fields.as_ref().is_none_or(|f| f.is_empty())
+    };
+    if let Some(required) = na
+        .required_during_scheduling_ignored_during_execution
+        .as_mut()
+    {
+        for term in required.node_selector_terms.iter_mut() {
+            dropped.extend(allow::node_term(&tr.allow, term));
+        }
+        // An empty term matches no node: one that lost every expression goes.
+        required.node_selector_terms.retain(|t| !empty(t));
+        if required.node_selector_terms.is_empty() {
+            na.required_during_scheduling_ignored_during_execution = None;
+        }
+    }
+    if let Some(preferred) = na
+        .preferred_during_scheduling_ignored_during_execution
+        .as_mut()
+    {
+        for p in preferred.iter_mut() {
+            dropped.extend(allow::node_term(&tr.allow, &mut p.preference));
+        }
+        preferred.retain(|p| !empty(&p.preference));
+    }
+    dropped
+}
+
+/// What the host copy of `pod` leaves out and why it may have none (see [`crate::allow`]).
+pub fn review(tr: &Translator, pod: &Pod) -> Review {
+    let Some(spec) = pod.spec.as_ref() else {
+        return Review::default();
+    };
+    let mut dropped = tr.annotations("Pod", &pod.metadata).1;
+    dropped.extend(
+        allow::node_selector(
+            &tr.allow,
+            spec.node_selector.as_ref().unwrap_or(&BTreeMap::new()),
+        )
+        .1,
+    );
+    dropped
+        .extend(allow::tolerations(&tr.allow, spec.tolerations.as_deref().unwrap_or_default()).1);
+    dropped.extend(allow::priority_class(&tr.allow, spec.priority_class_name.as_deref()).1);
+    dropped.extend(node_affinity(tr, &mut spec.clone()));
+    Review {
+        refused: allow::pod_refusals(&tr.allow, spec),
+        dropped,
+    }
+}
+
+/// The status the tenant pod should show for its host copy: the host's, with the host's
+/// scheduling condition kept as is.
+pub fn pod_status_up(host: &Pod) -> PodStatus {
+    let mut status = host.status.clone().unwrap_or_default();
+    // Host-only details.
+    status.nominated_node_name = None;
+    // The tenant API server decided the tenant pod's class at creation, and the field is
+    // immutable: the host's (a LimitRange may have changed it) is never written up.
+    status.qos_class = None;
+    status
+}
+
+/// Does the tenant pod already show `wanted`? Compared field by field the syncer writes, so the
+/// tenant's own additions (readiness gates from elsewhere) do not cause writes.
+pub fn pod_status_differs(current: Option<&PodStatus>, wanted: &PodStatus) -> bool {
+    let Some(current) = current else {
+        return true;
+    };
+    let conds = |s: &PodStatus| -> Vec<(String, String, Option<String>)> {
+        let mut v: Vec<_> = s
+            .conditions
+            .iter()
+            .flatten()
+            .map(|c: &PodCondition| (c.type_.clone(), c.status.clone(), c.reason.clone()))
+            .collect();
+        v.sort();
+        v
+    };
+    current.phase != wanted.phase
+        || current.pod_ip != wanted.pod_ip
+        || current.pod_ips != wanted.pod_ips
+        || current.host_ip != wanted.host_ip
+        || current.container_statuses != wanted.container_statuses
+        || current.init_container_statuses != wanted.init_container_statuses
+        || current.reason != wanted.reason
+        || current.message != wanted.message
+        || conds(current) != conds(wanted)
+}
