@@ -97,17 +97,7 @@ pub async fn converge_copy<S: CopyDown>(cx: &Tenant, key: &Key) -> Result<Pair<S
         .as_deref()
         .filter(|t| t.meta().deletion_timestamp.is_none())
     {
-        let review = S::review_in(cx, t);
-        if review.refusal().is_some()
-            && let Some(h) = &h
-        {
-            // Refused now (the object or the profile changed): no copy stays behind.
-            delete_if_present(&cx.host_api::<S::Object>(), &**h, None).await?;
-        }
-        if review == Review::default() {
-            tell::forget(cx, &t.uid().unwrap_or_default());
-        }
-        tell::review(cx, t, &review).await?;
+        tell::enforce(cx, t, h.as_deref(), &S::review_in(cx, t)).await?;
     }
     match step::<S>(|t| S::translate_in(cx, t), t.as_deref(), h.as_deref()) {
         Step::Nothing => Ok(None),
@@ -120,6 +110,9 @@ pub async fn converge_copy<S: CopyDown>(cx: &Tenant, key: &Key) -> Result<Pair<S
         }
         Step::Apply(desired) => {
             apply_copy(cx, ns, name, h.as_deref(), &desired).await?;
+            if let Some(t) = &t {
+                tell::forget(cx, &t.uid().unwrap_or_default());
+            }
             Ok(t.zip(h))
         }
     }

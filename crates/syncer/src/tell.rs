@@ -5,6 +5,7 @@ use kube::runtime::events::{Event, EventType};
 use kube::{Resource, ResourceExt};
 use tracing::warn;
 
+use crate::converge::delete_if_present;
 use crate::error::{Error, Result};
 use crate::tenant::Tenant;
 
@@ -29,8 +30,26 @@ impl Review {
     }
 }
 
+/// Hold tenant object `obj` to `review` before its copy is written: a refused object keeps no
+/// copy (`copy`, its live one, is deleted: the object or the profile changed), and the tenant is
+/// told; fails with the refusal if there is one.
+pub async fn enforce<K>(cx: &Tenant, obj: &K, copy: Option<&K>, review: &Review) -> Result<()>
+where
+    K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
+        + Clone
+        + std::fmt::Debug
+        + serde::de::DeserializeOwned,
+{
+    if review.refusal().is_some()
+        && let Some(copy) = copy
+    {
+        delete_if_present(&cx.host_api::<K>(), copy, None).await?;
+    }
+    tell_review(cx, obj, review).await
+}
+
 /// Tell the tenant about `review` of `obj` (Events), and fail with the refusal if there is one.
-pub async fn review<K>(cx: &Tenant, obj: &K, review: &Review) -> Result<()>
+async fn tell_review<K>(cx: &Tenant, obj: &K, review: &Review) -> Result<()>
 where
     K: Resource<DynamicType = ()>,
 {
@@ -51,13 +70,13 @@ pub async fn tell<K>(cx: &Tenant, obj: &K, reason: &str, message: &str)
 where
     K: Resource<DynamicType = ()>,
 {
-    let key = format!("{}/{reason}", obj.uid().unwrap_or_default());
     {
         let mut told = cx.told.lock().unwrap_or_else(|e| e.into_inner());
-        if told.get(&key).map(String::as_str) == Some(message) {
+        let said = told.entry(obj.uid().unwrap_or_default()).or_default();
+        if said.get(reason).map(String::as_str) == Some(message) {
             return;
         }
-        told.insert(key, message.to_string());
+        said.insert(reason.to_string(), message.to_string());
     }
     let event = Event {
         type_: EventType::Warning,
@@ -73,9 +92,8 @@ where
 
 /// Forget what was said about the object of `uid` (it synced, or it is gone).
 pub fn forget(cx: &Tenant, uid: &str) {
-    let prefix = format!("{uid}/");
     cx.told
         .lock()
         .unwrap_or_else(|e| e.into_inner())
-        .retain(|k, _| !k.starts_with(&prefix));
+        .remove(uid);
 }

@@ -47,8 +47,9 @@ pub struct Tenant {
     pub queue: Arc<WorkQueue<Key>>,
     /// Events in the tenant, as the syncer.
     pub recorder: Recorder,
-    /// What each tenant object was last told (by Event), by `<uid>/<reason>` (see `tell`).
-    pub told: Mutex<HashMap<String, String>>,
+    /// What each tenant object was last told (by Event), by its UID and the Event's reason
+    /// (see `tell`).
+    pub told: Mutex<HashMap<String, BTreeMap<String, String>>>,
     /// When each host pod's token Secret is due to be minted again, once a pass is scheduled.
     pub refresh_scheduled: Mutex<HashMap<String, Timestamp>>,
     pub(crate) selectors: BTreeMap<&'static str, Selector>,

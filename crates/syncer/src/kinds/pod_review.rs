@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::{Pod, PodCondition, PodSpec, PodStatus};
+use k8s_openapi::api::core::v1::{NodeAffinity, Pod, PodCondition, PodSpec, PodStatus};
 
 use crate::allow;
 use crate::tell::Review;
@@ -25,18 +25,19 @@ pub(crate) fn placement(tr: &Translator, spec: &mut PodSpec) {
         }
     }
     spec.tolerations = (!tolerations.is_empty()).then_some(tolerations);
-    node_affinity(tr, spec);
+    node_affinity(
+        tr,
+        spec.affinity
+            .as_mut()
+            .and_then(|a| a.node_affinity.as_mut()),
+    );
 }
 
-/// The pod's node affinity without terms on node labels the profile does not allow; what is
-/// left out, said.
-fn node_affinity(tr: &Translator, spec: &mut PodSpec) -> Vec<String> {
+/// A pod's node affinity without terms on node labels the profile does not allow; what is left
+/// out, said.
+fn node_affinity(tr: &Translator, na: Option<&mut NodeAffinity>) -> Vec<String> {
     let mut dropped = Vec::new();
-    let Some(na) = spec
-        .affinity
-        .as_mut()
-        .and_then(|a| a.node_affinity.as_mut())
-    else {
+    let Some(na) = na else {
         return dropped;
     };
     let empty = |t: &k8s_openapi::api::core::v1::NodeSelectorTerm| {
@@ -84,7 +85,8 @@ pub fn review(tr: &Translator, pod: &Pod) -> Review {
     dropped
         .extend(allow::tolerations(&tr.allow, spec.tolerations.as_deref().unwrap_or_default()).1);
     dropped.extend(allow::priority_class(&tr.allow, spec.priority_class_name.as_deref()).1);
-    dropped.extend(node_affinity(tr, &mut spec.clone()));
+    let mut na = spec.affinity.as_ref().and_then(|a| a.node_affinity.clone());
+    dropped.extend(node_affinity(tr, na.as_mut()));
     Review {
         refused: allow::pod_refusals(&tr.allow, spec),
         dropped,

@@ -6,7 +6,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{Binding, ObjectReference, Pod, Service};
+use k8s_openapi::api::core::v1::{
+    Binding, ConfigMap, Endpoints, ObjectReference, Pod, Secret, Service,
+};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{ObjectMeta, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
@@ -94,29 +96,22 @@ pub fn referenced(cx: &Tenant, ns: &str, pick: impl Fn(&References) -> bool) -> 
         })
 }
 
-/// Once the host admitted a pod, what it uses follows: its ConfigMaps, Secrets and claims that
-/// have no copy yet are looked at.
+/// Once the host admitted a pod, what it uses follows: its ConfigMaps and Secrets that have no
+/// copy yet are looked at (see [`referenced`]).
 fn wake_references(cx: &Tenant, t: &Pod) {
     let ns = t.namespace().unwrap_or_default();
     let r = references(t);
-    let missing = |kind: &'static str, names: &std::collections::BTreeSet<String>| -> Vec<Key> {
-        names
-            .iter()
-            .filter(|n| match kind {
-                "ConfigMap" => cx
-                    .host_copy::<k8s_openapi::api::core::v1::ConfigMap>(&ns, n)
-                    .is_none(),
-                _ => cx
-                    .host_copy::<k8s_openapi::api::core::v1::Secret>(&ns, n)
-                    .is_none(),
-            })
-            .map(|n| Key::new(kind, ns.clone(), n.clone()))
-            .collect()
-    };
-    for key in missing(ConfigMaps::NAME, &r.config_maps)
-        .into_iter()
-        .chain(missing(Secrets::NAME, &r.secrets))
-    {
+    let config_maps = r
+        .config_maps
+        .iter()
+        .filter(|n| cx.host_copy::<ConfigMap>(&ns, n).is_none())
+        .map(|n| Key::of::<ConfigMaps>(ns.clone(), n.clone()));
+    let secrets = r
+        .secrets
+        .iter()
+        .filter(|n| cx.host_copy::<Secret>(&ns, n).is_none())
+        .map(|n| Key::of::<Secrets>(ns.clone(), n.clone()));
+    for key in config_maps.chain(secrets) {
         cx.queue.add(key);
     }
 }
@@ -170,14 +165,7 @@ async fn converge_pod(cx: &Tenant, ns: &str, name: &str) -> Result<()> {
         }
         return Ok(());
     }
-    if let Some(h) = &h
-        && pod_translate::review(&cx.tr, &t).refusal().is_some()
-    {
-        // Refused now (the profile changed, which restarts the syncer): no copy runs on.
-        forget(cx, h);
-        delete_if_present(&host_pods, h, None).await?;
-        return Ok(());
-    }
+    let review = pod_review::review(&cx.tr, &t);
     let Some(h) = h else {
         if t.spec
             .as_ref()
@@ -193,8 +181,17 @@ async fn converge_pod(cx: &Tenant, ns: &str, name: &str) -> Result<()> {
             delete_if_present(&tenant_pods, &*t, Some(0)).await?;
             return Ok(());
         }
+        if let Some(refused) = review.refusal() {
+            mark_unschedulable(cx, &t, tell::NOT_ALLOWED, &refused.to_string()).await;
+        }
+        tell::enforce(cx, &*t, None, &review).await?;
         return create_host_pod(cx, &t).await;
     };
+    if review.refusal().is_some() {
+        // Refused now (the profile changed, which restarts the syncer): no copy runs on.
+        forget(cx, &h);
+    }
+    tell::enforce(cx, &*t, Some(&*h), &review).await?;
     restore(cx, &t, &h).await?;
     wake_references(cx, &t);
     tokens::ensure_tokens(cx, &t, &h).await?;
@@ -207,7 +204,7 @@ async fn converge_pod(cx: &Tenant, ns: &str, name: &str) -> Result<()> {
         let t_ip = t.status.as_ref().and_then(|s| s.pod_ip.as_ref());
         if t_ip != wanted.pod_ip.as_ref() {
             // A new address of our own: Endpoints written by hand may name it now.
-            for ep in cx.tenant_list::<k8s_openapi::api::core::v1::Endpoints>() {
+            for ep in cx.tenant_list::<Endpoints>() {
                 if ep.namespace().as_deref() == Some(ns) {
                     cx.queue.add(Key::for_object::<EndpointsKind>(&*ep));
                 }
@@ -221,7 +218,7 @@ async fn converge_pod(cx: &Tenant, ns: &str, name: &str) -> Result<()> {
             )
             .await?;
     }
-    if pod_translate::review(&cx.tr, &t).dropped.is_empty() {
+    if review.dropped.is_empty() {
         tell::forget(cx, &t_uid);
     }
     Ok(())
@@ -299,12 +296,8 @@ fn changeable(desired: &Pod) -> Value {
     })
 }
 
+/// Make the host copy of tenant pod `t`, which [`tell::enforce`] let through.
 async fn create_host_pod(cx: &Tenant, t: &Pod) -> Result<()> {
-    let review = pod_translate::review(&cx.tr, t);
-    if let Some(refused) = review.refusal() {
-        mark_unschedulable(cx, t, tell::NOT_ALLOWED, &refused.to_string()).await;
-    }
-    tell::review(cx, t, &review).await?;
     let ns = t.namespace().unwrap_or_default();
     let services: Vec<Arc<Service>> = cx
         .tenant_list::<Service>()

@@ -84,14 +84,7 @@ async fn converge_service(cx: &Tenant, ns: &str, name: &str) -> Result<()> {
     if t.metadata.deletion_timestamp.is_some() {
         return Ok(());
     }
-    let review = review(&cx.tr, &t);
-    if review.refusal().is_some()
-        && let Some(h) = &h
-    {
-        // Refused now (the Service or the profile changed): no copy stays behind.
-        delete_if_present(&api, h, None).await?;
-    }
-    tell::review(cx, &*t, &review).await?;
+    tell::enforce(cx, &*t, h.as_deref(), &review(&cx.tr, &t)).await?;
     let desired = with_address(service(&cx.tr, &t), h.as_deref().unwrap_or(&t));
     match apply_copy(cx, ns, name, h.as_deref(), &desired).await {
         // The host holds the tenant's address already, or its range lacks it: the copy takes
@@ -102,6 +95,7 @@ async fn converge_service(cx: &Tenant, ns: &str, name: &str) -> Result<()> {
         }
         other => other?,
     }
+    tell::forget(cx, &t.uid().unwrap_or_default());
     let Some(h) = h else {
         // The watch brings the copy with its address.
         return Ok(());
