@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Build the test binaries (etcd, kube-apiserver, kube-controller-manager,
+# Build the test binaries (etcd, kine, kube-apiserver, kube-controller-manager,
 # kube-scheduler, kubectl, kwok, helm, coredns) from the Go modules in this
 # directory, with the machine's Go, into a content-addressed cache:
 #
@@ -9,7 +9,7 @@
 # (e2e.test, at the version kube/ pins) and ginkgo, from e2e/, into
 # .../testenv/conformance-<key>/bin/ (about 20 minutes on 2 cores the first time).
 #
-# Each module (etcd/, kube/, kwok/, helm/, coredns/, e2e/) is built into a folder of its own,
+# Each module (etcd/, kine/, kube/, kwok/, helm/, coredns/, e2e/) is built into a folder of its own,
 # mod-<module>-<module key>, where the module key hashes that module's go.mod,
 # go.sum and Go files, its components, the build recipe below and `go version`; so a
 # change to one module rebuilds only that module. <key> hashes the module
@@ -32,6 +32,7 @@ HEARTBEAT_SECS="${TESTENV_HEARTBEAT_SECS:-30}"
 # binary | module dir | package (a test binary when the name ends in .test)
 ALL_COMPONENTS=(
   "etcd|etcd|go.etcd.io/etcd/server/v3"
+  "kine|kine|github.com/k3s-io/kine"
   "kube-apiserver|kube|k8s.io/kubernetes/cmd/kube-apiserver"
   "kube-controller-manager|kube|k8s.io/kubernetes/cmd/kube-controller-manager"
   "kube-scheduler|kube|k8s.io/kubernetes/cmd/kube-scheduler"
@@ -42,7 +43,7 @@ ALL_COMPONENTS=(
   "e2e.test|e2e|k8s.io/kubernetes/test/e2e"
   "ginkgo|e2e|github.com/onsi/ginkgo/v2/ginkgo"
 )
-MODULES=(etcd kube kwok helm coredns)
+MODULES=(etcd kine kube kwok helm coredns)
 KEY_PREFIX=""
 if [[ "${1:-}" == "--conformance" ]]; then
   MODULES=(e2e)

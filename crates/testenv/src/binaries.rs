@@ -8,6 +8,7 @@ use crate::{Error, Result};
 /// The binaries every control plane needs.
 pub const COMPONENTS: &[&str] = &[
     "etcd",
+    "kine",
     "kube-apiserver",
     "kube-controller-manager",
     "kube-scheduler",
