@@ -1,12 +1,21 @@
 //! The local runtime: for tests and `tenantplane dev` only, it stands in for the kubelet and the
 //! k3s image. When a tenant control-plane pod (label `tenantplane.io/runtime=local`) is scheduled,
-//! it starts what k3s would run agentless — a real etcd-backed kube-apiserver and a
-//! kube-controller-manager without the node controllers — from the CAs in the pod's PKI Secret, on
-//! loopback ports; marks the pod Running and Ready as a kubelet would; and announces the address
-//! in the pod's `tenantplane.io/local-endpoint` annotation. When the processes die it marks the
-//! pod not Ready and restarts them after a back-off; when the pod goes, the processes go.
+//! it starts what k3s would run agentless — kine over sqlite (k3s's datastore), a real
+//! kube-apiserver on it, and a kube-controller-manager without the node controllers — from the CAs
+//! in the pod's PKI Secret, on loopback ports; marks the pod Running and Ready as a kubelet would;
+//! and announces the address in the pod's `tenantplane.io/local-endpoint` annotation. When the
+//! processes die it marks the pod not Ready and restarts them after a back-off; when the pod goes,
+//! the processes go.
+//!
+//! The database and everything else of a tenant live in its data folder, the stand-in for the
+//! pod's data volume: it follows the volume claim (`<dir>/<namespace>/<claim>-<claim UID>`), so a
+//! restarted or re-created pod finds its data, and it is removed once its claim is gone
+//! ([`datastore`]).
 //!
 //! It runs each tenant's CoreDNS pod too ([`crate::local_dns`]), so the tenant's DNS answers.
+
+mod datastore;
+mod launch;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -26,14 +35,18 @@ use tenantplane_controller::tenant_pki::{self, TenantPki};
 use tenantplane_pki::Leaf;
 
 use crate::binaries::Binaries;
-use crate::control_plane::{ApiServerConfig, FrontProxy, apiserver_args, free_port};
+use crate::control_plane::{ApiServerConfig, FrontProxy, free_port};
 use crate::local_dns::{DnsServer, TenantApi};
 use crate::process::{self, Handle};
 use crate::{Error, Result, kubeconfig};
+use launch::{LaunchSpec, spawn_processes};
 
 /// How long the runtime waits before restarting a tenant whose processes died (a kubelet backs off
 /// similarly).
 pub const RESTART_BACKOFF: Duration = Duration::from_secs(5);
+
+/// Every how many health ticks (of a second) the data folders of deleted claims are removed.
+const PRUNE_TICKS: u64 = 5;
 
 /// One running tenant control plane.
 struct Tenant {
@@ -43,7 +56,9 @@ struct Tenant {
     pod: String,
     uid: String,
     port: u16,
+    /// The data folder (see [`datastore::volume`]).
     dir: PathBuf,
+    /// kine, kube-apiserver, kube-controller-manager (empty while a restart failed).
     processes: Vec<Handle>,
     ready: bool,
     restarts: i32,
@@ -72,28 +87,40 @@ pub struct LocalRuntime {
     /// CoreDNS pods not started yet (their tenant API or token not there yet), by UID, with the
     /// last reason, retried every tick.
     pub(crate) pending_dns: Arc<Mutex<HashMap<String, (Pod, String)>>>,
+    /// Control-plane pods not started yet (their claim or PKI Secret not there yet), likewise.
+    pending: Arc<Mutex<HashMap<String, (Pod, String)>>>,
 }
 
 impl LocalRuntime {
     /// Kill the kube-apiserver of the tenant pod `namespace/pod`, as a crash would. The runtime
     /// notices, marks the pod not Ready, and restarts it after [`RESTART_BACKOFF`].
     pub fn crash_api_server(&self, namespace: &str, pod: &str) -> bool {
+        self.crash(namespace, pod, "kube-apiserver")
+    }
+
+    /// Kill the datastore (kine) of the tenant pod `namespace/pod`, as a crash would: the API
+    /// server stops answering, and the runtime restarts the tenant's processes after
+    /// [`RESTART_BACKOFF`] on the same database.
+    pub fn crash_datastore(&self, namespace: &str, pod: &str) -> bool {
+        self.crash(namespace, pod, "kine")
+    }
+
+    fn crash(&self, namespace: &str, pod: &str, binary: &str) -> bool {
         let Ok(tenants) = self.tenants.lock() else {
             return false;
         };
-        let Some(t) = tenants
+        let process = tenants
             .values()
             .find(|t| t.namespace == namespace && t.pod == pod)
-        else {
-            return false;
-        };
-        match t
-            .processes
-            .iter()
-            .find(|h| h.name.ends_with("kube-apiserver"))
-        {
+            .and_then(|t| {
+                t.processes
+                    .iter()
+                    .find(|h| h.name == format!("tenant-{binary}"))
+            });
+        match process {
             Some(h) => {
-                // SAFETY: signalling a child process we started.
+                // SAFETY: signalling a child process we started. Not reaped here: the health
+                // check finds it exited.
                 unsafe {
                     libc::kill(h.pid as libc::pid_t, libc::SIGKILL);
                 }
@@ -121,6 +148,7 @@ pub fn start(
         tenants: Arc::new(Mutex::new(HashMap::new())),
         dns: Arc::new(Mutex::new(HashMap::new())),
         pending_dns: Arc::new(Mutex::new(HashMap::new())),
+        pending: Arc::new(Mutex::new(HashMap::new())),
     };
     let handle = runtime.clone();
     let task = tokio::spawn(async move {
@@ -148,6 +176,7 @@ pub fn start(
         )
         .boxed();
         let mut tick = tokio::time::interval(Duration::from_secs(1));
+        let mut ticks: u64 = 0;
         let guard = StopOnDrop(runtime.clone());
         loop {
             tokio::select! {
@@ -172,7 +201,13 @@ pub fn start(
                 }
                 _ = tick.tick() => {
                     guard.0.check_health(&client, &binaries).await;
+                    guard.0.retry(&client, &binaries, &dir).await;
                     guard.0.retry_dns(&client, &binaries, &dir).await;
+                    ticks += 1;
+                    if ticks.is_multiple_of(PRUNE_TICKS) {
+                        let in_use = guard.0.data_dirs();
+                        datastore::prune(&client, &dir, namespace.as_deref(), &in_use).await;
+                    }
                 }
             }
         }
@@ -255,13 +290,36 @@ impl LocalRuntime {
         if !scheduled || known {
             return;
         }
-        match self.launch(client, binaries, dir, &pod).await {
+        let result = self.launch(client, binaries, dir, &pod).await;
+        let Ok(mut pending) = self.pending.lock() else {
+            return;
+        };
+        match result {
             Ok(tenant) => {
+                pending.remove(&uid);
                 if let Ok(mut tenants) = self.tenants.lock() {
                     tenants.insert(uid, tenant);
                 }
             }
-            Err(e) => eprintln!("local runtime: cannot start {ns}/{name}: {e}"),
+            Err(e) => {
+                // Tried again every tick, as a kubelet would; said again when the reason changes.
+                let reason = e.to_string();
+                if pending.get(&uid).is_none_or(|(_, last)| *last != reason) {
+                    eprintln!("local runtime: cannot start {ns}/{name} yet: {reason}");
+                }
+                pending.insert(uid, (pod, reason));
+            }
+        }
+    }
+
+    /// Try the control-plane pods again that could not start yet.
+    async fn retry(&self, client: &Client, binaries: &Binaries, dir: &Path) {
+        let pods: Vec<Pod> = match self.pending.lock() {
+            Ok(p) => p.values().map(|(pod, _)| pod.clone()).collect(),
+            Err(_) => return,
+        };
+        for pod in pods {
+            self.on_pod(client, binaries, dir, pod).await;
         }
     }
 
@@ -286,7 +344,8 @@ impl LocalRuntime {
         let pki = TenantPki::from_secret_data(&secret.data.unwrap_or_default())
             .map_err(|e| Error::Io(format!("Secret {ns}/{secret_name}: {e}")))?;
         // Data lives with the volume claim, so a new pod of the same StatefulSet finds it.
-        let tenant_dir = dir.join(&ns).join(format!("data-{name}"));
+        let volume = datastore::volume(client, dir, pod).await?;
+        let tenant_dir = volume.dir.clone();
         let tls = tenant_dir.join("tls");
         std::fs::create_dir_all(&tls)?;
         let write = |file: &str, text: &str| -> Result<PathBuf> {
@@ -412,13 +471,14 @@ impl LocalRuntime {
         };
         tenant.processes = spawn_processes(
             binaries,
-            &tenant,
+            &volume,
             &config,
             &service_cidr,
             &controllers,
             &admin_kubeconfig,
             kubelet_args,
-        )?;
+        )
+        .await?;
         Ok(tenant)
     }
 
@@ -439,6 +499,9 @@ impl LocalRuntime {
     }
 
     fn stop(&self, uid: &str) {
+        if let Ok(mut pending) = self.pending.lock() {
+            pending.remove(uid);
+        }
         let tenant = self.tenants.lock().ok().and_then(|mut t| t.remove(uid));
         if let Some(t) = tenant {
             for h in t.processes.iter().rev() {
@@ -460,7 +523,8 @@ impl LocalRuntime {
                     port: t.port,
                     dir: t.dir.clone(),
                     ready: t.ready,
-                    dead: t.processes.iter().any(|h| process::exited(h).is_some()),
+                    dead: t.processes.is_empty()
+                        || t.processes.iter().any(|h| process::exited(h).is_some()),
                     restarts: t.restarts,
                 })
                 .collect(),
@@ -482,148 +546,68 @@ impl LocalRuntime {
                 }
             }
             if t.dead {
-                self.restart_after_backoff(&t.uid, binaries);
+                self.restart_after_backoff(&t.uid, binaries).await;
             }
         }
     }
 
     /// Restart dead processes once they have been dead for [`RESTART_BACKOFF`]; the health tick
     /// calls this again until then, so the watch loop never waits.
-    fn restart_after_backoff(&self, uid: &str, binaries: &Binaries) {
+    async fn restart_after_backoff(&self, uid: &str, binaries: &Binaries) {
+        let spec = {
+            let Ok(mut tenants) = self.tenants.lock() else {
+                return;
+            };
+            let Some(t) = tenants.get_mut(uid) else {
+                return;
+            };
+            let died_at = *t.died_at.get_or_insert_with(std::time::Instant::now);
+            if died_at.elapsed() < RESTART_BACKOFF {
+                return;
+            }
+            t.died_at = None;
+            // In k3s these are one process: when one part dies, the rest goes with it.
+            for h in t.processes.drain(..).rev() {
+                kill(&h);
+            }
+            match LaunchSpec::read(&t.dir) {
+                Ok(spec) => spec,
+                Err(e) => {
+                    eprintln!("local runtime: restarting {}/{}: {e}", t.namespace, t.pod);
+                    return;
+                }
+            }
+        };
+        // Without the lock while kine opens its database; the tenant may be gone after.
+        let started = spec.spawn(binaries).await;
         let Ok(mut tenants) = self.tenants.lock() else {
             return;
         };
-        let Some(t) = tenants.get_mut(uid) else {
-            return;
-        };
-        let died_at = *t.died_at.get_or_insert_with(std::time::Instant::now);
-        if died_at.elapsed() < RESTART_BACKOFF {
-            return;
-        }
-        t.died_at = None;
-        for h in t.processes.iter().rev() {
-            process::stop(h);
-        }
-        let Some(spec) = std::fs::read_to_string(t.dir.join("launch.json"))
-            .ok()
-            .and_then(|s| serde_json::from_str::<LaunchSpec>(&s).ok())
-        else {
-            return;
-        };
-        match spec.spawn(binaries) {
-            Ok(processes) => {
+        match (tenants.get_mut(uid), started) {
+            (Some(t), Ok(processes)) => {
                 t.processes = processes;
                 t.restarts += 1;
             }
-            Err(e) => eprintln!("local runtime: restarting {}/{}: {e}", t.namespace, t.pod),
+            (None, Ok(processes)) => {
+                for h in processes.iter().rev() {
+                    process::stop(h);
+                }
+            }
+            (Some(t), Err(e)) => {
+                eprintln!("local runtime: restarting {}/{}: {e}", t.namespace, t.pod)
+            }
+            (None, Err(_)) => {}
         }
     }
 }
 
-/// Everything needed to (re)start a tenant's processes, kept next to its data.
-#[derive(serde::Serialize, serde::Deserialize)]
-struct LaunchSpec {
-    etcd: Vec<String>,
-    apiserver: Vec<String>,
-    controller_manager: Vec<String>,
-    logs: PathBuf,
-}
-
-impl LaunchSpec {
-    fn spawn(&self, binaries: &Binaries) -> Result<Vec<Handle>> {
-        let mut handles = Vec::new();
-        for (name, args) in [
-            ("etcd", &self.etcd),
-            ("kube-apiserver", &self.apiserver),
-            ("kube-controller-manager", &self.controller_manager),
-        ] {
-            let log = self.logs.join(format!("{name}.log"));
-            let handle = process::spawn(
-                &format!("tenant-{name}"),
-                &binaries.path(name),
-                args,
-                &[],
-                &log,
-            )?;
-            handles.push(handle);
-        }
-        Ok(handles)
+/// Kill one of our processes at once, as a crash would, and reap it.
+fn kill(h: &Handle) {
+    // SAFETY: signalling a child process we started (and have not reaped yet).
+    unsafe {
+        libc::kill(h.pid as libc::pid_t, libc::SIGKILL);
     }
-}
-
-fn spawn_processes(
-    binaries: &Binaries,
-    tenant: &Tenant,
-    config: &ApiServerConfig,
-    service_cidr: &str,
-    controllers: &str,
-    admin_kubeconfig: &Path,
-    kubelet_args: Vec<String>,
-) -> Result<Vec<Handle>> {
-    let (client_port, peer_port) = (free_port()?, free_port()?);
-    let etcd_url = format!("http://127.0.0.1:{client_port}");
-    let peer_url = format!("http://127.0.0.1:{peer_port}");
-    let etcd = vec![
-        "--name=tenant".to_string(),
-        format!("--data-dir={}", tenant.dir.join("etcd").display()),
-        format!("--listen-client-urls={etcd_url}"),
-        format!("--advertise-client-urls={etcd_url}"),
-        format!("--listen-peer-urls={peer_url}"),
-        format!("--initial-advertise-peer-urls={peer_url}"),
-        format!("--initial-cluster=tenant={peer_url}"),
-        "--unsafe-no-fsync=true".into(),
-        "--log-level=warn".into(),
-    ];
-    let mut config = config.clone();
-    config.etcd = etcd_url;
-    let mut apiserver = apiserver_args(&config);
-    apiserver.retain(|a| !a.starts_with("--service-cluster-ip-range="));
-    apiserver.push(format!("--service-cluster-ip-range={service_cidr}"));
-    apiserver.extend(kubelet_args);
-    let kc = admin_kubeconfig.display().to_string();
-    let tls = tenant.dir.join("tls");
-    let controller_manager = vec![
-        format!("--kubeconfig={kc}"),
-        format!("--authentication-kubeconfig={kc}"),
-        format!("--authorization-kubeconfig={kc}"),
-        "--bind-address=127.0.0.1".into(),
-        format!("--secure-port={}", free_port()?),
-        "--leader-elect=false".into(),
-        format!("--controllers={controllers}"),
-        "--use-service-account-credentials=true".into(),
-        format!(
-            "--service-account-private-key-file={}",
-            tls.join(tenant_pki::SERVICE_KEY).display()
-        ),
-        format!(
-            "--root-ca-file={}",
-            tls.join(tenant_pki::SERVER_CA_CRT).display()
-        ),
-        format!(
-            "--cluster-signing-cert-file={}",
-            tls.join(tenant_pki::CLIENT_CA_CRT).display()
-        ),
-        format!(
-            "--cluster-signing-key-file={}",
-            tls.join(tenant_pki::CLIENT_CA_KEY).display()
-        ),
-        format!("--service-cluster-ip-range={service_cidr}"),
-        format!("--cert-dir={}", tenant.dir.join("kcm-certs").display()),
-        "--profiling=false".into(),
-    ];
-    let logs = tenant.dir.join("logs");
-    std::fs::create_dir_all(&logs)?;
-    let spec = LaunchSpec {
-        etcd,
-        apiserver,
-        controller_manager,
-        logs,
-    };
-    std::fs::write(
-        tenant.dir.join("launch.json"),
-        serde_json::to_string_pretty(&spec).map_err(|e| Error::Io(e.to_string()))?,
-    )?;
-    spec.spawn(binaries)
+    process::stop(h);
 }
 
 async fn api_server_ready(dir: &Path) -> bool {

@@ -1,0 +1,237 @@
+//! A tenant's datastore as k3s keeps it: kine over sqlite, in the tenant's data folder. That
+//! folder stands in for the pod's data volume, so it follows the volume claim (its name and UID),
+//! not the pod, and goes when the claim goes.
+
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
+use kube::api::{Api, ListParams};
+use kube::{Client, ResourceExt};
+
+use super::LocalRuntime;
+use crate::control_plane::tail;
+use crate::process::{self, Handle};
+use crate::{Error, Result};
+
+/// The volume of a control-plane pod that holds the tenant's data: the StatefulSet's
+/// volumeClaimTemplate, so the pod's claim is `data-<pod>`.
+const DATA_VOLUME: &str = "data";
+/// The file in a data folder that names the claim it belongs to (by UID); only folders holding
+/// one are ever pruned.
+const CLAIM_FILE: &str = "claim-uid";
+/// The longest path a unix socket may have (`sun_path` holds 108 bytes with the final NUL).
+const MAX_SOCKET_PATH: usize = 107;
+/// How long kine may take to open its database and listen.
+const KINE_START_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The data folder of one control-plane pod, and the claim it belongs to.
+pub(super) struct Volume {
+    pub dir: PathBuf,
+    pub claim_uid: String,
+}
+
+/// The data folder of control-plane pod `pod`: `<dir>/<namespace>/<claim>-<claim UID>` for the
+/// claim behind its `data` volume (the StatefulSet's volumeClaimTemplate). A pod made again for
+/// the same claim finds its data; a new claim of the same name (a TenantCluster made again with
+/// the old name) starts empty. An error while the claim is missing (the runtime tries again).
+pub(super) async fn volume(client: &Client, dir: &Path, pod: &Pod) -> Result<Volume> {
+    let ns = pod.namespace().unwrap_or_default();
+    let name = pod.name_any();
+    let claim = pod
+        .spec
+        .iter()
+        .flat_map(|s| s.volumes.iter().flatten())
+        .find(|v| v.name == DATA_VOLUME)
+        .and_then(|v| v.persistent_volume_claim.as_ref())
+        .map(|c| c.claim_name.clone())
+        .ok_or_else(|| {
+            Error::Io(format!(
+                "pod {ns}/{name} has no {} volume from a claim, which holds the tenant's data",
+                DATA_VOLUME
+            ))
+        })?;
+    // The scheduler places a pod only once its claims are bound, so the claim is there; a
+    // kubelet would wait for it all the same.
+    let found = Api::<PersistentVolumeClaim>::namespaced(client.clone(), &ns)
+        .get_opt(&claim)
+        .await?
+        .ok_or_else(|| Error::Io(format!("waiting for claim {ns}/{claim} of pod {name}")))?;
+    let claim_uid = found.uid().unwrap_or_default();
+    let dir = std::path::absolute(dir)?
+        .join(&ns)
+        .join(format!("{claim}-{claim_uid}"));
+    std::fs::create_dir_all(dir.join("db"))?;
+    std::fs::write(dir.join(CLAIM_FILE), &claim_uid)?;
+    Ok(Volume { dir, claim_uid })
+}
+
+/// Where kine listens: `kine.sock` in the data folder, as k3s has it. Unix socket paths are
+/// limited to 107 bytes, and a deep data folder (a long namespace, the claim UID) can pass that;
+/// then the socket is `tenantplane-kine-<claim UID>.sock` in the temporary folder: short, the
+/// same at every restart, and one per claim.
+pub(super) fn socket(volume: &Volume) -> PathBuf {
+    let local = volume.dir.join("kine.sock");
+    if local.as_os_str().len() <= MAX_SOCKET_PATH {
+        local
+    } else {
+        std::env::temp_dir().join(format!("tenantplane-kine-{}.sock", volume.claim_uid))
+    }
+}
+
+/// The sqlite database of a data folder.
+pub(super) fn database(dir: &Path) -> PathBuf {
+    dir.join("db").join("state.db")
+}
+
+/// kine's flags: sqlite in the data folder (WAL, as k3s configures it), the etcd API on the unix
+/// socket, no metrics listener (it would bind every interface).
+pub(super) fn kine_args(volume: &Volume, socket: &Path) -> Vec<String> {
+    vec![
+        format!(
+            "--endpoint=sqlite://{}?_journal=WAL&_busy_timeout=30000&_synchronous=NORMAL&_txlock=immediate",
+            database(&volume.dir).display()
+        ),
+        format!("--listen-address=unix://{}", socket.display()),
+        "--metrics-bind-address=0".into(),
+        "--log-format=json".into(),
+    ]
+}
+
+/// Wait until kine listens on `socket` (it does once its database is open), for a bounded time;
+/// otherwise an error that names kine's log and ends with its last lines.
+pub(super) async fn wait_for_socket(kine: &Handle, socket: &Path, log: &Path) -> Result<()> {
+    use std::os::unix::fs::FileTypeExt;
+    let started = Instant::now();
+    loop {
+        if std::fs::metadata(socket).is_ok_and(|m| m.file_type().is_socket()) {
+            return Ok(());
+        }
+        let exited = process::exited(kine);
+        if exited.is_some() || started.elapsed() > KINE_START_TIMEOUT {
+            let why = match exited {
+                Some(status) => format!("exited ({status})"),
+                None => format!("did not listen within {KINE_START_TIMEOUT:?}"),
+            };
+            return Err(Error::Component {
+                name: "kine".into(),
+                detail: format!(
+                    "{why} on {}; its log is {}",
+                    socket.display(),
+                    log.display()
+                ),
+                log: tail(log, 20),
+            });
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Remove the data folders under `dir` (of `namespace`, or of every namespace) whose claim no
+/// longer exists, except those in `in_use`, as a volume goes with its claim. Folders are read
+/// before claims are listed, so a folder made meanwhile (its claim existed before it) is never
+/// taken for one whose claim is gone; nothing is removed when the list fails.
+pub(super) async fn prune(
+    client: &Client,
+    dir: &Path,
+    namespace: Option<&str>,
+    in_use: &HashSet<PathBuf>,
+) {
+    let Ok(dir) = std::path::absolute(dir) else {
+        return;
+    };
+    let namespaces: Vec<PathBuf> = match namespace {
+        Some(ns) => vec![dir.join(ns)],
+        None => subfolders(&dir),
+    };
+    let folders: Vec<(PathBuf, String)> = namespaces
+        .iter()
+        .flat_map(|ns| subfolders(ns))
+        .filter(|f| !in_use.contains(f))
+        .filter_map(|f| {
+            let uid = std::fs::read_to_string(f.join(CLAIM_FILE)).ok()?;
+            Some((f, uid.trim().to_string()))
+        })
+        .collect();
+    if folders.is_empty() {
+        return;
+    }
+    let api: Api<PersistentVolumeClaim> = match namespace {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    };
+    let claims: HashSet<String> = match api.list_metadata(&ListParams::default()).await {
+        Ok(list) => list.items.iter().filter_map(|c| c.uid()).collect(),
+        Err(e) => {
+            eprintln!("local runtime: listing claims to prune data folders: {e}");
+            return;
+        }
+    };
+    for (folder, claim_uid) in folders {
+        if claims.contains(&claim_uid) {
+            continue;
+        }
+        let volume = Volume {
+            dir: folder,
+            claim_uid,
+        };
+        let socket = socket(&volume);
+        if !socket.starts_with(&volume.dir) {
+            let _ = std::fs::remove_file(&socket);
+        }
+        if let Err(e) = std::fs::remove_dir_all(&volume.dir) {
+            eprintln!(
+                "local runtime: removing {} (its claim is gone): {e}",
+                volume.dir.display()
+            );
+        }
+    }
+}
+
+fn subfolders(dir: &Path) -> Vec<PathBuf> {
+    std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+        .map(|e| e.path())
+        .collect()
+}
+
+/// What tests may ask of the runtime about a tenant's data.
+impl LocalRuntime {
+    /// The data folder of the tenant pod `namespace/pod` while the runtime runs it.
+    pub fn data_dir(&self, namespace: &str, pod: &str) -> Option<PathBuf> {
+        let tenants = self.tenants.lock().ok()?;
+        let t = tenants
+            .values()
+            .find(|t| t.namespace == namespace && t.pod == pod)?;
+        Some(t.dir.clone())
+    }
+
+    /// Its sqlite database (kine's), in the data folder.
+    pub fn database(&self, namespace: &str, pod: &str) -> Option<PathBuf> {
+        self.data_dir(namespace, pod).map(|dir| database(&dir))
+    }
+
+    /// The names of the processes the runtime runs for the tenant pod `namespace/pod`.
+    pub fn process_names(&self, namespace: &str, pod: &str) -> Vec<String> {
+        let Ok(tenants) = self.tenants.lock() else {
+            return Vec::new();
+        };
+        tenants
+            .values()
+            .filter(|t| t.namespace == namespace && t.pod == pod)
+            .flat_map(|t| t.processes.iter().map(|h| h.name.clone()))
+            .collect()
+    }
+
+    /// The data folders of the tenants that run.
+    pub(super) fn data_dirs(&self) -> HashSet<PathBuf> {
+        self.tenants
+            .lock()
+            .map(|t| t.values().map(|t| t.dir.clone()).collect())
+            .unwrap_or_default()
+    }
+}
