@@ -8,7 +8,9 @@ mod common;
 use common::*;
 
 use k8s_openapi::api::apps::v1::StatefulSet;
-use k8s_openapi::api::core::v1::{LimitRange, Namespace, Pod, ResourceQuota, Secret, Service};
+use k8s_openapi::api::core::v1::{
+    ConfigMap, LimitRange, Namespace, PersistentVolumeClaim, Pod, ResourceQuota, Secret, Service,
+};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, PostParams};
@@ -354,6 +356,84 @@ async fn a_tenant_api_server_that_goes_away_degrades_and_recovers() {
         "{ready:?}"
     );
     wait_for_phase(&c, &ns.name, "dev", Phase::Ready).await;
+}
+
+#[tokio::test]
+async fn tenant_data_lives_in_sqlite_on_its_claim_and_survives_a_datastore_crash() {
+    install_crds_and_policies();
+    let ns = namespace("datastore").await;
+    let operator = start_operator(&ns);
+    let c = ns.client.clone();
+    example_ready(&ns).await;
+    let runtime = &operator.runtime;
+
+    // kine over sqlite, as k3s, in the data folder of the pod's claim; no etcd.
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(c.clone(), &ns.name);
+    let claim_uid = claims.get("data-dev-0").await.unwrap().uid().unwrap();
+    let dir = runtime.data_dir(&ns.name, "dev-0").unwrap();
+    assert_eq!(
+        dir.file_name().unwrap().to_string_lossy(),
+        format!("data-dev-0-{claim_uid}")
+    );
+    let db = runtime.database(&ns.name, "dev-0").unwrap();
+    assert!(db.starts_with(&dir) && db.is_file(), "{}", db.display());
+    assert!(!dir.join("etcd").exists());
+    let processes = runtime.process_names(&ns.name, "dev-0");
+    assert!(
+        processes.contains(&"tenant-kine".to_string()),
+        "{processes:?}"
+    );
+    assert!(
+        !processes.iter().any(|p| p.contains("etcd")),
+        "{processes:?}"
+    );
+
+    // An object written before the datastore crashes is there once the tenant is back.
+    let tenant = tenant_client(&c, &ns.name, "dev").await;
+    let maps: Api<ConfigMap> = Api::namespaced(tenant.clone(), "default");
+    let kept: ConfigMap = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "kept"},
+        "data": {"written": "before the crash"},
+    }))
+    .unwrap();
+    let written = maps.create(&PostParams::default(), &kept).await.unwrap();
+    assert!(runtime.crash_datastore(&ns.name, "dev-0"));
+    let pods: Api<Pod> = Api::namespaced(c.clone(), &ns.name);
+    let restarted = eventually(WAIT, || async {
+        let status = pods.get("dev-0").await.ok()?.status?;
+        let k3s = status.container_statuses?.into_iter().next()?;
+        (k3s.restart_count >= 1 && k3s.ready).then_some(())
+    })
+    .await;
+    assert!(
+        restarted.is_some(),
+        "the tenant never came back from the crash"
+    );
+    wait_for_phase(&c, &ns.name, "dev", Phase::Ready).await;
+    let read = eventually(WAIT, || async { maps.get("kept").await.ok() }).await;
+    let read = read.expect("the tenant API server answers after the restart");
+    assert_eq!(read.uid(), written.uid());
+    assert_eq!(read.data, kept.data);
+    assert_eq!(runtime.data_dir(&ns.name, "dev-0").as_ref(), Some(&dir));
+
+    // The folder goes with its claim; a tenant made again with the old name starts empty.
+    let tenants: Api<TenantCluster> = Api::namespaced(c.clone(), &ns.name);
+    tenants
+        .delete("dev", &DeleteParams::foreground())
+        .await
+        .unwrap();
+    let removed = eventually(WAIT, || async {
+        let claim = claims.get_opt("data-dev-0").await.ok()?;
+        (claim.is_none() && !dir.exists()).then_some(())
+    })
+    .await;
+    assert!(removed.is_some(), "{} outlived its claim", dir.display());
+    example_ready(&ns).await;
+    let again = runtime.data_dir(&ns.name, "dev-0").unwrap();
+    assert_ne!(again, dir);
+    let tenant = tenant_client(&c, &ns.name, "dev").await;
+    let maps: Api<ConfigMap> = Api::namespaced(tenant, "default");
+    assert!(maps.get_opt("kept").await.unwrap().is_none());
 }
 
 #[tokio::test]
