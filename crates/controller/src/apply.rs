@@ -33,7 +33,15 @@ where
     converge::converge(api, FIELD_MANAGER, live.as_deref(), desired, Target::Any)
         .await
         .map_err(|e| match e {
-            converge::Error::Api(e) => Error::Kube(e),
+            converge::Error::Api(error) => Error::Write {
+                object: format!(
+                    "applying {} {}/{}",
+                    K::kind(&()),
+                    desired.meta().namespace.as_deref().unwrap_or_default(),
+                    desired.name_any()
+                ),
+                error,
+            },
             other => Error::Apply(other),
         })
 }
@@ -71,8 +79,14 @@ where
         Some(live)
             if live.labels().get(LABEL_MANAGED_BY).map(String::as_str) == Some(MANAGED_BY) =>
         {
-            api.delete(name, &DeleteParams::background()).await?;
-            Ok(true)
+            match api.delete(name, &DeleteParams::background()).await {
+                Ok(_) => Ok(true),
+                Err(kube::Error::Api(e)) if e.code == 404 => Ok(false),
+                Err(error) => Err(Error::Write {
+                    object: format!("deleting {} {namespace}/{name}", K::kind(&())),
+                    error,
+                }),
+            }
         }
         _ => Ok(false),
     }

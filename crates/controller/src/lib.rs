@@ -7,13 +7,16 @@ pub mod apply;
 pub mod build;
 pub mod cache;
 pub mod connector;
+mod control_plane;
 mod credentials;
 pub mod kubelet;
 pub mod leader;
 pub mod metrics;
 pub mod names;
 pub mod namespace;
+pub mod observe;
 pub mod reconcile;
+pub mod service_range;
 pub mod status;
 pub mod telemetry;
 pub mod tenant_pki;
@@ -28,8 +31,11 @@ pub use tenantplane_syncer as sync;
 /// Everything that can go wrong in a reconcile. Each variant carries what a person needs to act.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("Kubernetes API: {0}")]
+    #[error("Kubernetes API: {}", api_message(.0))]
     Kube(#[from] kube::Error),
+    /// Writing one of the tenant's objects failed: which, and what the API server said.
+    #[error("{object}: {}", api_message(.error))]
+    Write { object: String, error: kube::Error },
     #[error("{0}")]
     Build(String),
     #[error("finalizer: {0}")]
@@ -45,10 +51,19 @@ impl Error {
     pub fn category(&self) -> &'static str {
         match self {
             Error::Kube(_) => "KubernetesApiError",
+            Error::Write { .. } => "WriteError",
             Error::Build(_) => "BuildError",
             Error::Finalizer(_) => "FinalizerError",
             Error::Pki(_) => "PkiError",
             Error::Apply(_) => "ApplyError",
         }
+    }
+}
+
+/// What the API server said, without the debug dump: `message (Reason, code)`.
+pub fn api_message(error: &kube::Error) -> String {
+    match error {
+        kube::Error::Api(e) => format!("{} ({}, {})", e.message, e.reason, e.code),
+        other => other.to_string(),
     }
 }

@@ -36,6 +36,15 @@ pub fn statefulset(tenant: &str) -> String {
 pub fn service(tenant: &str) -> String {
     tenant.to_string()
 }
+/// The StatefulSet's governing Service: headless, so each control-plane pod has a stable DNS name.
+pub fn headless_service(tenant: &str) -> String {
+    format!("{tenant}-headless")
+}
+/// The StatefulSet's volume claim template, and the claim it makes for pod `ordinal`.
+pub const DATA_VOLUME: &str = "data";
+pub fn data_claim(tenant: &str, ordinal: i32) -> String {
+    format!("{DATA_VOLUME}-{}-{ordinal}", statefulset(tenant))
+}
 pub fn control_plane_pod(tenant: &str) -> String {
     format!("{tenant}-0")
 }

@@ -6,8 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
-use k8s_openapi::api::apps::v1::StatefulSet;
-use k8s_openapi::api::core::v1::{LimitRange, Namespace, Pod, ResourceQuota, Secret, Service};
+use k8s_openapi::api::core::v1::{LimitRange, Namespace, Pod, ResourceQuota, Secret};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
@@ -23,10 +22,11 @@ use tenantplane_api::{IsolationProfile, SyncPolicy, TenantCluster};
 use tracing::{Instrument, info, warn};
 
 use crate::Error;
-use crate::apply::{self, Outcome};
+use crate::apply;
 use crate::build::{self, BuildOptions};
 use crate::cache::{self, Caches};
 use crate::connector::Connector;
+use crate::control_plane::{self, Step};
 use crate::credentials;
 use crate::names::{self, FIELD_MANAGER, FINALIZER};
 use crate::namespace::{
@@ -100,6 +100,10 @@ pub struct Context {
     pub syncers: Syncers,
     /// The controller's own cache of TenantClusters: who else is in a tenant's namespace.
     pub tenants: Store<TenantCluster>,
+    /// The host's Service range, asked of the host and remembered for a while.
+    pub service_ranges: crate::service_range::Discovery,
+    /// Reconciles that failed in a row, by tenant, for the back-off.
+    pub failures: std::sync::Mutex<BTreeMap<(String, String), u32>>,
 }
 
 fn now() -> Time {
@@ -183,6 +187,8 @@ pub async fn run(
         options,
         caches,
         tenants: store.clone(),
+        service_ranges: Default::default(),
+        failures: Default::default(),
     });
     let syncers = context.syncers.clone();
     controller
@@ -224,9 +230,32 @@ pub async fn run(
 /// How long the syncers may take to finish what they are converging at shutdown.
 const SYNCER_GRACE: Duration = Duration::from_secs(10);
 
-fn error_policy(tc: Arc<TenantCluster>, error: &Error, _: Arc<Context>) -> Action {
-    warn!(tenant = %tc.name_any(), namespace = ?tc.namespace(), category = error.category(), error = %error, "reconcile error; retrying");
-    Action::requeue(Duration::from_secs(5))
+/// The first retry after a failed reconcile, doubled each failure in a row up to the last.
+const RETRY_FIRST: Duration = Duration::from_secs(5);
+const RETRY_MAX: Duration = Duration::from_secs(300);
+
+/// The wait before retry number `failures` (1 for the first failure): exponential, capped.
+pub fn retry_after(failures: u32) -> Duration {
+    let doubled = RETRY_FIRST.saturating_mul(1u32 << failures.saturating_sub(1).min(16));
+    doubled.min(RETRY_MAX)
+}
+
+fn tenant_key(tc: &TenantCluster) -> (String, String) {
+    (tc.namespace().unwrap_or_default(), tc.name_any())
+}
+
+fn error_policy(tc: Arc<TenantCluster>, error: &Error, ctx: Arc<Context>) -> Action {
+    let failures = match ctx.failures.lock() {
+        Ok(mut all) => {
+            let n = all.entry(tenant_key(&tc)).or_insert(0);
+            *n = n.saturating_add(1);
+            *n
+        }
+        Err(_) => 1,
+    };
+    let after = retry_after(failures);
+    warn!(tenant = %tc.name_any(), namespace = ?tc.namespace(), category = error.category(), error = %error, failures, retry_in_s = after.as_secs(), "reconcile error; retrying");
+    Action::requeue(after)
 }
 
 /// One reconcile, wrapped in the finalizer that cleans the namespace labels on deletion. Every
@@ -236,9 +265,20 @@ pub async fn reconcile(tc: Arc<TenantCluster>, ctx: Arc<Context>) -> Result<Acti
     let span = tracing::info_span!("reconcile", namespace = %ns, tenant = %tc.name_any());
     let started = std::time::Instant::now();
     let api: Api<TenantCluster> = Api::namespaced(ctx.client.clone(), &ns);
+    let key = tenant_key(&tc);
     let result = finalizer(&api, FINALIZER, tc, |event| async {
         match event {
-            FinalizerEvent::Apply(tc) => apply_tenant(&tc, &ctx).await,
+            FinalizerEvent::Apply(tc) => {
+                let result = apply_tenant(&tc, &ctx).await;
+                if let Err(e) = &result {
+                    // Status says it, not only the log: what failed and the API server's words.
+                    let progress = Progress::ApplyFailed(e.to_string());
+                    if let Err(report_error) = report(&ctx, &tc, &progress).await {
+                        warn!(error = %report_error, "reporting a failed reconcile in status failed too");
+                    }
+                }
+                result
+            }
             FinalizerEvent::Cleanup(tc) => cleanup(&tc, &ctx).await,
         }
     })
@@ -249,6 +289,11 @@ pub async fn reconcile(tc: Arc<TenantCluster>, ctx: Arc<Context>) -> Result<Acti
         FinalizerError::ApplyFailed(e) | FinalizerError::CleanupFailed(e) => e,
         other => Error::Finalizer(other.to_string()),
     });
+    if result.is_ok()
+        && let Ok(mut all) = ctx.failures.lock()
+    {
+        all.remove(&key);
+    }
     ctx.options.telemetry.metrics.reconciled(
         result.as_ref().err().map(Error::category),
         started.elapsed(),
@@ -284,12 +329,13 @@ async fn report(ctx: &Context, tc: &TenantCluster, progress: &Progress) -> Resul
         return Ok(());
     }
     let api: Api<TenantCluster> = Api::namespaced(ctx.client.clone(), &ns);
-    api.patch_status(
-        &tenant,
-        &PatchParams::default(),
-        &Patch::Merge(json!({"status": desired})),
-    )
-    .await?;
+    // A merge patch leaves out what is absent: an endpoint no longer there is removed by null.
+    let mut body = json!({"status": desired});
+    if desired.endpoint.is_none() {
+        body["status"]["endpoint"] = serde_json::Value::Null;
+    }
+    api.patch_status(&tenant, &PatchParams::default(), &Patch::Merge(body))
+        .await?;
     for condition in status::changed_conditions(&current, &desired) {
         // Warnings are for what a person must look at: a Degraded tenant. Progress is Normal.
         let degraded = desired.phase == Some(tenantplane_api::Phase::Degraded);
@@ -442,72 +488,14 @@ async fn apply_tenant(tc: &TenantCluster, ctx: &Context) -> Result<Action, Error
         Ok(pki) => pki,
         Err(detail) => return finish(ctx, &tc, Progress::PkiDamaged(detail)).await,
     };
-    let services: Api<Service> = Api::namespaced(client.clone(), &ns);
-    let service_name = names::service(&tenant);
-    let live_service = cache::get(&caches.services, Some(&ns), &service_name);
-    let cluster_ip = live_service
-        .as_ref()
-        .and_then(|s| s.spec.as_ref()?.cluster_ip.clone());
-    if cluster_ip.as_deref() == Some("None") {
-        // A headless Service (as earlier versions made) cannot take a cluster IP: replace it.
-        apply::ensure_absent(&services, &caches.services, &ns, &service_name).await?;
-        let detail =
-            format!("replacing the headless Service {service_name} with one that has a cluster IP");
-        return finish(ctx, &tc, waiting(detail)).await;
-    }
-    apply::ensure(
-        &services,
-        &caches.services,
-        &build::control_plane::desired_service(&tc)?,
-    )
-    .await?;
-    let Some(api_ip) = cluster_ip.filter(|ip| !ip.is_empty()) else {
-        // The Service's watch brings the tenant back once the address is allocated.
-        let detail = format!("waiting for Service {service_name} to get its cluster IP");
-        return finish(ctx, &tc, waiting(detail)).await;
-    };
-    let sts_outcome = apply::ensure(
-        &Api::<StatefulSet>::namespaced(client.clone(), &ns),
-        &caches.statefulsets,
-        &build::control_plane::desired_statefulset(&tc, &api_ip, options)?,
-    )
-    .await?;
-    if sts_outcome == Outcome::Created {
-        publish(
-            ctx,
-            &tc,
-            EventType::Normal,
-            "ControlPlaneCreated",
-            format!(
-                "created StatefulSet {tenant} running {}",
-                names::k3s_image(&options.k3s_repository, &tc.spec.kubernetes_version)
-            ),
-        )
-        .await;
-    }
-
-    // Observe the control-plane pod.
-    let pod_name = names::control_plane_pod(&tenant);
-    let was_ready = tc.status.as_ref().is_some_and(|s| s.endpoint.is_some());
-    let pod = match cache::get(&caches.pods, Some(&ns), &pod_name) {
-        Some(p) if pod_is_ready(&p) => p,
-        other => {
-            let detail = match other {
-                Some(p) => format!(
-                    "waiting for pod {pod_name} to become Ready ({})",
-                    pod_summary(&p)
-                ),
-                None => format!("waiting for the StatefulSet to create pod {pod_name}"),
-            };
-            let age = tc
-                .metadata
-                .creation_timestamp
-                .as_ref()
-                .map(|t| Timestamp::now().duration_since(t.0).as_secs())
-                .unwrap_or(0);
-            let stuck = was_ready || age > PROVISION_TIMEOUT.as_secs() as i64;
-            return finish(ctx, &tc, Progress::ControlPlaneNotReady { detail, stuck }).await;
-        }
+    // While a change rolls out, a control plane that does not answer is on its way, not broken.
+    let (pod, addressing, replacing) = match control_plane::ensure(&tc, ctx).await? {
+        Step::Ready {
+            pod,
+            addressing,
+            rolling,
+        } => (pod, addressing, rolling),
+        Step::Stop(progress) => return finish(ctx, &tc, progress).await,
     };
 
     tracing::debug!("control plane Ready");
@@ -524,7 +512,7 @@ async fn apply_tenant(tc: &TenantCluster, ctx: &Context) -> Result<Action, Error
     // Reach the tenant and run the sync pass.
     let server = match ctx.options.connector.server(&tenant, &ns, &pod) {
         Ok(s) => s,
-        Err(detail) => return finish(ctx, &tc, Progress::Unreachable(detail)).await,
+        Err(detail) => return finish(ctx, &tc, unreachable(replacing, detail)).await,
     };
     let tenant_client = match ctx
         .options
@@ -533,12 +521,15 @@ async fn apply_tenant(tc: &TenantCluster, ctx: &Context) -> Result<Action, Error
         .await
     {
         Ok(c) => c,
-        Err(detail) => return finish(ctx, &tc, Progress::Unreachable(detail)).await,
+        Err(detail) => return finish(ctx, &tc, unreachable(replacing, detail)).await,
     };
     tracing::debug!(%server, "asking the tenant for its version");
     let version = match tenant_client.apiserver_version().await {
         Ok(info) => info.git_version,
-        Err(e) => return finish(ctx, &tc, Progress::Unreachable(format!("{server}: {e}"))).await,
+        Err(e) => {
+            let detail = format!("{server}: {e}");
+            return finish(ctx, &tc, unreachable(replacing, detail)).await;
+        }
     };
     tracing::debug!(%version, "the tenant answered");
     // Sync: the tenant's syncer runs continuously; its verdict is the Synced condition.
@@ -549,7 +540,7 @@ async fn apply_tenant(tc: &TenantCluster, ctx: &Context) -> Result<Action, Error
         .await
     {
         Ok(c) => c,
-        Err(detail) => return finish(ctx, &tc, Progress::Unreachable(detail)).await,
+        Err(detail) => return finish(ctx, &tc, unreachable(replacing, detail)).await,
     };
     let spec = SyncerSpec {
         tenant: tenant.clone(),
@@ -560,11 +551,15 @@ async fn apply_tenant(tc: &TenantCluster, ctx: &Context) -> Result<Action, Error
         profile: profile.spec.clone(),
         server,
         kubeconfig,
-        api_ip,
+        api_ip: addressing.api_ip,
+        service_cidr: addressing.service_cidr,
         kubelet: options.kubelet.as_ref().map(|k| k.endpoint.clone()),
     };
     let progress = match ctx.syncers.ensure(spec, watch_client).await {
         Ok(summary) => Progress::Synced { version, summary },
+        Err(failure) if replacing => {
+            control_plane::waiting(format!("{ROLLING_OUT}; syncing: {}", failure.message))
+        }
         Err(failure) => Progress::SyncFailed {
             version,
             reason: failure.reason.to_string(),
@@ -574,58 +569,14 @@ async fn apply_tenant(tc: &TenantCluster, ctx: &Context) -> Result<Action, Error
     finish_by(ctx, &tc, progress, Some(renew_in)).await
 }
 
-/// The control plane is on its way (not stuck): `detail` says what it waits for.
-fn waiting(detail: String) -> Progress {
-    Progress::ControlPlaneNotReady {
-        detail,
-        stuck: false,
-    }
-}
+const ROLLING_OUT: &str = "the control plane is rolling out a change";
 
-fn pod_is_ready(pod: &Pod) -> bool {
-    pod.metadata.deletion_timestamp.is_none()
-        && pod
-            .status
-            .as_ref()
-            .and_then(|s| s.conditions.as_ref())
-            .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
-}
-
-/// A line about why a pod is not Ready: its phase and the first condition or container state
-/// that says something.
-fn pod_summary(pod: &Pod) -> String {
-    let status = pod.status.clone().unwrap_or_default();
-    let phase = status.phase.unwrap_or_else(|| "Unknown".into());
-    if pod.metadata.deletion_timestamp.is_some() {
-        return format!("{phase}, terminating");
-    }
-    let waiting = status
-        .container_statuses
-        .iter()
-        .flatten()
-        .find_map(|c| c.state.as_ref()?.waiting.as_ref())
-        .map(|w| {
-            format!(
-                "{}: {}",
-                w.reason.clone().unwrap_or_default(),
-                w.message.clone().unwrap_or_default()
-            )
-        });
-    let condition = status
-        .conditions
-        .iter()
-        .flatten()
-        .find(|c| c.status != "True" && c.message.is_some())
-        .map(|c| {
-            format!(
-                "{}: {}",
-                c.reason.clone().unwrap_or_else(|| c.type_.clone()),
-                c.message.clone().unwrap_or_default()
-            )
-        });
-    match waiting.or(condition) {
-        Some(detail) => format!("{phase}, {detail}"),
-        None => phase,
+/// The tenant API server does not answer: Degraded, unless a change is rolling out.
+fn unreachable(replacing: bool, detail: String) -> Progress {
+    if replacing {
+        control_plane::waiting(format!("{ROLLING_OUT}; the tenant API server: {detail}"))
+    } else {
+        Progress::Unreachable(detail)
     }
 }
 
@@ -659,6 +610,11 @@ async fn cleanup(tc: &TenantCluster, ctx: &Context) -> Result<Action, Error> {
     // Stop syncing first, so nothing is copied again while the copies are removed.
     ctx.syncers.remove(&ns, &tenant).await?;
     ctx.options.telemetry.metrics.forget_tenant(&ns, &tenant);
+    // The datastore goes with the tenant: a new TenantCluster of the same name starts empty.
+    let claims = control_plane::delete_data_claims(tc, ctx).await?;
+    if claims > 0 {
+        info!(tenant = %tenant, namespace = %ns, claims, "deleted the tenant's data claims");
+    }
     // Asked of the API server, not the cache: what is shared stays unless nothing else is there.
     let present = occupants(ctx, &ns).await?;
     if !releases_namespace(&Occupant::of(tc), &present) {
@@ -679,4 +635,17 @@ async fn cleanup(tc: &TenantCluster, ctx: &Context) -> Result<Action, Error> {
     }
     info!(tenant = %tenant, namespace = %ns, "tenant deleted; namespace labels removed");
     Ok(Action::await_change())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retries_back_off_exponentially_to_five_minutes() {
+        let waits: Vec<u64> = (1..=9).map(|n| retry_after(n).as_secs()).collect();
+        assert_eq!(waits, [5, 10, 20, 40, 80, 160, 300, 300, 300]);
+        assert_eq!(retry_after(0).as_secs(), 5);
+        assert_eq!(retry_after(u32::MAX).as_secs(), 300);
+    }
 }

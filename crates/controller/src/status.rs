@@ -16,8 +16,21 @@ pub enum Progress {
     NamespaceInUse { by: String },
     /// The PKI Secret exists but cannot be used.
     PkiDamaged(String),
-    /// Objects could not be applied.
+    /// An object could not be applied: what it was and the API server's answer.
     ApplyFailed(String),
+    /// The host's Service range is unknown (`ServiceCIDRUnknown`) or disagrees with the
+    /// operator's flag or the API Service's address (`ServiceCIDRMismatch`): nothing that would
+    /// allocate from a wrong range is built.
+    ServiceRange {
+        reason: &'static str,
+        detail: String,
+    },
+    /// The control-plane pod cannot start for a reason waiting will not fix (its image cannot
+    /// be pulled, its init container fails): `reason` says which.
+    ControlPlaneFailing {
+        reason: &'static str,
+        detail: String,
+    },
     /// The control-plane pod is not Ready. `stuck` when it has been so for too long, or it was
     /// Ready before.
     ControlPlaneNotReady { detail: String, stuck: bool },
@@ -108,6 +121,12 @@ pub fn desired_status(
             ConditionSpec::new(READY, false, "ApplyFailed", detail.clone()),
             waiting("ApplyFailed", detail),
         ),
+        Progress::ServiceRange { reason, detail }
+        | Progress::ControlPlaneFailing { reason, detail } => (
+            Phase::Degraded,
+            ConditionSpec::new(READY, false, *reason, detail.clone()),
+            waiting(reason, "waiting for the control plane before syncing"),
+        ),
         Progress::ControlPlaneNotReady { detail, stuck } => (
             if *stuck {
                 Phase::Degraded
@@ -163,12 +182,8 @@ pub fn desired_status(
     );
     TenantClusterStatus {
         phase: Some(phase),
-        // The address is published once the control plane has been Ready, and kept.
-        endpoint: if reached_ready {
-            Some(endpoint.to_string())
-        } else {
-            previous.endpoint.clone()
-        },
+        // The address is there while the tenant API server answers, and only then.
+        endpoint: reached_ready.then(|| endpoint.to_string()),
         observed_generation: generation,
         conditions: list,
     }
@@ -228,6 +243,21 @@ mod tests {
                 Phase::Degraded,
             ),
             (Progress::Unreachable("refused".into()), Phase::Degraded),
+            (Progress::ApplyFailed("refused".into()), Phase::Degraded),
+            (
+                Progress::ServiceRange {
+                    reason: "ServiceCIDRMismatch",
+                    detail: "x".into(),
+                },
+                Phase::Degraded,
+            ),
+            (
+                Progress::ControlPlaneFailing {
+                    reason: "ImagePullFailed",
+                    detail: "x".into(),
+                },
+                Phase::Degraded,
+            ),
             (
                 Progress::NamespaceInUse { by: "first".into() },
                 Phase::Degraded,
@@ -340,7 +370,7 @@ mod tests {
     }
 
     #[test]
-    fn the_endpoint_stays_once_published() {
+    fn the_endpoint_is_there_only_while_the_tenant_answers() {
         let mut tc = tenant();
         let up = desired_status(
             &tc,
@@ -352,8 +382,9 @@ mod tests {
             &at(1),
         );
         tc.status = Some(up.clone());
+        assert_eq!(up.endpoint.as_deref(), Some(EP));
         let down = desired_status(&tc, &Progress::Unreachable("gone".into()), EP, &at(2));
-        assert_eq!(down.endpoint.as_deref(), Some(EP));
+        assert_eq!(down.endpoint, None);
         let changed: Vec<&str> = changed_conditions(&up, &down)
             .iter()
             .map(|c| c.type_.as_str())

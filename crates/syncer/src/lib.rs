@@ -73,6 +73,8 @@ pub struct SyncerSpec {
     /// The cluster IP of the tenant API server's Service: synced pods dial it, on 6443 directly
     /// and on 443 through the tenant's `kubernetes` Service, which is given this address.
     pub api_ip: String,
+    /// The host's Service range that holds `api_ip`, which the tenant allocates from too.
+    pub service_cidr: String,
     /// The operator's kubelet endpoint, which every virtual Node names as its kubelet; without
     /// it, virtual Nodes show the host nodes' own addresses.
     pub kubelet: Option<KubeletEndpoint>,

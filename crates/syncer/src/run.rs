@@ -190,6 +190,7 @@ async fn run(
             },
             host_namespace: spec.host_namespace.clone(),
             api_ip: spec.api_ip.clone(),
+            service_cidr: spec.service_cidr.clone(),
             node_selector: spec.profile.node_selector.clone(),
             tolerations: spec.profile.tolerations.clone(),
             allow: spec.profile.allow.clone(),

@@ -19,6 +19,9 @@ pub struct Translator {
     /// The cluster IP of the tenant API server's host Service; pods reach it on port 443, as
     /// they would reach `kubernetes.default` (`KUBERNETES_SERVICE_HOST`/`_PORT`).
     pub api_ip: String,
+    /// The Service range the tenant allocates from (the host's): a host address outside it is
+    /// never forced on a tenant Service.
+    pub service_cidr: String,
     pub node_selector: BTreeMap<String, String>,
     pub tolerations: Vec<Toleration>,
     /// What tenant objects may ask of the host (the IsolationProfile's `allow`).
@@ -117,6 +120,7 @@ pub(crate) mod tests {
             tenant: crate::naming::tests::tenant_ref("dev", "tc-uid"),
             host_namespace: "team-dev".into(),
             api_ip: "10.96.0.10".into(),
+            service_cidr: "10.96.0.0/12".into(),
             node_selector: BTreeMap::from([("pool".to_string(), "tenants".to_string())]),
             tolerations: vec![],
             allow: Default::default(),

@@ -81,7 +81,6 @@ async fn main() -> anyhow::Result<()> {
     let client: Client = counting_client(plane.kubeconfig_path(), counter.clone()).await?;
     let options = ControllerOptions {
         build: BuildOptions {
-            service_cidr: tenantplane_testenv::control_plane::SERVICE_CIDR.into(),
             ..Default::default()
         },
         connector: Connector::InCluster,

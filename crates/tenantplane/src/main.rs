@@ -169,9 +169,11 @@ enum Command {
         /// Image repository of the tenant control plane; the tag is `<kubernetesVersion>-k3s1`.
         #[arg(long, default_value = tenantplane_controller::names::DEFAULT_K3S_REPOSITORY)]
         k3s_repository: String,
-        /// The host cluster's service CIDR (tenants must use the same one).
-        #[arg(long, default_value = "10.96.0.0/12")]
-        service_cidr: String,
+        /// The host cluster's service CIDR, as a check: the operator asks the host for its range
+        /// (ServiceCIDR objects, else the API server's answer) and reports a tenant
+        /// ServiceCIDRMismatch when this disagrees. Default: whatever the host says.
+        #[arg(long, value_name = "CIDR")]
+        service_cidr: Option<String>,
         /// The namespace the operator runs in; NetworkPolicies let it reach tenant API servers.
         #[arg(long, env = "POD_NAMESPACE")]
         operator_namespace: Option<String>,

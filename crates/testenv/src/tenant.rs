@@ -10,7 +10,7 @@ use tenantplane_controller::kubelet::{self, KubeletOptions};
 use tenantplane_controller::{BuildOptions, Connector, ControllerOptions, names};
 
 /// The operator's options for the local runtime on the test control plane: the local connector,
-/// control-plane pods labelled for the runtime, the test control plane's service CIDR.
+/// control-plane pods labelled for the runtime; the service range is asked of the host.
 pub fn local_operator_options(
     namespace: Option<String>,
     health_interval: Option<Duration>,
@@ -18,7 +18,6 @@ pub fn local_operator_options(
 ) -> ControllerOptions {
     ControllerOptions {
         build: BuildOptions {
-            service_cidr: crate::control_plane::SERVICE_CIDR.into(),
             local_runtime: true,
             kubelet,
             ..Default::default()

@@ -34,14 +34,24 @@ const DISABLED_CONTROLLERS: &[&str] = &[
     "ttl",
 ];
 
-/// The arguments of `k3s server` for an agentless tenant control plane. `api_ip` is the cluster
-/// IP of its Service, which synced pods dial, so it is in the serving certificate.
+/// Where the tenant's control plane gets its address: the cluster IP of its API Service, and the
+/// host's service range that holds it (the tenant's Services carry their host copies' IPs, so the
+/// tenant allocates from the same range).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Addressing {
+    pub api_ip: String,
+    pub service_cidr: String,
+}
+
+/// The arguments of `k3s server` for an agentless tenant control plane. The API Service's
+/// cluster IP, which synced pods dial, is in the serving certificate.
 pub fn k3s_args(
     tenant: &str,
     namespace: &str,
-    api_ip: &str,
+    addressing: &Addressing,
     options: &BuildOptions,
 ) -> Vec<String> {
+    let api_ip = addressing.api_ip.as_str();
     let controllers = std::iter::once("*".to_string())
         .chain(DISABLED_CONTROLLERS.iter().map(|c| format!("-{c}")))
         .collect::<Vec<_>>()
@@ -58,7 +68,7 @@ pub fn k3s_args(
         format!("--data-dir={DATA_DIR}"),
         format!("--write-kubeconfig={DATA_DIR}/kubeconfig.yaml"),
         format!("--https-listen-port={}", names::API_PORT),
-        format!("--service-cidr={}", options.service_cidr),
+        format!("--service-cidr={}", addressing.service_cidr),
         "--kube-apiserver-arg=endpoint-reconciler-type=none".into(),
         format!("--kube-controller-manager-arg=controllers={controllers}"),
     ];
@@ -101,6 +111,67 @@ pub fn desired_service(tc: &TenantCluster) -> Result<Service, Error> {
     )
 }
 
+/// The StatefulSet's governing Service: headless, and publishing pods before they are Ready, so
+/// each control-plane pod has its DNS name (`<tenant>-0.<tenant>-headless`) while it starts.
+pub fn desired_headless_service(tc: &TenantCluster) -> Result<Service, Error> {
+    let (tenant, _) = identity(tc)?;
+    typed(
+        "the headless control-plane Service",
+        json!({
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": owned_metadata(tc, names::headless_service(&tenant))?,
+            "spec": {
+                "clusterIP": "None",
+                "publishNotReadyAddresses": true,
+                "selector": names::control_plane_selector(&tenant),
+                "ports": [
+                    {"name": "https", "port": names::API_PORT, "targetPort": names::API_PORT, "protocol": "TCP"},
+                ],
+            },
+        }),
+    )
+}
+
+/// k3s's own kubectl asking its API server for a health endpoint; k3s turns anonymous access
+/// off, so an HTTP probe without credentials would get 401.
+fn health_probe(path: &str) -> serde_json::Value {
+    json!({"exec": {"command": [
+        "/bin/k3s", "kubectl", "--kubeconfig", format!("{DATA_DIR}/kubeconfig.yaml"),
+        "get", "--raw", path,
+    ]}})
+}
+
+/// Startup: k3s has 5 minutes to answer `/livez` (a first start generates its state); until then
+/// neither liveness nor readiness counts.
+pub const STARTUP_PERIOD_SECONDS: i32 = 5;
+pub const STARTUP_FAILURE_THRESHOLD: i32 = 60;
+/// Liveness: a k3s that has not answered `/livez` for a minute is wedged and restarted.
+pub const LIVENESS_PERIOD_SECONDS: i32 = 10;
+pub const LIVENESS_FAILURE_THRESHOLD: i32 = 6;
+
+fn probes() -> (serde_json::Value, serde_json::Value, serde_json::Value) {
+    let with = |mut probe: serde_json::Value, timing: serde_json::Value| {
+        if let (Some(p), Some(t)) = (probe.as_object_mut(), timing.as_object()) {
+            p.extend(t.clone());
+        }
+        probe
+    };
+    let startup = with(
+        health_probe("/livez"),
+        json!({"periodSeconds": STARTUP_PERIOD_SECONDS, "timeoutSeconds": 5, "failureThreshold": STARTUP_FAILURE_THRESHOLD}),
+    );
+    let liveness = with(
+        health_probe("/livez"),
+        json!({"periodSeconds": LIVENESS_PERIOD_SECONDS, "timeoutSeconds": 10, "failureThreshold": LIVENESS_FAILURE_THRESHOLD}),
+    );
+    let readiness = with(
+        health_probe("/readyz"),
+        json!({"periodSeconds": 5, "timeoutSeconds": 5, "failureThreshold": 3}),
+    );
+    (startup, liveness, readiness)
+}
+
 /// What the control plane requests of the tenant's quota (an agentless k3s server's need).
 pub const CONTROL_PLANE_CPU_REQUEST: &str = "250m";
 pub const CONTROL_PLANE_MEMORY_REQUEST: &str = "512Mi";
@@ -120,7 +191,7 @@ fn smaller_quantity<'a>(a: &'a str, b: &'a str) -> &'a str {
 /// escalation, no capabilities, RuntimeDefault seccomp, no service-account token.
 pub fn desired_statefulset(
     tc: &TenantCluster,
-    api_ip: &str,
+    addressing: &Addressing,
     options: &BuildOptions,
 ) -> Result<StatefulSet, Error> {
     let (tenant, ns) = identity(tc)?;
@@ -179,9 +250,10 @@ pub fn desired_statefulset(
         "securityContext": security,
         "volumeMounts": [
             {"name": "pki", "mountPath": PKI_MOUNT, "readOnly": true},
-            {"name": "data", "mountPath": DATA_DIR},
+            {"name": names::DATA_VOLUME, "mountPath": DATA_DIR},
         ],
     });
+    let (startup, liveness, readiness) = probes();
     if let Some(env) = init_env {
         init["env"] = env;
     }
@@ -192,9 +264,12 @@ pub fn desired_statefulset(
             "kind": "StatefulSet",
             "metadata": owned_metadata(tc, names::statefulset(&tenant))?,
             "spec": {
-                "serviceName": names::service(&tenant),
+                "serviceName": names::headless_service(&tenant),
                 "replicas": tc.spec.control_plane.replicas,
                 "podManagementPolicy": "Parallel",
+                // The datastore goes with the tenant (the finalizer deletes it too, for claims
+                // made before this policy); scaling down keeps it.
+                "persistentVolumeClaimRetentionPolicy": {"whenDeleted": "Delete", "whenScaled": "Retain"},
                 "selector": {"matchLabels": names::control_plane_selector(&tenant)},
                 "template": {
                     "metadata": {"labels": pod_labels},
@@ -213,27 +288,20 @@ pub fn desired_statefulset(
                             "name": "k3s",
                             "image": image,
                             "command": ["/bin/k3s"],
-                            "args": k3s_args(&tenant, &ns, api_ip, options),
+                            "args": k3s_args(&tenant, &ns, addressing, options),
                             "ports": [{"name": "https", "containerPort": names::API_PORT, "protocol": "TCP"}],
-                            "readinessProbe": {
-                                "exec": {"command": [
-                                    "/bin/k3s", "kubectl", "--kubeconfig", format!("{DATA_DIR}/kubeconfig.yaml"),
-                                    "get", "--raw", "/readyz",
-                                ]},
-                                "initialDelaySeconds": 5,
-                                "periodSeconds": 5,
-                                "timeoutSeconds": 5,
-                                "failureThreshold": 3,
-                            },
+                            "startupProbe": startup,
+                            "livenessProbe": liveness,
+                            "readinessProbe": readiness,
                             "resources": resources,
                             "securityContext": security,
-                            "volumeMounts": [{"name": "data", "mountPath": DATA_DIR}],
+                            "volumeMounts": [{"name": names::DATA_VOLUME, "mountPath": DATA_DIR}],
                         }],
                         "volumes": [{"name": "pki", "secret": {"secretName": names::pki_secret(&tenant), "defaultMode": 0o400}}],
                     },
                 },
                 "volumeClaimTemplates": [{
-                    "metadata": {"name": "data"},
+                    "metadata": {"name": names::DATA_VOLUME},
                     "spec": {
                         "accessModes": ["ReadWriteOnce"],
                         "resources": {"requests": {"storage": DATA_VOLUME_SIZE}},
@@ -267,9 +335,16 @@ mod tests {
 
     const TEST_API_IP: &str = "10.96.0.10";
 
+    fn addressing() -> Addressing {
+        Addressing {
+            api_ip: TEST_API_IP.into(),
+            service_cidr: "10.96.0.0/12".into(),
+        }
+    }
+
     #[test]
     fn the_version_picks_the_k3s_image() {
-        let sts = desired_statefulset(&tenant(), TEST_API_IP, &BuildOptions::default()).unwrap();
+        let sts = desired_statefulset(&tenant(), &addressing(), &BuildOptions::default()).unwrap();
         let spec = sts.spec.unwrap().template.spec.unwrap();
         assert_eq!(
             spec.containers[0].image.as_deref(),
@@ -279,7 +354,7 @@ mod tests {
             k3s_repository: "mirror.example/k3s".into(),
             ..Default::default()
         };
-        let sts = desired_statefulset(&tenant(), TEST_API_IP, &options).unwrap();
+        let sts = desired_statefulset(&tenant(), &addressing(), &options).unwrap();
         let spec = sts.spec.unwrap().template.spec.unwrap();
         assert_eq!(
             spec.containers[0].image.as_deref(),
@@ -293,7 +368,7 @@ mod tests {
 
     #[test]
     fn k3s_runs_agentless_without_add_ons() {
-        let args = k3s_args("dev", "team-dev", TEST_API_IP, &BuildOptions::default());
+        let args = k3s_args("dev", "team-dev", &addressing(), &BuildOptions::default());
         for wanted in [
             "--disable-agent",
             "--disable-scheduler",
@@ -322,13 +397,14 @@ mod tests {
 
     #[test]
     fn the_api_server_trusts_the_kubelet_ca_the_init_container_writes() {
-        let plain = desired_statefulset(&tenant(), TEST_API_IP, &BuildOptions::default()).unwrap();
+        let plain =
+            desired_statefulset(&tenant(), &addressing(), &BuildOptions::default()).unwrap();
         let plain = serde_json::to_value(plain).unwrap();
         let plain_init = &plain["spec"]["template"]["spec"]["initContainers"][0];
         assert!(plain_init.get("env").is_none());
         let options = crate::build::tests::with_kubelet(BuildOptions::default());
         let sts =
-            serde_json::to_value(desired_statefulset(&tenant(), TEST_API_IP, &options).unwrap())
+            serde_json::to_value(desired_statefulset(&tenant(), &addressing(), &options).unwrap())
                 .unwrap();
         let spec = &sts["spec"]["template"]["spec"];
         let init = &spec["initContainers"][0];
@@ -352,7 +428,7 @@ mod tests {
 
     #[test]
     fn resources_cap_the_control_plane_which_requests_little() {
-        let sts = desired_statefulset(&tenant(), TEST_API_IP, &BuildOptions::default()).unwrap();
+        let sts = desired_statefulset(&tenant(), &addressing(), &BuildOptions::default()).unwrap();
         let c = &sts.spec.unwrap().template.spec.unwrap().containers[0];
         let r = c.resources.as_ref().unwrap();
         assert_eq!(r.limits.as_ref().unwrap()["cpu"].0, "2");
@@ -361,7 +437,7 @@ mod tests {
         assert_eq!(r.requests.as_ref().unwrap()["memory"].0, "512Mi");
         let mut small = tenant();
         small.spec.resources.cpu = Some("100m".into());
-        let sts = desired_statefulset(&small, TEST_API_IP, &BuildOptions::default()).unwrap();
+        let sts = desired_statefulset(&small, &addressing(), &BuildOptions::default()).unwrap();
         let c = &sts.spec.unwrap().template.spec.unwrap().containers[0];
         let r = c.resources.as_ref().unwrap();
         assert_eq!(
@@ -373,7 +449,7 @@ mod tests {
 
     #[test]
     fn the_pod_meets_restricted_pod_security() {
-        let sts = desired_statefulset(&tenant(), TEST_API_IP, &BuildOptions::default()).unwrap();
+        let sts = desired_statefulset(&tenant(), &addressing(), &BuildOptions::default()).unwrap();
         let spec = sts.spec.unwrap().template.spec.unwrap();
         assert_eq!(spec.automount_service_account_token, Some(false));
         for c in spec
@@ -394,15 +470,78 @@ mod tests {
 
     #[test]
     fn only_the_local_runtime_gets_its_label() {
-        let sts = desired_statefulset(&tenant(), TEST_API_IP, &BuildOptions::default()).unwrap();
+        let sts = desired_statefulset(&tenant(), &addressing(), &BuildOptions::default()).unwrap();
         let labels = sts.spec.unwrap().template.metadata.unwrap().labels.unwrap();
         assert!(!labels.contains_key(names::LABEL_RUNTIME));
         let options = BuildOptions {
             local_runtime: true,
             ..Default::default()
         };
-        let sts = desired_statefulset(&tenant(), TEST_API_IP, &options).unwrap();
+        let sts = desired_statefulset(&tenant(), &addressing(), &options).unwrap();
         let labels = sts.spec.unwrap().template.metadata.unwrap().labels.unwrap();
         assert_eq!(labels[names::LABEL_RUNTIME], names::RUNTIME_LOCAL);
+    }
+
+    #[test]
+    fn a_headless_service_governs_the_statefulset_and_its_claim_goes_with_it() {
+        let headless = desired_headless_service(&tenant()).unwrap();
+        assert_eq!(headless.metadata.name.as_deref(), Some("dev-headless"));
+        let spec = headless.spec.unwrap();
+        assert_eq!(spec.cluster_ip.as_deref(), Some("None"));
+        assert_eq!(spec.publish_not_ready_addresses, Some(true));
+        assert_eq!(spec.selector.unwrap(), names::control_plane_selector("dev"));
+        let api = desired_service(&tenant()).unwrap().spec.unwrap();
+        assert_eq!(api.cluster_ip, None, "the API Service keeps its cluster IP");
+        let sts = desired_statefulset(&tenant(), &addressing(), &BuildOptions::default()).unwrap();
+        let spec = sts.spec.unwrap();
+        assert_eq!(spec.service_name.as_deref(), Some("dev-headless"));
+        let retention = spec.persistent_volume_claim_retention_policy.unwrap();
+        assert_eq!(retention.when_deleted.as_deref(), Some("Delete"));
+        assert_eq!(retention.when_scaled.as_deref(), Some("Retain"));
+        let claim = &spec.volume_claim_templates.unwrap()[0];
+        assert_eq!(
+            format!("{}-{}-0", claim.metadata.name.as_deref().unwrap(), "dev"),
+            names::data_claim("dev", 0)
+        );
+    }
+
+    #[test]
+    fn a_wedged_k3s_is_restarted_and_a_slow_start_is_not() {
+        let sts = desired_statefulset(&tenant(), &addressing(), &BuildOptions::default()).unwrap();
+        let c = &sts.spec.unwrap().template.spec.unwrap().containers[0];
+        let command = |p: &k8s_openapi::api::core::v1::Probe| {
+            p.exec.as_ref().unwrap().command.clone().unwrap().join(" ")
+        };
+        let startup = c.startup_probe.as_ref().unwrap();
+        let liveness = c.liveness_probe.as_ref().unwrap();
+        let readiness = c.readiness_probe.as_ref().unwrap();
+        assert!(command(startup).ends_with("get --raw /livez"));
+        assert!(command(liveness).ends_with("get --raw /livez"));
+        assert!(command(readiness).ends_with("get --raw /readyz"));
+        // k3s's kubectl with the admin kubeconfig k3s writes (anonymous access is off in k3s).
+        assert!(command(liveness).starts_with(&format!(
+            "/bin/k3s kubectl --kubeconfig {DATA_DIR}/kubeconfig.yaml"
+        )));
+        let window = |p: &k8s_openapi::api::core::v1::Probe| {
+            p.period_seconds.unwrap() * p.failure_threshold.unwrap()
+        };
+        assert_eq!(window(startup), 300, "five minutes to come up");
+        assert_eq!(window(liveness), 60, "a minute without /livez restarts it");
+        assert!(liveness.timeout_seconds.unwrap() < liveness.period_seconds.unwrap() + 1);
+        assert_eq!(
+            readiness.initial_delay_seconds, None,
+            "the startup probe gates it"
+        );
+    }
+
+    #[test]
+    fn k3s_allocates_from_the_range_it_is_given() {
+        let addressing = Addressing {
+            api_ip: "10.0.0.10".into(),
+            service_cidr: "10.0.0.0/16".into(),
+        };
+        let args = k3s_args("dev", "team-dev", &addressing, &BuildOptions::default());
+        assert!(args.contains(&"--service-cidr=10.0.0.0/16".to_string()));
+        assert!(args.contains(&"--tls-san=10.0.0.10".to_string()));
     }
 }

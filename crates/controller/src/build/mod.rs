@@ -17,9 +17,9 @@ use crate::Error;
 pub struct BuildOptions {
     /// Image repository of the tenant control plane (`rancher/k3s`).
     pub k3s_repository: String,
-    /// The host's service CIDR; tenants use the same one, so a tenant Service can carry the
-    /// cluster IP of its host copy.
-    pub service_cidr: String,
+    /// The operator's `--service-cidr`, if given: checked against the range the host says it
+    /// allocates from (`service_range`), which is what tenants get either way.
+    pub service_cidr: Option<String>,
     /// The namespace the operator runs in, allowed through to tenant API servers.
     pub operator_namespace: Option<String>,
     /// Label control-plane pods for the local runtime (tests and `tenantplane dev` only).
@@ -33,7 +33,7 @@ impl Default for BuildOptions {
     fn default() -> Self {
         Self {
             k3s_repository: crate::names::DEFAULT_K3S_REPOSITORY.to_string(),
-            service_cidr: "10.96.0.0/12".to_string(),
+            service_cidr: None,
             operator_namespace: None,
             local_runtime: false,
             kubelet: None,
@@ -116,6 +116,13 @@ mod properties {
 
     use super::tests::{profile, tenant};
     use super::*;
+
+    fn addressing() -> control_plane::Addressing {
+        control_plane::Addressing {
+            api_ip: "10.96.0.10".into(),
+            service_cidr: "10.96.0.0/12".into(),
+        }
+    }
     use crate::status::{Progress, desired_status};
 
     proptest! {
@@ -145,7 +152,7 @@ mod properties {
             p.spec.network_policy.allowed_egress_cidrs = cidrs;
             p.spec.resource_quota.enforce = quota;
             let options = BuildOptions::default();
-            prop_assert!(control_plane::desired_statefulset(&tc, "10.96.0.10", &options).is_ok());
+            prop_assert!(control_plane::desired_statefulset(&tc, &addressing(), &options).is_ok());
             prop_assert!(control_plane::desired_service(&tc).is_ok());
             prop_assert_eq!(isolation::network_policies(&tc, &p, &options).unwrap().len(), if net { 2 } else { 0 });
             prop_assert!(isolation::resource_quota(&tc, &p).is_ok());
@@ -160,7 +167,7 @@ mod properties {
         fn unnamed_tenants_are_errors(drop_name in any::<bool>()) {
             let mut tc = tenant();
             if drop_name { tc.metadata.name = None } else { tc.metadata.namespace = None }
-            prop_assert!(control_plane::desired_statefulset(&tc, "10.96.0.10", &BuildOptions::default()).is_err());
+            prop_assert!(control_plane::desired_statefulset(&tc, &addressing(), &BuildOptions::default()).is_err());
             prop_assert!(isolation::network_policies(&tc, &profile(), &BuildOptions::default()).is_err());
         }
     }

@@ -143,6 +143,16 @@ async fn take_cluster_ip(
     {
         return Ok(false);
     }
+    if !crate::allow::in_cidrs(std::slice::from_ref(&cx.tr.service_cidr), ip) {
+        // The tenant would refuse it: deleting the Service to try would only lose it.
+        return Err(Error::ServiceIpNotAdopted {
+            ip: ip.to_string(),
+            message: format!(
+                "it is outside the tenant's Service range {}; the tenant Service keeps its own address",
+                cx.tr.service_cidr
+            ),
+        });
+    }
     let tenant_api = cx.tenant_api::<Service>(&ns);
     let copy = with_cluster_ip(t, Some(ip.to_string()), ips);
     let pp = PostParams {

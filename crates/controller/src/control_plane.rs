@@ -1,0 +1,246 @@
+//! The control plane's step of a reconcile: its two Services, the host's Service range, the
+//! StatefulSet (recreated, orphaning its pod and claim, when its governing Service changes), and
+//! what its pod says. It ends with a Ready pod, or with the progress to report.
+
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, Service};
+use kube::api::{Api, DeleteParams, ListParams, PropagationPolicy};
+use kube::runtime::events::EventType;
+use kube::{Resource, ResourceExt};
+use tenantplane_api::TenantCluster;
+
+use crate::Error;
+use crate::apply::{self, Outcome};
+use crate::build::{self, control_plane::Addressing};
+use crate::names;
+use crate::observe;
+use crate::reconcile::{Context, PROVISION_TIMEOUT, publish};
+use crate::service_range;
+use crate::status::Progress;
+
+/// Where the control-plane step got to.
+pub(crate) enum Step {
+    /// The pod is Ready: the tenant can be reached. `rolling` while the StatefulSet rolls out
+    /// a change (the pod may be about to go).
+    Ready {
+        pod: Pod,
+        addressing: Addressing,
+        rolling: bool,
+    },
+    /// Not yet, or not at all: report this.
+    Stop(Progress),
+}
+
+/// The control plane is on its way (not stuck): `detail` says what it waits for.
+pub(crate) fn waiting(detail: String) -> Progress {
+    Progress::ControlPlaneNotReady {
+        detail,
+        stuck: false,
+    }
+}
+
+pub(crate) async fn ensure(tc: &TenantCluster, ctx: &Context) -> Result<Step, Error> {
+    let (tenant, ns) = build::identity(tc)?;
+    let client = &ctx.client;
+    let caches = &ctx.caches;
+    let options = &ctx.options.build;
+    let services: Api<Service> = Api::namespaced(client.clone(), &ns);
+    let service_name = names::service(&tenant);
+    let live_service = crate::cache::get(&caches.services, Some(&ns), &service_name);
+    let cluster_ip = live_service
+        .as_ref()
+        .and_then(|s| s.spec.as_ref()?.cluster_ip.clone());
+    if cluster_ip.as_deref() == Some("None") {
+        // A headless Service (as early versions made) cannot take a cluster IP: replace it.
+        apply::ensure_absent(&services, &caches.services, &ns, &service_name).await?;
+        let detail =
+            format!("replacing the headless Service {service_name} with one that has a cluster IP");
+        return Ok(Step::Stop(waiting(detail)));
+    }
+    apply::ensure(
+        &services,
+        &caches.services,
+        &build::control_plane::desired_service(tc)?,
+    )
+    .await?;
+    apply::ensure(
+        &services,
+        &caches.services,
+        &build::control_plane::desired_headless_service(tc)?,
+    )
+    .await?;
+    let Some(api_ip) = cluster_ip.filter(|ip| !ip.is_empty()) else {
+        // The Service's watch brings the tenant back once the address is allocated.
+        let detail = format!("waiting for Service {service_name} to get its cluster IP");
+        return Ok(Step::Stop(waiting(detail)));
+    };
+
+    // The range the tenant allocates from is the host's; a disagreement builds nothing more, and
+    // stops the syncer, which would otherwise fight the tenant over every Service's address.
+    let host_range = match ctx.service_ranges.host_range(client, &ns).await {
+        Ok(range) => range,
+        Err(detail) => {
+            return Ok(Step::Stop(Progress::ServiceRange {
+                reason: "ServiceCIDRUnknown",
+                detail,
+            }));
+        }
+    };
+    let service_cidr =
+        match service_range::choose(&host_range, &api_ip, options.service_cidr.as_deref()) {
+            Ok(cidr) => cidr,
+            Err(detail) => {
+                ctx.syncers.remove(&ns, &tenant).await?;
+                return Ok(Step::Stop(Progress::ServiceRange {
+                    reason: "ServiceCIDRMismatch",
+                    detail,
+                }));
+            }
+        };
+    let addressing = Addressing {
+        api_ip,
+        service_cidr,
+    };
+
+    let statefulsets = Api::<StatefulSet>::namespaced(client.clone(), &ns);
+    let desired = build::control_plane::desired_statefulset(tc, &addressing, options)?;
+    let live = crate::cache::get(
+        &caches.statefulsets,
+        Some(&ns),
+        &names::statefulset(&tenant),
+    );
+    if let Some(live) = &live {
+        let wanted = desired.spec.as_ref().and_then(|s| s.service_name.clone());
+        let has = live.spec.as_ref().and_then(|s| s.service_name.clone());
+        if has != wanted {
+            // serviceName cannot change: delete the StatefulSet but not its pod and claim, which
+            // the new one adopts, data and all.
+            if live.meta().deletion_timestamp.is_none() {
+                let orphan = DeleteParams {
+                    propagation_policy: Some(PropagationPolicy::Orphan),
+                    ..Default::default()
+                };
+                statefulsets.delete(&live.name_any(), &orphan).await?;
+                publish(
+                    ctx,
+                    tc,
+                    EventType::Normal,
+                    "RecreatingStatefulSet",
+                    format!(
+                        "recreating StatefulSet {} with governing Service {} (was {}); its pod and data volume stay",
+                        live.name_any(),
+                        wanted.as_deref().unwrap_or_default(),
+                        has.as_deref().unwrap_or_default()
+                    ),
+                )
+                .await;
+            }
+            return Ok(Step::Stop(waiting(format!(
+                "recreating StatefulSet {} with governing Service {}",
+                live.name_any(),
+                wanted.unwrap_or_default()
+            ))));
+        }
+    }
+    let outcome = apply::ensure(&statefulsets, &caches.statefulsets, &desired).await?;
+    let image = names::k3s_image(&options.k3s_repository, &tc.spec.kubernetes_version);
+    if outcome == Outcome::Created {
+        publish(
+            ctx,
+            tc,
+            EventType::Normal,
+            "ControlPlaneCreated",
+            format!("created StatefulSet {tenant} running {image}"),
+        )
+        .await;
+    }
+
+    // Observe the control-plane pod.
+    let pod_name = names::control_plane_pod(&tenant);
+    let pod = crate::cache::get(&caches.pods, Some(&ns), &pod_name);
+    // A new version rolling out is Provisioning, however long the tenant has been up.
+    let rolling = outcome == Outcome::Updated || live.as_deref().is_none_or(observe::rolling_out);
+    if let Some(pod) = pod.as_ref().filter(|p| observe::pod_is_ready(p)) {
+        return Ok(Step::Ready {
+            pod: (**pod).clone(),
+            addressing,
+            rolling,
+        });
+    }
+    if let Some((reason, detail)) = pod
+        .as_ref()
+        .and_then(|p| observe::failing(p, &image, &tc.spec.kubernetes_version))
+    {
+        return Ok(Step::Stop(Progress::ControlPlaneFailing { reason, detail }));
+    }
+    let detail = match &pod {
+        Some(p) => format!(
+            "waiting for pod {pod_name} to become Ready ({})",
+            observe::pod_summary(p)
+        ),
+        None => format!("waiting for the StatefulSet to create pod {pod_name}"),
+    };
+    if rolling {
+        return Ok(Step::Stop(waiting(detail)));
+    }
+    let age = tc
+        .metadata
+        .creation_timestamp
+        .as_ref()
+        .map(|t| {
+            k8s_openapi::jiff::Timestamp::now()
+                .duration_since(t.0)
+                .as_secs()
+        })
+        .unwrap_or(0);
+    let stuck = was_up(tc) || age > PROVISION_TIMEOUT.as_secs() as i64;
+    Ok(Step::Stop(Progress::ControlPlaneNotReady { detail, stuck }))
+}
+
+/// Whether the control plane had come up: Ready was True, or it went Degraded because it went
+/// away (and stays so until it is back).
+fn was_up(tc: &TenantCluster) -> bool {
+    let Some(status) = tc.status.as_ref() else {
+        return false;
+    };
+    let ready =
+        tenantplane_api::conditions::find(&status.conditions, tenantplane_api::conditions::READY);
+    ready.is_some_and(|c| {
+        c.status == "True"
+            || (status.phase == Some(tenantplane_api::Phase::Degraded)
+                && c.reason == "ControlPlaneNotReady")
+    })
+}
+
+/// The tenant's data claims, deleted with it: the StatefulSet's retention policy does so, and this
+/// catches claims made before the policy (or left by a StatefulSet deleted with orphaning). Only
+/// claims named after the tenant's StatefulSet and labelled as its control plane's are touched.
+pub(crate) async fn delete_data_claims(tc: &TenantCluster, ctx: &Context) -> Result<usize, Error> {
+    let (tenant, ns) = build::identity(tc)?;
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), &ns);
+    let selector = names::control_plane_selector(&tenant)
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join(",");
+    let prefix = format!("{}-{}-", names::DATA_VOLUME, names::statefulset(&tenant));
+    let mut deleted = 0;
+    for claim in claims
+        .list(&ListParams::default().labels(&selector))
+        .await?
+    {
+        let name = claim.name_any();
+        let ordinal = name.strip_prefix(&prefix);
+        if claim.metadata.deletion_timestamp.is_some()
+            || !ordinal.is_some_and(|o| !o.is_empty() && o.bytes().all(|b| b.is_ascii_digit()))
+        {
+            continue;
+        }
+        match claims.delete(&name, &DeleteParams::background()).await {
+            Ok(_) => deleted += 1,
+            Err(kube::Error::Api(e)) if e.code == 404 => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(deleted)
+}
