@@ -235,3 +235,49 @@ impl LocalRuntime {
             .unwrap_or_default()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn volume(dir: &str) -> Volume {
+        Volume {
+            dir: PathBuf::from(dir),
+            claim_uid: "0e703053-be03-40f0-be69-3bf6a28d769b".into(),
+        }
+    }
+
+    #[test]
+    fn the_socket_is_in_the_data_folder_unless_its_path_is_too_long() {
+        let short = volume("/var/lib/tp/ns/data-dev-0-0e703053-be03-40f0-be69-3bf6a28d769b");
+        assert_eq!(socket(&short), short.dir.join("kine.sock"));
+        let deep = format!("/tmp/{}/data-dev-0-{}", "n".repeat(63), short.claim_uid);
+        let long = volume(&deep);
+        let path = socket(&long);
+        assert!(!path.starts_with(&long.dir));
+        assert!(
+            path.as_os_str().len() <= MAX_SOCKET_PATH,
+            "{}",
+            path.display()
+        );
+        assert_eq!(
+            path.file_name().unwrap().to_string_lossy(),
+            format!("tenantplane-kine-{}.sock", long.claim_uid)
+        );
+        assert_eq!(socket(&long), path, "the same at every restart");
+    }
+
+    #[test]
+    fn kine_keeps_sqlite_in_the_folder_and_listens_on_the_socket_only() {
+        let v = volume("/data/ns/data-dev-0-0e703053-be03-40f0-be69-3bf6a28d769b");
+        let args = kine_args(&v, &v.dir.join("kine.sock"));
+        let endpoint = format!("--endpoint=sqlite://{}/db/state.db?", v.dir.display());
+        assert!(args[0].starts_with(&endpoint), "{args:?}");
+        assert!(args[0].contains("_journal=WAL"), "{args:?}");
+        assert!(args.contains(&format!(
+            "--listen-address=unix://{}/kine.sock",
+            v.dir.display()
+        )));
+        assert!(args.contains(&"--metrics-bind-address=0".to_string()));
+    }
+}
