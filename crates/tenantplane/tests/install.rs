@@ -425,7 +425,8 @@ async fn the_operator_service_account_has_its_rights_and_is_not_an_admin() {
         &["update", "tenantclusters.tenantplane.io", "-n", "default"],
         &["patch", "isolationprofiles.tenantplane.io"],
         &["create", "deployments.apps", "-n", "default"],
-        &["delete", "statefulsets.apps", "-n", "default"],
+        &["delete", "daemonsets.apps", "-n", "default"],
+        &["create", "servicecidrs.networking.k8s.io"],
         &[
             "create",
             "validatingwebhookconfigurations.admissionregistration.k8s.io",
