@@ -80,6 +80,7 @@ async fn an_object_the_api_server_refuses_is_named_in_ready_with_its_words() {
         .unwrap();
     let failed = ready_reason(&ns.client, &ns.name, "dev", "ApplyFailed").await;
     let ready = condition(&failed, READY);
+    eprintln!("Ready: {}", ready.message);
     assert_eq!(ready.status, "False");
     assert_eq!(failed.status.as_ref().unwrap().phase, Some(Phase::Degraded));
     assert!(
@@ -175,6 +176,7 @@ async fn a_right_the_operator_lacks_is_named_in_ready() {
         .unwrap();
     let failed = ready_reason(&ns.client, &ns.name, "dev", "ApplyFailed").await;
     let message = &condition(&failed, READY).message;
+    eprintln!("Ready: {message}");
     assert!(
         message.starts_with(&format!("applying LimitRange {}/dev-limits: ", ns.name)),
         "{message}"
@@ -217,6 +219,7 @@ async fn the_host_names_its_service_range_and_a_wrong_flag_is_a_mismatch_not_a_l
         .unwrap();
     let failed = ready_reason(&ns.client, &ns.name, "dev", "ServiceCIDRMismatch").await;
     let message = &condition(&failed, READY).message;
+    eprintln!("Ready: {message}");
     assert!(
         message.contains("--service-cidr is 10.200.0.0/16")
             && message.contains(&format!(
@@ -281,6 +284,7 @@ async fn a_control_plane_pod_that_cannot_start_says_why() {
     .await;
     let failed = ready_reason(&ns.client, &ns.name, "dev", "ImagePullFailed").await;
     let message = &condition(&failed, READY).message;
+    eprintln!("Ready: {message}");
     assert!(
         message.contains(&format!("cannot pull image {image}")),
         "{message}"
@@ -301,6 +305,7 @@ async fn a_control_plane_pod_that_cannot_start_says_why() {
     .await;
     let failed = ready_reason(&ns.client, &ns.name, "dev", "InitContainerFailed").await;
     let message = &condition(&failed, READY).message;
+    eprintln!("Ready: {message}");
     assert!(
         message.contains("init container pki failed with exit code 1")
             && message.contains("Permission denied"),
