@@ -23,7 +23,7 @@ pub(crate) enum Step {
     /// The pod is Ready: the tenant can be reached. `rolling` while the StatefulSet rolls out
     /// a change (the pod may be about to go).
     Ready {
-        pod: Pod,
+        pod: Box<Pod>,
         addressing: Addressing,
         rolling: bool,
     },
@@ -162,7 +162,7 @@ pub(crate) async fn ensure(tc: &TenantCluster, ctx: &Context) -> Result<Step, Er
     let rolling = outcome == Outcome::Updated || live.as_deref().is_none_or(observe::rolling_out);
     if let Some(pod) = pod.as_ref().filter(|p| observe::pod_is_ready(p)) {
         return Ok(Step::Ready {
-            pod: (**pod).clone(),
+            pod: Box::new((**pod).clone()),
             addressing,
             rolling,
         });
