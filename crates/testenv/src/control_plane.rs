@@ -330,6 +330,7 @@ impl ControlPlane {
 
         say("starting kwok with one simulated node");
         let kwok_dir = dir.join("kwok");
+        crate::local_forward::install_crd(&kwok_dir, |a| plane.kubectl_ok(a))?;
         let mut config_args = Vec::new();
         for (name, body) in KWOK_STAGES {
             let path = kwok_dir.join(name);
@@ -364,6 +365,8 @@ impl ControlPlane {
             ("node-ip", "127.0.0.1".into()),
             ("cidr", "10.244.0.0/16".into()),
             ("node-lease-duration-seconds", "40".into()),
+            // Control-plane pods' forwards come from PortForward objects (crate::local_forward).
+            ("enable-crds", "PortForward".into()),
         ]);
         kwok_args.extend(config_args);
         // A work dir of its own, so kwok never reads a user's ~/.kwok configuration.

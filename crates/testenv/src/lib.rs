@@ -12,6 +12,7 @@ pub mod control_plane;
 pub mod dns;
 pub mod kubeconfig;
 mod local_dns;
+pub mod local_forward;
 pub mod local_runtime;
 pub mod metrics;
 pub mod operator;

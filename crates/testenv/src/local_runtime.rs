@@ -376,6 +376,7 @@ impl LocalRuntime {
             .request_header_ca
             .issue(&Leaf::client("front-proxy-client", &[]))?;
         let port = free_port()?;
+        crate::local_forward::publish(client, pod, port).await?;
         let server = format!("https://127.0.0.1:{port}");
         let admin_kubeconfig = tenant_dir.join("admin.kubeconfig");
         std::fs::write(
