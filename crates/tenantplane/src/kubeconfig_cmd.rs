@@ -17,22 +17,7 @@ use tenantplane_controller::names;
 use crate::host::{self, explain, program};
 
 pub async fn run(client: &Client, namespace: &str, name: &str) -> anyhow::Result<String> {
-    let secret_name = names::kubeconfig_secret(name);
-    let secret = Api::<Secret>::namespaced(client.clone(), namespace)
-        .get_opt(&secret_name)
-        .await
-        .map_err(|e| explain(e, &format!("Secret {secret_name} in namespace {namespace}")))?;
-    let Some(secret) = secret else {
-        return Err(no_secret(client, namespace, name).await);
-    };
-    let mut text = tenantplane_controller::build::kubeconfig::stored_text(&secret)
-        .with_context(|| {
-            format!(
-                "Secret {secret_name} has no text under key {}",
-                names::KUBECONFIG_KEY
-            )
-        })?
-        .to_string();
+    let mut text = stored(client, namespace, name).await?;
     // Only the local dev cluster announces a loopback address; a user who may not read pods
     // gets the kubeconfig as stored.
     let pod = Api::<Pod>::namespaced(client.clone(), namespace)
@@ -47,6 +32,27 @@ pub async fn run(client: &Client, namespace: &str, name: &str) -> anyhow::Result
         text = text.replace(&names::endpoint(name, namespace), local);
     }
     Ok(text)
+}
+
+/// The tenant's kubeconfig as its Secret holds it (the server is the in-cluster Service
+/// address), or why there is none.
+pub async fn stored(client: &Client, namespace: &str, name: &str) -> anyhow::Result<String> {
+    let secret_name = names::kubeconfig_secret(name);
+    let secret = Api::<Secret>::namespaced(client.clone(), namespace)
+        .get_opt(&secret_name)
+        .await
+        .map_err(|e| explain(e, &format!("Secret {secret_name} in namespace {namespace}")))?;
+    let Some(secret) = secret else {
+        return Err(no_secret(client, namespace, name).await);
+    };
+    let text =
+        tenantplane_controller::build::kubeconfig::stored_text(&secret).with_context(|| {
+            format!(
+                "Secret {secret_name} has no text under key {}",
+                names::KUBECONFIG_KEY
+            )
+        })?;
+    Ok(text.to_string())
 }
 
 /// Why there is no kubeconfig Secret: no such tenant, or it is not Ready yet.
@@ -83,7 +89,7 @@ async fn no_secret(client: &Client, namespace: &str, name: &str) -> anyhow::Erro
     }
 }
 
-fn parse(text: &str) -> anyhow::Result<Mapping> {
+pub fn parse(text: &str) -> anyhow::Result<Mapping> {
     match serde_yaml::from_str::<Value>(text)? {
         Value::Mapping(m) => Ok(m),
         Value::Null => Ok(Mapping::new()),
@@ -201,10 +207,23 @@ pub fn merge_target() -> anyhow::Result<PathBuf> {
         .ok_or_else(|| anyhow!("cannot find your home folder for ~/.kube/config; set KUBECONFIG"))
 }
 
-/// Merge into the file at `path`, as kubectl writes kubeconfig files: under `<path>.lock`,
+/// Merge into the file at `path` (see [`update_file`]).
+pub fn merge_into_file(path: &Path, tenant: &str, context_name: &str) -> anyhow::Result<Merged> {
+    update_file(path, |existing| {
+        let merged = merge(existing, tenant, context_name)
+            .with_context(|| format!("merging into {}", path.display()))?;
+        Ok((merged.text.clone(), merged))
+    })
+}
+
+/// Rewrite the kubeconfig file at `path` with `change`, which gets its text (empty when there
+/// is none) and returns the new text. As kubectl writes kubeconfig files: under `<path>.lock`,
 /// through a temporary file renamed over it, readable by its owner only when new. A symlink is
 /// followed, not replaced.
-pub fn merge_into_file(path: &Path, tenant: &str, context_name: &str) -> anyhow::Result<Merged> {
+pub fn update_file<T>(
+    path: &Path,
+    change: impl FnOnce(&str) -> anyhow::Result<(String, T)>,
+) -> anyhow::Result<T> {
     let path = match std::fs::canonicalize(path) {
         Ok(real) => real,
         Err(_) => path.to_path_buf(),
@@ -238,15 +257,14 @@ pub fn merge_into_file(path: &Path, tenant: &str, context_name: &str) -> anyhow:
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
             Err(e) => return Err(anyhow!("reading {}: {e}", path.display())),
         };
-        let merged = merge(existing.as_deref().unwrap_or(""), tenant, context_name)
-            .with_context(|| format!("merging into {}", path.display()))?;
+        let (text, value) = change(existing.as_deref().unwrap_or(""))?;
         let temp = path.with_file_name(format!(
             ".{}.tenantplane-{}",
             path.file_name().unwrap_or_default().to_string_lossy(),
             std::process::id()
         ));
         let mut file = new_private_file(&temp)?;
-        file.write_all(merged.text.as_bytes())
+        file.write_all(text.as_bytes())
             .and_then(|()| file.sync_all())
             .with_context(|| format!("writing {}", temp.display()))?;
         if let Ok(meta) = std::fs::metadata(&path) {
@@ -256,10 +274,28 @@ pub fn merge_into_file(path: &Path, tenant: &str, context_name: &str) -> anyhow:
             let _ = std::fs::remove_file(&temp);
             format!("replacing {}", path.display())
         })?;
-        Ok(merged)
+        Ok(value)
     })();
     let _ = std::fs::remove_file(&lock);
     result
+}
+
+/// Write `text` to a new or replaced file at `path`, readable by its owner only.
+pub fn write_private(path: &Path, text: &str) -> anyhow::Result<()> {
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    let mut file = new_private_file(path)?;
+    #[cfg(unix)]
+    {
+        // An existing file keeps its mode on open; this one holds a client key.
+        use std::os::unix::fs::PermissionsExt;
+        file.set_permissions(std::fs::Permissions::from_mode(0o600))
+            .with_context(|| format!("making {} private", path.display()))?;
+    }
+    file.write_all(text.as_bytes())
+        .and_then(|()| file.sync_all())
+        .with_context(|| format!("writing {}", path.display()))
 }
 
 #[cfg(unix)]

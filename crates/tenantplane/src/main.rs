@@ -1,8 +1,10 @@
 //! The `tenantplane` binary: commands for tenant users (also the kubectl plugin `kubectl tenant`),
 //! the operator, and the local dev cluster.
 
+mod connect;
 mod dev;
 mod format;
+mod forward;
 mod host;
 mod kubeconfig_cmd;
 mod manifests;
@@ -132,6 +134,26 @@ enum UserCommand {
         #[arg(long)]
         merge: bool,
     },
+    /// Reach a TenantCluster's API server from this machine: a local port forwarded through the
+    /// host API server, and a kubeconfig for it; runs until Ctrl-C.
+    #[command(
+        after_help = "Each connection to 127.0.0.1:PORT is one pods/portforward stream to the tenant's API port (6443) on a Ready control-plane pod, so it works wherever the host API server answers (no NodePort, no Ingress); it needs get on services, list on pods, and get and create on pods/portforward in the namespace (a WebSocket upgrade is a GET; newer API servers also ask for create). The kubeconfig's server is https://127.0.0.1:PORT with tls-server-name set to the tenant's Service name, which its certificate carries.\n\nWithout --kubeconfig-out, the context is merged into your kubeconfig (the first file of $KUBECONFIG, else ~/.kube/config) and made the current context; on Ctrl-C the current context goes back to what it was and the context stays for the next `connect`."
+    )]
+    Connect {
+        /// The TenantCluster's name.
+        name: String,
+        #[command(flatten)]
+        namespace: NamespaceArg,
+        /// The local port to listen on (on 127.0.0.1) [default: a free port, printed].
+        #[arg(long, value_name = "PORT")]
+        local_port: Option<u16>,
+        /// Write the kubeconfig to this file (mode 0600) instead of merging it into yours.
+        #[arg(long, value_name = "FILE")]
+        kubeconfig_out: Option<PathBuf>,
+        /// Name of the kubeconfig's cluster, user and context [default: tenantplane-<ns>-<name>].
+        #[arg(long, value_name = "NAME", value_parser = clap::builder::NonEmptyStringValueParser::new())]
+        context_name: Option<String>,
+    },
     /// Delete a TenantCluster; its control plane, kubeconfig and isolation objects go with it.
     Delete {
         /// The TenantCluster's name.
@@ -254,6 +276,22 @@ async fn run_user(host: &HostArgs, command: UserCommand) -> anyhow::Result<()> {
                 }
             }
             Ok(())
+        }
+        UserCommand::Connect {
+            name,
+            namespace,
+            local_port,
+            kubeconfig_out,
+            context_name,
+        } => {
+            let options = connect::ConnectOptions {
+                namespace: ns(namespace),
+                name,
+                local_port,
+                kubeconfig_out,
+                context_name,
+            };
+            connect::run(&client, &options).await
         }
         UserCommand::Delete {
             name,

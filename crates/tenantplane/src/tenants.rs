@@ -422,7 +422,8 @@ fn print_object<T: serde::Serialize>(value: &T, as_json: bool) -> anyhow::Result
     Ok(())
 }
 
-async fn get(client: &Client, namespace: &str, name: &str) -> anyhow::Result<TenantCluster> {
+/// TenantCluster `name`, or an error that says it is not there and how to list the tenants.
+pub async fn get(client: &Client, namespace: &str, name: &str) -> anyhow::Result<TenantCluster> {
     let api: Api<TenantCluster> = Api::namespaced(client.clone(), namespace);
     match api.get_opt(name).await {
         Ok(Some(tc)) => Ok(tc),
