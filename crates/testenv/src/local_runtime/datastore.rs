@@ -9,15 +9,13 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
 use kube::api::{Api, ListParams};
 use kube::{Client, ResourceExt};
+use tenantplane_controller::names::DATA_VOLUME;
 
 use super::LocalRuntime;
 use crate::control_plane::tail;
 use crate::process::{self, Handle};
 use crate::{Error, Result};
 
-/// The volume of a control-plane pod that holds the tenant's data: the StatefulSet's
-/// volumeClaimTemplate, so the pod's claim is `data-<pod>`.
-const DATA_VOLUME: &str = "data";
 /// The file in a data folder that names the claim it belongs to (by UID); only folders holding
 /// one are ever pruned.
 const CLAIM_FILE: &str = "claim-uid";
