@@ -524,10 +524,20 @@ async fn apply_tenant(tc: &TenantCluster, ctx: &Context) -> Result<Action, Error
         Err(detail) => return finish(ctx, &tc, unreachable(replacing, detail)).await,
     };
     tracing::debug!(%server, "asking the tenant for its version");
-    let version = match tenant_client.apiserver_version().await {
-        Ok(info) => info.git_version,
-        Err(e) => {
+    // Bounded as a whole: a wedged server can take the connection and never finish TLS, which
+    // the client's own timeouts (connect, read) do not cover.
+    let asked = tokio::time::timeout(TENANT_ANSWER_WITHIN, tenant_client.apiserver_version());
+    let version = match asked.await {
+        Ok(Ok(info)) => info.git_version,
+        Ok(Err(e)) => {
             let detail = format!("{server}: {e}");
+            return finish(ctx, &tc, unreachable(replacing, detail)).await;
+        }
+        Err(_) => {
+            let detail = format!(
+                "{server}: no answer to GET /version within {}s",
+                TENANT_ANSWER_WITHIN.as_secs()
+            );
             return finish(ctx, &tc, unreachable(replacing, detail)).await;
         }
     };
@@ -568,6 +578,9 @@ async fn apply_tenant(tc: &TenantCluster, ctx: &Context) -> Result<Action, Error
     };
     finish_by(ctx, &tc, progress, Some(renew_in)).await
 }
+
+/// How long the tenant API server has to answer the reconcile's one question.
+const TENANT_ANSWER_WITHIN: Duration = Duration::from_secs(15);
 
 const ROLLING_OUT: &str = "the control plane is rolling out a change";
 

@@ -296,3 +296,33 @@ async fn an_upgrade_reads_as_provisioning_and_the_endpoint_is_there_only_while_i
         }
     }
 }
+
+#[tokio::test]
+async fn a_wedged_control_plane_is_restarted_by_its_liveness_probe() {
+    install_crds_and_policies();
+    let ns = namespace("lc-wedged").await;
+    let operator = start_operator(&ns);
+    example_ready(&ns).await;
+    let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(ns.client.clone(), &ns.name);
+    let restarts = |pod: &k8s_openapi::api::core::v1::Pod| {
+        pod.status
+            .as_ref()
+            .and_then(|s| s.container_statuses.as_ref())
+            .and_then(|c| c.first())
+            .map_or(0, |c| c.restart_count)
+    };
+    let before = restarts(&pods.get("dev-0").await.unwrap());
+    // Stopped, not dead: the process is there and answers nothing, as a wedged k3s.
+    assert!(operator.runtime.wedge_api_server(&ns.name, "dev-0"));
+    wait_for_phase(&ns.client, &ns.name, "dev", Phase::Degraded).await;
+    // The pod's liveness window (a minute without /livez), the restart back-off, a fresh start.
+    let tenants: Api<TenantCluster> = Api::namespaced(ns.client.clone(), &ns.name);
+    let back = eventually(WAIT * 3, || async {
+        let tc = tenants.get("dev").await.ok()?;
+        (tc.status?.phase == Some(Phase::Ready)).then_some(())
+    })
+    .await;
+    assert!(back.is_some(), "the liveness probe restarted it");
+    let after = restarts(&pods.get("dev-0").await.unwrap());
+    assert!(after > before, "restartCount {before} → {after}");
+}

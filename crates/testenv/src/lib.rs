@@ -16,6 +16,7 @@ pub mod local_forward;
 pub mod local_runtime;
 pub mod metrics;
 pub mod operator;
+mod probes;
 pub mod process;
 pub mod tenant;
 

@@ -24,11 +24,9 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Pod, Secret};
-use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions};
+use kube::api::{Api, DeleteParams, Preconditions};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
-use serde_json::json;
 use tenantplane_controller::build::control_plane::{KUBELET_CA_ENV, KUBELET_CA_FILE};
 use tenantplane_controller::names;
 use tenantplane_controller::tenant_pki::{self, TenantPki};
@@ -37,6 +35,7 @@ use tenantplane_pki::Leaf;
 use crate::binaries::Binaries;
 use crate::control_plane::{ApiServerConfig, FrontProxy, free_port};
 use crate::local_dns::{DnsServer, TenantApi};
+use crate::probes;
 use crate::process::{self, Handle};
 use crate::{Error, Result, kubeconfig};
 use launch::{LaunchSpec, spawn_processes};
@@ -64,6 +63,9 @@ struct Tenant {
     restarts: i32,
     /// When the processes were first seen dead, for the restart back-off.
     died_at: Option<std::time::Instant>,
+    /// The pod's probe windows, and what the liveness probe saw of this run.
+    windows: probes::Windows,
+    liveness: probes::Liveness,
 }
 
 /// What the health check needs of a tenant, copied out so no lock is held across an await.
@@ -105,7 +107,17 @@ impl LocalRuntime {
         self.crash(namespace, pod, "kine")
     }
 
+    /// Stop the kube-apiserver of tenant pod `namespace/pod` without ending it (SIGSTOP), as a
+    /// wedged k3s would be: it answers nothing, and only the liveness probe brings it back.
+    pub fn wedge_api_server(&self, namespace: &str, pod: &str) -> bool {
+        self.signal(namespace, pod, "kube-apiserver", libc::SIGSTOP)
+    }
+
     fn crash(&self, namespace: &str, pod: &str, binary: &str) -> bool {
+        self.signal(namespace, pod, binary, libc::SIGKILL)
+    }
+
+    fn signal(&self, namespace: &str, pod: &str, binary: &str, signal: libc::c_int) -> bool {
         let Ok(tenants) = self.tenants.lock() else {
             return false;
         };
@@ -122,7 +134,7 @@ impl LocalRuntime {
                 // SAFETY: signalling a child process we started. Not reaped here: the health
                 // check finds it exited.
                 unsafe {
-                    libc::kill(h.pid as libc::pid_t, libc::SIGKILL);
+                    libc::kill(h.pid as libc::pid_t, signal);
                 }
                 true
             }
@@ -469,6 +481,8 @@ impl LocalRuntime {
             ready: false,
             restarts: 0,
             died_at: None,
+            windows: probes::windows(pod),
+            liveness: probes::Liveness::started(std::time::Instant::now()),
         };
         tenant.processes = spawn_processes(
             binaries,
@@ -532,10 +546,18 @@ impl LocalRuntime {
             Err(_) => return,
         };
         for t in snapshot {
-            let ready = !t.dead && api_server_ready(&t.dir).await;
+            let ready = !t.dead && probes::answers(&t.dir, "/readyz").await;
+            let alive = ready || (!t.dead && probes::answers(&t.dir, "/livez").await);
+            if !t.dead && self.failed_liveness(&t.uid, alive) {
+                eprintln!(
+                    "local runtime: {}/{} failed its liveness probe; restarting it",
+                    t.namespace, t.pod
+                );
+            }
             if ready != t.ready {
                 if let Err(e) =
-                    set_pod_ready(client, &t.namespace, &t.pod, t.port, ready, t.restarts).await
+                    probes::set_pod_ready(client, &t.namespace, &t.pod, t.port, ready, t.restarts)
+                        .await
                 {
                     eprintln!("local runtime: updating pod {}/{}: {e}", t.namespace, t.pod);
                     continue;
@@ -588,6 +610,7 @@ impl LocalRuntime {
             (Some(t), Ok(processes)) => {
                 t.processes = processes;
                 t.restarts += 1;
+                t.liveness = probes::Liveness::started(std::time::Instant::now());
             }
             (None, Ok(processes)) => {
                 for h in processes.iter().rev() {
@@ -602,6 +625,30 @@ impl LocalRuntime {
     }
 }
 
+impl LocalRuntime {
+    /// Record a liveness probe; when the pod's window has passed without an answer, kill the
+    /// processes (the next tick finds them dead and restarts them), as a kubelet would.
+    fn failed_liveness(&self, uid: &str, alive: bool) -> bool {
+        let Ok(mut tenants) = self.tenants.lock() else {
+            return false;
+        };
+        let Some(t) = tenants.get_mut(uid) else {
+            return false;
+        };
+        let windows = t.windows;
+        if !t
+            .liveness
+            .observe(alive, std::time::Instant::now(), windows)
+        {
+            return false;
+        }
+        for h in t.processes.drain(..).rev() {
+            kill(&h);
+        }
+        true
+    }
+}
+
 /// Kill one of our processes at once, as a crash would, and reap it.
 fn kill(h: &Handle) {
     // SAFETY: signalling a child process we started (and have not reaped yet).
@@ -609,75 +656,4 @@ fn kill(h: &Handle) {
         libc::kill(h.pid as libc::pid_t, libc::SIGKILL);
     }
     process::stop(h);
-}
-
-async fn api_server_ready(dir: &Path) -> bool {
-    let Ok(client) = kubeconfig::client(&dir.join("admin.kubeconfig")).await else {
-        return false;
-    };
-    let request = match http::Request::get("/readyz").body(Vec::new()) {
-        Ok(r) => r,
-        Err(_) => return false,
-    };
-    matches!(
-        tokio::time::timeout(Duration::from_secs(3), client.request_text(request)).await,
-        Ok(Ok(text)) if text.trim() == "ok"
-    )
-}
-
-/// A pod IP for status: never dialled (the annotation carries the real address), and not
-/// loopback, which Endpoints refuse.
-fn fake_pod_ip(port: u16) -> String {
-    format!("10.245.{}.{}", port / 256, port % 256)
-}
-
-async fn set_pod_ready(
-    client: &Client,
-    ns: &str,
-    pod: &str,
-    port: u16,
-    ready: bool,
-    restarts: i32,
-) -> Result<()> {
-    let api: Api<Pod> = Api::namespaced(client.clone(), ns);
-    let now = Timestamp::now().to_string();
-    let flag = if ready { "True" } else { "False" };
-    api.patch(
-        pod,
-        &PatchParams::default(),
-        &Patch::Merge(json!({"metadata": {"annotations": {
-            names::ANNOTATION_LOCAL_ENDPOINT: format!("https://127.0.0.1:{port}"),
-        }}})),
-    )
-    .await?;
-    let state = if ready {
-        json!({"running": {"startedAt": now}})
-    } else {
-        json!({"waiting": {"reason": "CrashLoopBackOff", "message": "the tenant API server is not answering; restarting"}})
-    };
-    let status = json!({"status": {
-        "phase": "Running",
-        "hostIP": "127.0.0.1",
-        "podIP": fake_pod_ip(port),
-        "podIPs": [{"ip": fake_pod_ip(port)}],
-        "startTime": now,
-        "conditions": [
-            {"type": "PodScheduled", "status": "True", "lastTransitionTime": now},
-            {"type": "Initialized", "status": "True", "lastTransitionTime": now},
-            {"type": "ContainersReady", "status": flag, "lastTransitionTime": now},
-            {"type": "Ready", "status": flag, "lastTransitionTime": now},
-        ],
-        "containerStatuses": [{
-            "name": "k3s",
-            "ready": ready,
-            "started": ready,
-            "restartCount": restarts,
-            "image": "local-runtime",
-            "imageID": "",
-            "state": state,
-        }],
-    }});
-    api.patch_status(pod, &PatchParams::default(), &Patch::Merge(status))
-        .await?;
-    Ok(())
 }
