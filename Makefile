@@ -37,7 +37,7 @@ bench-sync: testenv
 conformance: testenv
 	bash testenv/conformance.sh
 
-## testenv: build etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, kwok and helm
+## testenv: build etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, kwok, kine, coredns and helm
 testenv:
 	@bash testenv/build.sh >/dev/null
 
