@@ -4,7 +4,7 @@
 
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, Service};
-use kube::api::{Api, DeleteParams, ListParams, PropagationPolicy};
+use kube::api::{Api, DeleteParams, ListParams, Preconditions, PropagationPolicy};
 use kube::runtime::events::EventType;
 use kube::{Resource, ResourceExt};
 use tenantplane_api::TenantCluster;
@@ -75,28 +75,20 @@ pub(crate) async fn ensure(tc: &TenantCluster, ctx: &Context) -> Result<Step, Er
         return Ok(Step::Stop(waiting(detail)));
     };
 
-    // The range the tenant allocates from is the host's; a disagreement builds nothing more, and
-    // stops the syncer, which would otherwise fight the tenant over every Service's address.
-    let host_range = match ctx.service_ranges.host_range(client, &ns).await {
-        Ok(range) => range,
-        Err(detail) => {
-            return Ok(Step::Stop(Progress::ServiceRange {
-                reason: "ServiceCIDRUnknown",
-                detail,
-            }));
-        }
+    // The range the tenant allocates from is the host's; a disagreement builds nothing more. A
+    // running syncer is left alone: it never forces an address outside its range on a tenant
+    // Service, and stopping it would take the tenant's workloads off the host.
+    let flag = options.service_cidr.as_deref();
+    let mut chosen = service_cidr(ctx, &ns, &api_ip, flag).await;
+    if chosen.is_err() {
+        // A range added since it was remembered may hold the address: ask again, once.
+        ctx.service_ranges.forget();
+        chosen = service_cidr(ctx, &ns, &api_ip, flag).await;
+    }
+    let service_cidr = match chosen {
+        Ok(cidr) => cidr,
+        Err((reason, detail)) => return Ok(Step::Stop(Progress::ServiceRange { reason, detail })),
     };
-    let service_cidr =
-        match service_range::choose(&host_range, &api_ip, options.service_cidr.as_deref()) {
-            Ok(cidr) => cidr,
-            Err(detail) => {
-                ctx.syncers.remove(&ns, &tenant).await?;
-                return Ok(Step::Stop(Progress::ServiceRange {
-                    reason: "ServiceCIDRMismatch",
-                    detail,
-                }));
-            }
-        };
     let addressing = Addressing {
         api_ip,
         service_cidr,
@@ -116,11 +108,29 @@ pub(crate) async fn ensure(tc: &TenantCluster, ctx: &Context) -> Result<Step, Er
             // serviceName cannot change: delete the StatefulSet but not its pod and claim, which
             // the new one adopts, data and all.
             if live.meta().deletion_timestamp.is_none() {
+                // Only the object we looked at: a cache behind a recreate must not delete the new one.
                 let orphan = DeleteParams {
                     propagation_policy: Some(PropagationPolicy::Orphan),
+                    preconditions: Some(Preconditions {
+                        uid: live.uid(),
+                        resource_version: None,
+                    }),
                     ..Default::default()
                 };
-                statefulsets.delete(&live.name_any(), &orphan).await?;
+                match statefulsets.delete(&live.name_any(), &orphan).await {
+                    Ok(_) => {}
+                    // Gone already, or replaced: the watch brings the next step.
+                    Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => {}
+                    Err(error) => {
+                        return Err(Error::Write {
+                            object: format!(
+                                "deleting StatefulSet {ns}/{} (orphaning its pod)",
+                                live.name_any()
+                            ),
+                            error,
+                        });
+                    }
+                }
                 publish(
                     ctx,
                     tc,
@@ -180,7 +190,8 @@ pub(crate) async fn ensure(tc: &TenantCluster, ctx: &Context) -> Result<Step, Er
         ),
         None => format!("waiting for the StatefulSet to create pod {pod_name}"),
     };
-    if rolling {
+    // ... for as long as a first start may take, counted from when Ready last changed.
+    if rolling && !for_too_long(tc) {
         return Ok(Step::Stop(waiting(detail)));
     }
     let age = tc
@@ -195,6 +206,36 @@ pub(crate) async fn ensure(tc: &TenantCluster, ctx: &Context) -> Result<Step, Er
         .unwrap_or(0);
     let stuck = was_up(tc) || age > PROVISION_TIMEOUT.as_secs() as i64;
     Ok(Step::Stop(Progress::ControlPlaneNotReady { detail, stuck }))
+}
+
+/// The host's range that holds `api_ip`, checked against the operator's flag; the reason and
+/// sentence for status when there is none.
+async fn service_cidr(
+    ctx: &Context,
+    namespace: &str,
+    api_ip: &str,
+    flag: Option<&str>,
+) -> Result<String, (&'static str, String)> {
+    match ctx.service_ranges.host_range(&ctx.client, namespace).await {
+        Ok(range) => service_range::choose(&range, api_ip, flag)
+            .map_err(|detail| ("ServiceCIDRMismatch", detail)),
+        Err(detail) => Err(("ServiceCIDRUnknown", detail)),
+    }
+}
+
+/// Whether Ready has kept its status for longer than a control plane may take to come up.
+fn for_too_long(tc: &TenantCluster) -> bool {
+    tc.status
+        .as_ref()
+        .and_then(|s| {
+            tenantplane_api::conditions::find(&s.conditions, tenantplane_api::conditions::READY)
+        })
+        .is_some_and(|c| {
+            k8s_openapi::jiff::Timestamp::now()
+                .duration_since(c.last_transition_time.0)
+                .as_secs()
+                > PROVISION_TIMEOUT.as_secs() as i64
+        })
 }
 
 /// Whether the control plane had come up: Ready was True, or it went Degraded because it went

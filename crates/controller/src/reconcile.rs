@@ -270,16 +270,14 @@ pub async fn reconcile(tc: Arc<TenantCluster>, ctx: Arc<Context>) -> Result<Acti
         match event {
             FinalizerEvent::Apply(tc) => {
                 let result = apply_tenant(&tc, &ctx).await;
-                if let Err(e) = &result {
-                    // Status says it, not only the log: what failed and the API server's words.
-                    let progress = Progress::ApplyFailed(e.to_string());
-                    if let Err(report_error) = report(&ctx, &tc, &progress).await {
-                        warn!(error = %report_error, "reporting a failed reconcile in status failed too");
-                    }
-                }
+                report_failure(&ctx, &tc, &result).await;
                 result
             }
-            FinalizerEvent::Cleanup(tc) => cleanup(&tc, &ctx).await,
+            FinalizerEvent::Cleanup(tc) => {
+                let result = cleanup(&tc, &ctx).await;
+                report_failure(&ctx, &tc, &result).await;
+                result
+            }
         }
     })
     .instrument(span)
@@ -299,6 +297,16 @@ pub async fn reconcile(tc: Arc<TenantCluster>, ctx: Arc<Context>) -> Result<Acti
         started.elapsed(),
     );
     result
+}
+
+/// Status says what failed, not only the log: the object and the API server's words.
+async fn report_failure(ctx: &Context, tc: &TenantCluster, result: &Result<Action, Error>) {
+    if let Err(e) = result {
+        let progress = Progress::ApplyFailed(e.to_string());
+        if let Err(report_error) = report(ctx, tc, &progress).await {
+            warn!(error = %report_error, "reporting a failed reconcile in status failed too");
+        }
+    }
 }
 
 pub(crate) async fn publish(

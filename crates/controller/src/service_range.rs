@@ -36,6 +36,13 @@ pub struct Discovery {
 }
 
 impl Discovery {
+    /// Forget what was remembered: the next [`host_range`](Self::host_range) asks the host.
+    pub fn forget(&self) {
+        if let Ok(mut last) = self.last.lock() {
+            *last = None;
+        }
+    }
+
     /// The host's ranges: remembered, or asked for now. An error says what the host answered.
     pub async fn host_range(&self, client: &Client, namespace: &str) -> Result<HostRange, String> {
         if let Ok(last) = self.last.lock()
@@ -59,15 +66,8 @@ pub async fn discover(client: &Client, namespace: &str) -> Result<HostRange, Str
         Ok(list) => {
             let mut cidrs = Vec::new();
             let mut names = Vec::new();
+            // Every one, terminating ones too: their addresses are still in use.
             for object in &list.items {
-                let ready = object
-                    .status
-                    .as_ref()
-                    .and_then(|s| s.conditions.as_ref())
-                    .is_none_or(|cs| cs.iter().all(|c| c.type_ != "Ready" || c.status == "True"));
-                if object.metadata.deletion_timestamp.is_some() || !ready {
-                    continue;
-                }
                 names.push(object.name_any());
                 cidrs.extend(
                     object
@@ -150,9 +150,10 @@ pub fn contains(cidr: &str, ip: &str) -> bool {
     parse_cidr(cidr).is_some() && tenantplane_syncer::allow::in_cidrs(&[cidr.to_string()], ip)
 }
 
-/// The range k3s gets: the host's range that holds the API Service's address. With `flag`
-/// (the operator's `--service-cidr`) it must be that same range. Otherwise the sentence says
-/// what disagrees and what to fix.
+/// The range k3s gets: the host's range that holds the API Service's address. `flag` (the
+/// operator's `--service-cidr`, one CIDR or a dual-stack pair, comma-separated) is a check: one
+/// of its ranges must hold the address too (a wider one, as an older default, is fine). Otherwise
+/// the sentence says what disagrees and what to fix.
 pub fn choose(host: &HostRange, api_ip: &str, flag: Option<&str>) -> Result<String, String> {
     let Some(found) = host.cidrs.iter().find(|c| contains(c, api_ip)) else {
         return Err(format!(
@@ -162,7 +163,7 @@ pub fn choose(host: &HostRange, api_ip: &str, flag: Option<&str>) -> Result<Stri
         ));
     };
     match flag {
-        Some(flag) if flag != found => Err(format!(
+        Some(flag) if !flag.split(',').map(str::trim).any(|c| contains(c, api_ip)) => Err(format!(
             "--service-cidr is {flag} but the host allocates Services from {found} ({}), where the API Service got {api_ip}; drop the flag or set it to {found}",
             host.source
         )),
@@ -218,6 +219,15 @@ mod tests {
         assert_eq!(choose(&h, "10.96.0.20", None).unwrap(), "10.96.0.0/12");
         assert_eq!(
             choose(&h, "10.96.0.20", Some("10.96.0.0/12")).unwrap(),
+            "10.96.0.0/12"
+        );
+        // Wider (the old default on a /16 host) or a dual-stack pair holding it: fine.
+        assert_eq!(
+            choose(&h, "10.96.0.20", Some("10.96.0.0/8")).unwrap(),
+            "10.96.0.0/12"
+        );
+        assert_eq!(
+            choose(&h, "10.96.0.20", Some("10.96.0.0/12, fd00::/108")).unwrap(),
             "10.96.0.0/12"
         );
         let wrong = choose(&h, "10.96.0.20", Some("10.200.0.0/16")).unwrap_err();
