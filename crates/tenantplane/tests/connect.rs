@@ -59,6 +59,19 @@ async fn run(program: &Path, args: &[&str], kubeconfig: &OsString) -> (i32, Stri
     said
 }
 
+/// `kubectl get --raw /version` through the kubeconfig `connect` wrote, given 5 s.
+async fn version_within_5s(kubeconfig: &str) -> (i32, String, String) {
+    let args = [
+        "--kubeconfig",
+        kubeconfig,
+        "--request-timeout=5s",
+        "get",
+        "--raw",
+        "/version",
+    ];
+    run(&kubectl(), &args, &host_kubeconfig()).await
+}
+
 fn kubectl() -> std::path::PathBuf {
     shared().binaries().path("kubectl")
 }
@@ -273,19 +286,7 @@ async fn connect_reaches_the_tenant_through_the_host_api_server() {
     // The tenant's API server crashes: a connection meanwhile fails with a line on stderr, connect
     // stays up, and once the runtime restarted it (after its back-off) connections work again.
     assert!(operator.runtime.crash_api_server(n, "dev-0"));
-    let (code, _, _) = run(
-        &kubectl(),
-        &[
-            "--kubeconfig",
-            &out_arg,
-            "--request-timeout=5s",
-            "get",
-            "--raw",
-            "/version",
-        ],
-        &host_kubeconfig(),
-    )
-    .await;
+    let (code, _, _) = version_within_5s(&out_arg).await;
     assert_ne!(code, 0, "the tenant's API server is down");
     let said = eventually(Duration::from_secs(10), || async {
         let errors = connect.errors();
@@ -301,19 +302,7 @@ async fn connect_reaches_the_tenant_through_the_host_api_server() {
         "connect is still running"
     );
     let back = eventually(WAIT, || async {
-        let (code, _, _) = run(
-            &kubectl(),
-            &[
-                "--kubeconfig",
-                &out_arg,
-                "--request-timeout=5s",
-                "get",
-                "--raw",
-                "/version",
-            ],
-            &host_kubeconfig(),
-        )
-        .await;
+        let (code, _, _) = version_within_5s(&out_arg).await;
         (code == 0).then_some(())
     })
     .await;
