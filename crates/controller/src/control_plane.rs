@@ -259,11 +259,7 @@ fn was_up(tc: &TenantCluster) -> bool {
 pub(crate) async fn delete_data_claims(tc: &TenantCluster, ctx: &Context) -> Result<usize, Error> {
     let (tenant, ns) = build::identity(tc)?;
     let claims: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), &ns);
-    let selector = names::control_plane_selector(&tenant)
-        .iter()
-        .map(|(k, v)| format!("{k}={v}"))
-        .collect::<Vec<_>>()
-        .join(",");
+    let selector = names::selector(&names::control_plane_selector(&tenant));
     let prefix = format!("{}-{}-", names::DATA_VOLUME, names::statefulset(&tenant));
     let mut deleted = 0;
     for claim in claims

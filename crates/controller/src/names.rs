@@ -109,6 +109,15 @@ pub fn control_plane_selector(tenant: &str) -> BTreeMap<String, String> {
     ])
 }
 
+/// Labels as a label selector: `k=v,k2=v2`.
+pub fn selector(labels: &BTreeMap<String, String>) -> String {
+    labels
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
 /// A whole number of seconds as a person reads it: `30d`, `12h`, `90m` or `45s`.
 pub fn human_duration(secs: i64) -> String {
     match secs {

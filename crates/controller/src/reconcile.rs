@@ -337,11 +337,7 @@ async fn report(ctx: &Context, tc: &TenantCluster, progress: &Progress) -> Resul
         return Ok(());
     }
     let api: Api<TenantCluster> = Api::namespaced(ctx.client.clone(), &ns);
-    // A merge patch leaves out what is absent: an endpoint no longer there is removed by null.
-    let mut body = json!({"status": desired});
-    if desired.endpoint.is_none() {
-        body["status"]["endpoint"] = serde_json::Value::Null;
-    }
+    let body = json!({"status": status_patch(&current, &desired)?});
     api.patch_status(&tenant, &PatchParams::default(), &Patch::Merge(body))
         .await?;
     for condition in status::changed_conditions(&current, &desired) {
@@ -369,6 +365,24 @@ async fn report(ctx: &Context, tc: &TenantCluster, progress: &Progress) -> Resul
     Ok(())
 }
 
+/// The merge patch from `current` to `desired`: what a merge patch leaves out it keeps, so a
+/// field `desired` no longer has (the endpoint of a tenant that stopped answering) is null.
+fn status_patch(
+    current: &tenantplane_api::TenantClusterStatus,
+    desired: &tenantplane_api::TenantClusterStatus,
+) -> Result<serde_json::Value, Error> {
+    let as_json =
+        |s| serde_json::to_value(s).map_err(|e| Error::Build(format!("writing the status: {e}")));
+    let mut patch = as_json(desired)?;
+    if let (serde_json::Value::Object(was), Some(now)) = (as_json(current)?, patch.as_object_mut())
+    {
+        for field in was.keys() {
+            now.entry(field.clone()).or_insert(serde_json::Value::Null);
+        }
+    }
+    Ok(patch)
+}
+
 /// Record progress and decide when to look again.
 async fn finish(ctx: &Context, tc: &TenantCluster, progress: Progress) -> Result<Action, Error> {
     finish_by(ctx, tc, progress, None).await
@@ -391,6 +405,8 @@ async fn finish_by(
         Progress::PolicyMissing { .. } | Progress::PkiDamaged(_) => Duration::from_secs(300),
         // Nothing watched says the holder is gone: look again soon, to take over within seconds.
         Progress::NamespaceInUse { .. } => NAMESPACE_IN_USE_RECHECK,
+        // Asked of the host, not watched: a new range or a fixed flag is seen within a minute.
+        Progress::ServiceRange { .. } => Duration::from_secs(60),
         Progress::Synced { .. } => health,
         _ => Duration::from_secs(5),
     };
@@ -668,5 +684,23 @@ mod tests {
         assert_eq!(waits, [5, 10, 20, 40, 80, 160, 300, 300, 300]);
         assert_eq!(retry_after(0).as_secs(), 5);
         assert_eq!(retry_after(u32::MAX).as_secs(), 300);
+    }
+
+    #[test]
+    fn a_field_no_longer_in_the_status_is_removed_by_the_patch() {
+        let up = tenantplane_api::TenantClusterStatus {
+            endpoint: Some("https://dev.team-dev.svc:6443".into()),
+            observed_generation: Some(2),
+            ..Default::default()
+        };
+        let down = tenantplane_api::TenantClusterStatus {
+            observed_generation: Some(2),
+            ..Default::default()
+        };
+        let patch = status_patch(&up, &down).unwrap();
+        assert_eq!(patch["endpoint"], serde_json::Value::Null);
+        assert_eq!(patch["observedGeneration"], 2);
+        let back = status_patch(&down, &up).unwrap();
+        assert_eq!(back["endpoint"], "https://dev.team-dev.svc:6443");
     }
 }

@@ -12,6 +12,7 @@ use k8s_openapi::api::core::v1::{Pod, Service};
 use kube::api::{Api, ListParams};
 use kube::{Client, ResourceExt};
 use tenantplane_controller::names;
+use tenantplane_controller::observe::pod_is_ready;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
@@ -60,15 +61,14 @@ impl Target {
             .and_then(|s| s.selector)
             .filter(|s| !s.is_empty())
             .ok_or_else(|| anyhow!("{what} selects no pods"))?;
-        let selector: Vec<String> = selector.iter().map(|(k, v)| format!("{k}={v}")).collect();
         let list = self
             .pods
-            .list(&ListParams::default().labels(&selector.join(",")))
+            .list(&ListParams::default().labels(&names::selector(&selector)))
             .await
             .map_err(|e| explain(e, &format!("the pods of {what}")))?;
         let mut pods = list.items;
         pods.sort_by_key(|p| p.name_any());
-        if let Some(pod) = pods.iter().find(|p| is_ready(p)) {
+        if let Some(pod) = pods.iter().find(|p| pod_is_ready(p)) {
             return Ok(pod.name_any());
         }
         let states: Vec<String> = pods.iter().map(pod_state).collect();
@@ -190,15 +190,6 @@ async fn pipe(
     }
 }
 
-fn is_ready(pod: &Pod) -> bool {
-    pod.metadata.deletion_timestamp.is_none()
-        && pod
-            .status
-            .as_ref()
-            .and_then(|s| s.conditions.as_ref())
-            .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
-}
-
 /// `pod dev-0 is Pending, not Ready (reason: message)`.
 fn pod_state(pod: &Pod) -> String {
     let status = pod.status.as_ref();
@@ -243,12 +234,12 @@ mod tests {
 
     #[test]
     fn only_ready_pods_not_being_deleted_take_connections() {
-        assert!(is_ready(&pod("dev-0", "Running", "True")));
-        assert!(!is_ready(&pod("dev-0", "Running", "False")));
+        assert!(pod_is_ready(&pod("dev-0", "Running", "True")));
+        assert!(!pod_is_ready(&pod("dev-0", "Running", "False")));
         let mut deleting = pod("dev-0", "Running", "True");
         deleting.metadata.deletion_timestamp =
             serde_json::from_value(serde_json::json!("2026-01-01T00:00:00Z")).unwrap();
-        assert!(!is_ready(&deleting));
+        assert!(!pod_is_ready(&deleting));
         assert_eq!(
             pod_state(&pod("dev-0", "Running", "False")),
             "pod dev-0 is Running, not Ready (ContainersNotReady)"
