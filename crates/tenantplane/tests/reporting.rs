@@ -20,25 +20,6 @@ use tenantplane_testenv::{
     TestNamespace, eventually, install_crds_and_policies, kubeconfig, kubectl, namespace, shared,
 };
 
-/// Wait until the tenant's Ready condition has `reason`; the tenant as it was then.
-async fn ready_reason(client: &Client, ns: &str, name: &str, reason: &str) -> TenantCluster {
-    let api: Api<TenantCluster> = Api::namespaced(client.clone(), ns);
-    let last = std::sync::Mutex::new(None);
-    let found = eventually(WAIT, || async {
-        let tc = api.get(name).await.ok()?;
-        *last.lock().unwrap() = tc.status.clone();
-        let c = tenantplane_api::conditions::find(&tc.status.as_ref()?.conditions, READY)?;
-        (c.reason == reason).then_some(tc)
-    })
-    .await;
-    found.unwrap_or_else(|| {
-        panic!(
-            "{ns}/{name}'s Ready never had reason {reason}; last status: {:#?}",
-            last.lock().unwrap()
-        )
-    })
-}
-
 /// The controller alone (no local runtime), as `client`, with `options`.
 fn controller(client: Client, options: ControllerOptions) -> tokio::task::JoinHandle<()> {
     tokio::spawn(tenantplane_controller::run(
@@ -78,7 +59,7 @@ async fn an_object_the_api_server_refuses_is_named_in_ready_with_its_words() {
         .create(&PostParams::default(), &tc)
         .await
         .unwrap();
-    let failed = ready_reason(&ns.client, &ns.name, "dev", "ApplyFailed").await;
+    let failed = wait_for_ready_reason(&ns.client, &ns.name, "dev", "ApplyFailed").await;
     let ready = condition(&failed, READY);
     eprintln!("Ready: {}", ready.message);
     assert_eq!(ready.status, "False");
@@ -174,7 +155,7 @@ async fn a_right_the_operator_lacks_is_named_in_ready() {
         .create(&PostParams::default(), &example(&ns.name))
         .await
         .unwrap();
-    let failed = ready_reason(&ns.client, &ns.name, "dev", "ApplyFailed").await;
+    let failed = wait_for_ready_reason(&ns.client, &ns.name, "dev", "ApplyFailed").await;
     let message = &condition(&failed, READY).message;
     eprintln!("Ready: {message}");
     assert!(
@@ -217,7 +198,7 @@ async fn the_host_names_its_service_range_and_a_wrong_flag_is_a_mismatch_not_a_l
         .create(&PostParams::default(), &example(&ns.name))
         .await
         .unwrap();
-    let failed = ready_reason(&ns.client, &ns.name, "dev", "ServiceCIDRMismatch").await;
+    let failed = wait_for_ready_reason(&ns.client, &ns.name, "dev", "ServiceCIDRMismatch").await;
     let message = &condition(&failed, READY).message;
     eprintln!("Ready: {message}");
     assert!(
@@ -282,7 +263,7 @@ async fn a_control_plane_pod_that_cannot_start_says_why() {
                               "message": format!("Back-off pulling image \"{image}\": not found")}},
     }]}))
     .await;
-    let failed = ready_reason(&ns.client, &ns.name, "dev", "ImagePullFailed").await;
+    let failed = wait_for_ready_reason(&ns.client, &ns.name, "dev", "ImagePullFailed").await;
     let message = &condition(&failed, READY).message;
     eprintln!("Ready: {message}");
     assert!(
@@ -303,7 +284,7 @@ async fn a_control_plane_pod_that_cannot_start_says_why() {
                                      "message": "cp: can't create '/var/lib/rancher/k3s/server/tls/x': Permission denied"}},
     }]}))
     .await;
-    let failed = ready_reason(&ns.client, &ns.name, "dev", "InitContainerFailed").await;
+    let failed = wait_for_ready_reason(&ns.client, &ns.name, "dev", "InitContainerFailed").await;
     let message = &condition(&failed, READY).message;
     eprintln!("Ready: {message}");
     assert!(

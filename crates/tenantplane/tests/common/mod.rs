@@ -127,17 +127,49 @@ pub fn example(ns: &str) -> TenantCluster {
 }
 
 pub async fn wait_for_phase(client: &Client, ns: &str, name: &str, phase: Phase) -> TenantCluster {
+    wait_for_status(client, ns, name, &format!("reached {phase}"), |s| {
+        s.phase == Some(phase)
+    })
+    .await
+}
+
+/// Wait until the tenant's Ready condition has `reason`.
+pub async fn wait_for_ready_reason(
+    client: &Client,
+    ns: &str,
+    name: &str,
+    reason: &str,
+) -> TenantCluster {
+    wait_for_status(
+        client,
+        ns,
+        name,
+        &format!("had Ready reason {reason}"),
+        |s| conditions::find(&s.conditions, conditions::READY).is_some_and(|c| c.reason == reason),
+    )
+    .await
+}
+
+/// Wait until the tenant's status passes `check` (`what` it waited for names it in the panic,
+/// with the last status seen).
+pub async fn wait_for_status(
+    client: &Client,
+    ns: &str,
+    name: &str,
+    what: &str,
+    check: impl Fn(&tenantplane_api::TenantClusterStatus) -> bool,
+) -> TenantCluster {
     let api: Api<TenantCluster> = Api::namespaced(client.clone(), ns);
     let last = std::sync::Mutex::new(None);
     let found = eventually(WAIT, || async {
         let tc = api.get(name).await.ok()?;
         *last.lock().unwrap() = tc.status.clone();
-        (tc.status.as_ref()?.phase == Some(phase)).then_some(tc)
+        check(tc.status.as_ref()?).then_some(tc)
     })
     .await;
     found.unwrap_or_else(|| {
         panic!(
-            "{ns}/{name} never reached {phase}; last status: {:#?}",
+            "{ns}/{name} never {what}; last status: {:#?}",
             last.lock().unwrap()
         )
     })
