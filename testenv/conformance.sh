@@ -142,6 +142,15 @@ spec:
     annotations:
       pods: ["*"]
       services: ["*"]
+    # The suite's RuntimeClasses name the handler a conformant cluster has set up
+    # (test-handler); the tenant's run under the host's class of that handler.
+    runtimeClasses: [conformance-test-handler]
+---
+apiVersion: node.k8s.io/v1
+kind: RuntimeClass
+metadata:
+  name: conformance-test-handler
+handler: test-handler
 ---
 apiVersion: tenantplane.io/v1alpha1
 kind: SyncPolicy

@@ -40,8 +40,9 @@ pub struct Allowances {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 32), inner(length(max = 253)))]
     pub csi_drivers: Vec<String>,
-    /// Host RuntimeClasses tenant pods may name in `runtimeClassName`; a pod naming another is
-    /// refused.
+    /// Host RuntimeClasses tenant pods may name in `runtimeClassName`. A pod naming a tenant
+    /// RuntimeClass runs under the first of these with the same handler; one naming any other
+    /// class is refused.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 32), inner(length(max = 253)))]
     pub runtime_classes: Vec<String>,

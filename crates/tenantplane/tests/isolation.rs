@@ -10,6 +10,7 @@ use k8s_openapi::api::core::v1::{
     ConfigMap, Endpoints, Event, PersistentVolumeClaim, Pod, Service,
 };
 use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::api::node::v1::RuntimeClass;
 use kube::api::{Api, ListParams, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::json;
@@ -597,4 +598,56 @@ async fn tenant_labels_annotations_and_placement_never_steer_the_host() {
         found.is_some(),
         "the tenant's own Service never selected its pod"
     );
+}
+
+#[tokio::test]
+async fn a_tenant_runtime_class_runs_under_the_listed_host_class_of_its_handler() {
+    install_crds_and_policies();
+    let ns = namespace("iso-rc").await;
+    let _operator = start_operator(&ns);
+    let host = ns.client.clone();
+    // RuntimeClasses are cluster-wide: the host's is named after the test namespace.
+    let host_class = format!("{}-sandboxed", ns.name);
+    let runtime_class = |name: &str, handler: &str| -> RuntimeClass {
+        serde_json::from_value(json!({"metadata": {"name": name}, "handler": handler})).unwrap()
+    };
+    let host_classes: Api<RuntimeClass> = Api::all(host.clone());
+    create(&host_classes, &runtime_class(&host_class, "runsc")).await;
+    let tenant = tenant_under(&ns, json!({}), json!({"runtimeClasses": [host_class]})).await;
+    let tenant_classes: Api<RuntimeClass> = Api::all(tenant.clone());
+    create(&tenant_classes, &runtime_class("gvisor", "runsc")).await;
+    create(&tenant_classes, &runtime_class("kata", "kata")).await;
+    let pods: Api<Pod> = Api::namespaced(tenant.clone(), "default");
+    for (name, class) in [("sandboxed", "gvisor"), ("vm", "kata")] {
+        create(
+            &pods,
+            &pod(name, json!({}), json!({"runtimeClassName": class})),
+        )
+        .await;
+    }
+    // Same handler: the copy runs under the host's class, and the tenant pod is scheduled.
+    let copy = host_copy::<Pod>(&host, &ns.name, "sandboxed").await;
+    assert_eq!(
+        copy.spec.unwrap().runtime_class_name.as_deref(),
+        Some(host_class.as_str())
+    );
+    let bound = eventually(WAIT, || async {
+        pods.get("sandboxed").await.ok()?.spec?.node_name
+    })
+    .await;
+    assert!(
+        bound.is_some(),
+        "the pod of the mapped class was never scheduled"
+    );
+    // No listed class runs `kata`: refused, and the tenant is told which field to change.
+    let message = told(&tenant, "vm", "NotAllowed").await;
+    assert!(
+        message.contains("runtimeClassName \"kata\"") && message.contains("allow.runtimeClasses"),
+        "{message}"
+    );
+    assert!(!has_copy::<Pod>(&host, &ns.name, "vm").await);
+    host_classes
+        .delete(&host_class, &Default::default())
+        .await
+        .unwrap();
 }

@@ -201,9 +201,15 @@ pub fn pod_refusals(allow: &Allowances, spec: &PodSpec) -> Vec<String> {
     if let Some(class) = &spec.runtime_class_name
         && !allow.runtime_classes.contains(class)
     {
+        // A tenant class whose handler a listed class has was translated to it before.
         out.push(format!(
-            "runtimeClassName {class:?} is not in the IsolationProfile's allow.runtimeClasses{}",
-            listed(&allow.runtime_classes)
+            "runtimeClassName {class:?} is not in the IsolationProfile's allow.runtimeClasses{}{}",
+            listed(&allow.runtime_classes),
+            if allow.runtime_classes.is_empty() {
+                ""
+            } else {
+                ", and none of those the host has runs the handler of a tenant RuntimeClass of that name"
+            }
         ));
     }
     if spec.resource_claims.as_ref().is_some_and(|c| !c.is_empty()) {

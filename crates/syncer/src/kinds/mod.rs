@@ -20,6 +20,7 @@ pub mod persistentvolumeclaims;
 pub mod pod_review;
 pub mod pod_translate;
 pub mod pods;
+pub mod runtime_classes;
 pub mod secrets;
 pub mod serviceaccounts;
 pub mod services;

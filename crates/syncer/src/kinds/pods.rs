@@ -26,6 +26,7 @@ use crate::kinds::nodes::{self, node_key};
 use crate::kinds::persistentvolumeclaims::Claims;
 use crate::kinds::pod_review;
 use crate::kinds::pod_translate::{self, References, images, pod_meta, references};
+use crate::kinds::runtime_classes;
 use crate::kinds::secrets::Secrets;
 use crate::kinds::services::is_tenant_api;
 use crate::kinds::tokens;
@@ -165,6 +166,7 @@ async fn converge_pod(cx: &Tenant, ns: &str, name: &str) -> Result<()> {
         }
         return Ok(());
     }
+    let t = runtime_classes::for_host(cx, t).await?;
     let review = pod_review::review(&cx.tr, &t);
     let Some(h) = h else {
         if t.spec
