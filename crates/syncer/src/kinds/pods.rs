@@ -166,7 +166,7 @@ async fn converge_pod(cx: &Tenant, ns: &str, name: &str) -> Result<()> {
         }
         return Ok(());
     }
-    let t = runtime_classes::for_host(cx, t).await?;
+    let t = runtime_classes::for_host(cx, t, h.as_deref()).await?;
     let review = pod_review::review(&cx.tr, &t);
     let Some(h) = h else {
         if t.spec

@@ -15,41 +15,45 @@ use crate::tenant::Tenant;
 
 /// The pod as its host copy is to be made: with `runtimeClassName` naming the listed host class
 /// whose handler is the tenant class's. Unchanged when it names no class, names a listed one, or
-/// no listed class has that handler (the review then refuses it). Asks the APIs only in that
-/// one case: a pod naming a tenant class while the profile lists some.
-pub async fn for_host(cx: &Tenant, pod: Arc<Pod>) -> Result<Arc<Pod>> {
+/// no listed class has that handler (the review then refuses it). A pod's class cannot change,
+/// so once its `copy` exists under a listed class, that is the answer; the APIs are asked only
+/// before, for a pod naming a tenant class while the profile lists some.
+pub async fn for_host(cx: &Tenant, pod: Arc<Pod>, copy: Option<&Pod>) -> Result<Arc<Pod>> {
     let listed = &cx.tr.allow.runtime_classes;
-    let Some(name) = pod
-        .spec
-        .as_ref()
-        .and_then(|s| s.runtime_class_name.as_ref())
-    else {
+    let class = |p: &Pod| p.spec.as_ref()?.runtime_class_name.clone();
+    let Some(name) = class(&pod) else {
         return Ok(pod);
     };
-    if listed.is_empty() || listed.contains(name) {
+    if listed.is_empty() || listed.contains(&name) {
         return Ok(pod);
     }
-    let Some(tenant_class) = Api::<RuntimeClass>::all(cx.tenant.clone())
-        .get_opt(name)
-        .await?
-    else {
-        return Ok(pod);
-    };
-    let hosts = Api::<RuntimeClass>::all(cx.host.clone());
-    let mut host_classes = Vec::new();
-    for class in listed {
-        if let Some(c) = hosts.get_opt(class).await? {
-            host_classes.push(c);
+    let host_name = match copy.and_then(class).filter(|c| listed.contains(c)) {
+        Some(settled) => settled,
+        None => {
+            let Some(tenant_class) = Api::<RuntimeClass>::all(cx.tenant.clone())
+                .get_opt(&name)
+                .await?
+            else {
+                return Ok(pod);
+            };
+            let hosts = Api::<RuntimeClass>::all(cx.host.clone());
+            let mut host_classes = Vec::new();
+            for class in listed {
+                if let Some(c) = hosts.get_opt(class).await? {
+                    host_classes.push(c);
+                }
+            }
+            let Some(host_name) = same_handler(&tenant_class, &host_classes) else {
+                return Ok(pod);
+            };
+            host_name
         }
-    }
-    let Some(host_name) = same_handler(&tenant_class, &host_classes) else {
-        return Ok(pod);
     };
-    let mut copy = (*pod).clone();
-    if let Some(spec) = copy.spec.as_mut() {
+    let mut mapped = (*pod).clone();
+    if let Some(spec) = mapped.spec.as_mut() {
         spec.runtime_class_name = Some(host_name);
     }
-    Ok(Arc::new(copy))
+    Ok(Arc::new(mapped))
 }
 
 /// The first of `host_classes` (the listed ones the host has, in the profile's order) whose
