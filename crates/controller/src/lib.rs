@@ -47,6 +47,26 @@ pub enum Error {
 }
 
 impl Error {
+    /// Likely to pass by itself: a write conflict, throttling, an API server that is briefly
+    /// unavailable, or a dropped connection. The first such failure in a row is retried before
+    /// it is reported, so a blip does not turn a Ready tenant Degraded.
+    pub fn is_passing(&self) -> bool {
+        match self {
+            Error::Kube(e) | Error::Write { error: e, .. } => match e {
+                kube::Error::Api(s) => matches!(s.code, 409 | 429 | 500 | 502 | 503 | 504),
+                kube::Error::HyperError(_) | kube::Error::Service(_) => true,
+                _ => false,
+            },
+            _ => false,
+        }
+    }
+
+    /// Does this reconcile failure, after `before` failures in a row, go into status? Each
+    /// does, but the first of a passing kind.
+    pub fn reaches_status(&self, before: u32) -> bool {
+        before > 0 || !self.is_passing()
+    }
+
     /// A short CamelCase category for Events and logs.
     pub fn category(&self) -> &'static str {
         match self {
@@ -65,5 +85,31 @@ pub fn api_message(error: &kube::Error) -> String {
     match error {
         kube::Error::Api(e) => format!("{} ({}, {})", e.message, e.reason, e.code),
         other => other.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn api(code: u16) -> kube::Error {
+        kube::Error::Api(Box::new(
+            kube::core::Status::failure("said", "Reason").with_code(code),
+        ))
+    }
+
+    #[test]
+    fn a_blip_is_retried_once_before_status_says_so_and_a_refusal_is_said_at_once() {
+        let conflict = Error::Write {
+            object: "StatefulSet dev".into(),
+            error: api(409),
+        };
+        assert!(!conflict.reaches_status(0));
+        assert!(conflict.reaches_status(1));
+        assert!(!Error::Kube(api(503)).reaches_status(0));
+        for refusal in [api(422), api(403), api(404)] {
+            assert!(Error::Kube(refusal).reaches_status(0));
+        }
+        assert!(Error::Build("bad".into()).reaches_status(0));
     }
 }

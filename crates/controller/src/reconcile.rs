@@ -302,6 +302,15 @@ pub async fn reconcile(tc: Arc<TenantCluster>, ctx: Arc<Context>) -> Result<Acti
 /// Status says what failed, not only the log: the object and the API server's words.
 async fn report_failure(ctx: &Context, tc: &TenantCluster, result: &Result<Action, Error>) {
     if let Err(e) = result {
+        let before = ctx
+            .failures
+            .lock()
+            .map(|all| all.get(&tenant_key(tc)).copied().unwrap_or(0))
+            .unwrap_or(0);
+        if !e.reaches_status(before) {
+            // Retried in RETRY_FIRST; a second failure in a row is reported.
+            return;
+        }
         let progress = Progress::ApplyFailed(e.to_string());
         if let Err(report_error) = report(ctx, tc, &progress).await {
             warn!(error = %report_error, "reporting a failed reconcile in status failed too");
