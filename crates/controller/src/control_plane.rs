@@ -14,7 +14,8 @@ use crate::apply::{self, Outcome};
 use crate::build::{self, control_plane::Addressing};
 use crate::names;
 use crate::observe;
-use crate::reconcile::{Context, PROVISION_TIMEOUT, publish};
+use crate::reconcile::{Context, PROVISION_TIMEOUT};
+use crate::report::publish;
 use crate::service_range;
 use crate::status::Progress;
 

@@ -13,7 +13,8 @@ use crate::Error;
 use crate::build;
 use crate::cache;
 use crate::names::{self, FIELD_MANAGER};
-use crate::reconcile::{Context, publish};
+use crate::reconcile::Context;
+use crate::report::publish;
 use crate::tenant_pki::TenantPki;
 use kube::runtime::events::EventType;
 

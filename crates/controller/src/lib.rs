@@ -16,6 +16,7 @@ pub mod names;
 pub mod namespace;
 pub mod observe;
 pub mod reconcile;
+mod report;
 pub mod service_range;
 pub mod status;
 pub mod telemetry;
