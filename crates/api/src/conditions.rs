@@ -62,7 +62,8 @@ pub fn is_true(conditions: &[Condition], type_: &str) -> bool {
 }
 
 /// Put `wanted` into `conditions`. The transition time is kept when the status did not change,
-/// so a reconcile that changes nothing produces an identical list.
+/// so a reconcile that changes nothing produces an identical list. The message is bounded: it
+/// often quotes what a tenant wrote.
 pub fn set(
     conditions: &mut Vec<Condition>,
     wanted: &ConditionSpec,
@@ -70,6 +71,7 @@ pub fn set(
     now: &Time,
 ) {
     let status = status_word(wanted.status);
+    let message = crate::text::bounded(&wanted.message);
     match conditions.iter_mut().find(|c| c.type_ == wanted.type_) {
         Some(existing) => {
             if existing.status != status {
@@ -77,14 +79,14 @@ pub fn set(
                 existing.last_transition_time = now.clone();
             }
             existing.reason = wanted.reason.clone();
-            existing.message = wanted.message.clone();
+            existing.message = message;
             existing.observed_generation = generation;
         }
         None => conditions.push(Condition {
             type_: wanted.type_.to_string(),
             status: status.to_string(),
             reason: wanted.reason.clone(),
-            message: wanted.message.clone(),
+            message,
             observed_generation: generation,
             last_transition_time: now.clone(),
         }),
@@ -160,5 +162,22 @@ mod tests {
         );
         assert_eq!(list.len(), 2);
         assert_eq!(find(&list, READY).map(|c| c.reason.as_str()), Some("Down"));
+    }
+
+    #[test]
+    fn a_message_quoting_a_tenant_is_bounded() {
+        let mut list = Vec::new();
+        let huge = format!("Pod default/{}: refused", "n".repeat(411_438));
+        for _ in 0..2 {
+            set(
+                &mut list,
+                &ConditionSpec::new(SYNCED, false, "NotAllowed", huge.clone()),
+                None,
+                &at(1),
+            );
+            assert!(list[0].message.len() <= crate::text::MAX_TEXT_BYTES);
+            assert!(list[0].message.starts_with("Pod default/nnn"));
+            assert!(list[0].message.ends_with("more characters cut)"));
+        }
     }
 }

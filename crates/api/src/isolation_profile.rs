@@ -74,7 +74,9 @@ pub struct NetworkPolicySettings {
     #[serde(default = "yes")]
     pub enabled: bool,
 
-    /// Extra destinations tenant pods may reach under `deny-by-default`, as CIDRs.
+    /// Extra destinations tenant pods may reach under `deny-by-default`, as CIDRs. Link-local
+    /// ranges and cloud metadata and identity addresses stay closed inside them (a CIDR that is
+    /// all closed, such as 169.254.169.254/32, opens nothing).
     #[serde(
         default,
         rename = "allowedEgressCIDRs",

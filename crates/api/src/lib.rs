@@ -3,12 +3,16 @@
 //! No I/O lives here; the controller, syncer and CLI all share these types.
 
 pub mod allowances;
+pub mod cidr;
+pub mod closed_addresses;
 pub mod conditions;
 pub mod isolation_profile;
+pub mod quantity;
 pub mod rules;
 mod string_enum;
 pub mod sync_policy;
 pub mod tenant_cluster;
+pub mod text;
 pub mod validation;
 
 pub use allowances::Allowances;

@@ -88,6 +88,16 @@ pub fn positive_quantity(field: &str, example: &str) -> Rule {
     )
 }
 
+/// A quantity of at least `min`, such as a storage cap that must hold the control plane's claim.
+pub fn quantity_at_least(field: &str, min: &str) -> Rule {
+    rule(
+        format!("isQuantity(self) && quantity(self).compareTo(quantity('{min}')) >= 0"),
+        format!(
+            "'{field} must be a quantity of at least {min} (the datastore claim of the control plane counts too); got ' + self"
+        ),
+    )
+}
+
 /// A value of a quantity map (ResourceQuota `hard`, LimitRange defaults); the API server's error
 /// path names the key.
 pub fn quantity() -> Rule {

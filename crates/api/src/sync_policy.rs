@@ -154,6 +154,13 @@ pub struct NodeSync {
     pub enabled: bool,
     #[serde(default)]
     pub mode: NodeSyncMode,
+    /// Host node labels a virtual Node shows besides the well-known topology ones
+    /// (`kubernetes.io/hostname`, `kubernetes.io/os`, `kubernetes.io/arch`,
+    /// `topology.kubernetes.io/zone` and `region`, `node.kubernetes.io/instance-type`): label
+    /// keys, or prefixes ending in `*` (`example.com/*`). Empty: no other label of the host shows,
+    /// since host labels name pools, owners and cloud instances. `tenantplane.io/` keys never show.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub labels: Vec<String>,
 }
 
 fn yes() -> bool {
@@ -165,6 +172,7 @@ impl Default for NodeSync {
         Self {
             enabled: true,
             mode: NodeSyncMode::Virtual,
+            labels: Vec::new(),
         }
     }
 }

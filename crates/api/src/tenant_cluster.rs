@@ -178,6 +178,10 @@ pub struct Migration {
     pub allow_mode_change: bool,
 }
 
+/// The control plane's datastore claim: it counts against the tenant's storage cap, so no cap
+/// may be smaller.
+pub const CONTROL_PLANE_DATA_SIZE: &str = "2Gi";
+
 /// Resource caps of the tenant.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
 pub struct TenantResources {
@@ -192,6 +196,14 @@ pub struct TenantResources {
     #[schemars(length(max = 64))]
     #[x_kube(validation = crate::rules::positive_quantity("resources.memory", "2Gi or 512Mi"))]
     pub memory: Option<String>,
+
+    /// Storage cap, a quantity such as `100Gi`: what all the tenant's claims may request
+    /// together, the control plane's own datastore claim included. It becomes the quota's
+    /// `requests.storage`, never above the IsolationProfile's own `requests.storage`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 64))]
+    #[x_kube(validation = crate::rules::quantity_at_least("resources.storage", CONTROL_PLANE_DATA_SIZE))]
+    pub storage: Option<String>,
 }
 
 /// What the controller observed, for people and tools.

@@ -1,0 +1,159 @@
+//! Address ranges (`10.96.0.0/12`, `fd00::/108`, or a bare address as its own range): parsed
+//! once, compared as numbers, for the egress rules and the Service range's reserved addresses.
+
+use std::fmt;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+/// A CIDR block, normalised to its network address.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Cidr {
+    network: IpAddr,
+    prefix: u8,
+}
+
+impl Cidr {
+    /// `addr/prefix`, or a bare address (a /32 or /128); `None` when it is neither.
+    pub fn parse(text: &str) -> Option<Self> {
+        let text = text.trim();
+        let (addr, prefix) = match text.split_once('/') {
+            Some((a, p)) => (a, Some(p.parse::<u8>().ok()?)),
+            None => (text, None),
+        };
+        let addr: IpAddr = addr.parse().ok()?;
+        let max = max_prefix(addr);
+        let prefix = prefix.unwrap_or(max);
+        (prefix <= max).then(|| Self::new(addr, prefix))
+    }
+
+    /// The block of `prefix` bits around `addr`.
+    pub fn new(addr: IpAddr, prefix: u8) -> Self {
+        let prefix = prefix.min(max_prefix(addr));
+        let network = match addr {
+            IpAddr::V4(a) => IpAddr::V4(Ipv4Addr::from(u32::from(a) & mask32(prefix))),
+            IpAddr::V6(a) => IpAddr::V6(Ipv6Addr::from(u128::from(a) & mask128(prefix))),
+        };
+        Self { network, prefix }
+    }
+
+    pub fn network(&self) -> IpAddr {
+        self.network
+    }
+
+    pub fn prefix(&self) -> u8 {
+        self.prefix
+    }
+
+    pub fn is_ipv4(&self) -> bool {
+        self.network.is_ipv4()
+    }
+
+    /// Is `ip` inside this block?
+    pub fn contains(&self, ip: IpAddr) -> bool {
+        Self::new(ip, self.prefix).network == self.network && ip.is_ipv4() == self.is_ipv4()
+    }
+
+    /// Is all of `other` inside this block (equal included)?
+    pub fn covers(&self, other: &Cidr) -> bool {
+        other.prefix >= self.prefix && self.contains(other.network)
+    }
+
+    /// The address `n` past the network address (`None` past the block's end).
+    pub fn nth(&self, n: u128) -> Option<IpAddr> {
+        let size_bits = u32::from(max_prefix(self.network) - self.prefix);
+        if size_bits < 128 && n >> size_bits != 0 {
+            return None;
+        }
+        Some(match self.network {
+            IpAddr::V4(a) => IpAddr::V4(Ipv4Addr::from(u32::from(a) + u32::try_from(n).ok()?)),
+            IpAddr::V6(a) => IpAddr::V6(Ipv6Addr::from(u128::from(a) + n)),
+        })
+    }
+}
+
+impl fmt::Display for Cidr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.network, self.prefix)
+    }
+}
+
+fn max_prefix(addr: IpAddr) -> u8 {
+    if addr.is_ipv4() { 32 } else { 128 }
+}
+
+fn mask32(prefix: u8) -> u32 {
+    if prefix == 0 {
+        0
+    } else {
+        u32::MAX << (32 - u32::from(prefix.min(32)))
+    }
+}
+
+fn mask128(prefix: u8) -> u128 {
+    if prefix == 0 {
+        0
+    } else {
+        u128::MAX << (128 - u32::from(prefix.min(128)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn blocks_parse_normalise_and_contain() {
+        let c = Cidr::parse("10.96.7.7/12").unwrap();
+        assert_eq!(c.to_string(), "10.96.0.0/12");
+        assert!(c.contains(ip("10.111.255.254")) && !c.contains(ip("10.112.0.1")));
+        assert!(!c.contains(ip("::a60:1")), "families never mix");
+        assert_eq!(
+            Cidr::parse("192.0.2.7").unwrap().to_string(),
+            "192.0.2.7/32"
+        );
+        assert_eq!(
+            Cidr::parse("FD00:EC2::254").unwrap().to_string(),
+            "fd00:ec2::254/128"
+        );
+        for bad in [
+            "10.0.0.0/33",
+            "::/129",
+            "x/8",
+            "10.0.0.0/",
+            "",
+            "10.0.0.0/-1",
+        ] {
+            assert_eq!(Cidr::parse(bad), None, "{bad}");
+        }
+        let all = Cidr::parse("0.0.0.0/0").unwrap();
+        assert!(all.contains(ip("255.255.255.255")) && !all.contains(ip("::1")));
+        assert!(Cidr::parse("::/0").unwrap().contains(ip("fe80::1")));
+    }
+
+    #[test]
+    fn blocks_cover_smaller_ones_and_count_addresses() {
+        let link_local = Cidr::parse("169.254.0.0/16").unwrap();
+        assert!(link_local.covers(&Cidr::parse("169.254.169.254").unwrap()));
+        assert!(link_local.covers(&link_local));
+        assert!(
+            !Cidr::parse("169.254.169.254/32")
+                .unwrap()
+                .covers(&link_local)
+        );
+        assert!(!link_local.covers(&Cidr::parse("fe80::/10").unwrap()));
+        let range = Cidr::parse("10.96.0.0/16").unwrap();
+        assert_eq!(range.nth(1), Some(ip("10.96.0.1")));
+        assert_eq!(range.nth(10), Some(ip("10.96.0.10")));
+        assert_eq!(range.nth(65535), Some(ip("10.96.255.255")));
+        assert_eq!(range.nth(65536), None);
+        let v6 = Cidr::parse("fd00:10:96::/112").unwrap();
+        assert_eq!(v6.nth(10), Some(ip("fd00:10:96::a")));
+        assert_eq!(
+            Cidr::parse("::/0").unwrap().nth(u128::MAX),
+            Some(ip("ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff"))
+        );
+    }
+}
