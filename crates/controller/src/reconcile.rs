@@ -103,6 +103,8 @@ pub struct Context {
     pub service_ranges: crate::service_range::Discovery,
     /// Reconciles that failed in a row, by tenant, for the back-off.
     pub failures: std::sync::Mutex<BTreeMap<(String, String), u32>>,
+    /// When each tenant's status was last written: sync churn is coalesced.
+    pub status_writes: crate::report::StatusWrites,
 }
 
 pub(crate) fn now() -> Time {
@@ -188,6 +190,7 @@ pub async fn run(
         tenants: store.clone(),
         service_ranges: Default::default(),
         failures: Default::default(),
+        status_writes: Default::default(),
     });
     let syncers = context.syncers.clone();
     controller

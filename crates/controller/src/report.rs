@@ -1,7 +1,9 @@
 //! What a reconcile tells: the status it writes (a failure with the words of whoever refused),
 //! an Event per changed condition, and when the tenant is looked at again.
 
-use std::time::Duration;
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use kube::Resource;
 use kube::api::{Api, Patch, PatchParams};
@@ -9,7 +11,7 @@ use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType};
 use serde_json::json;
 use tenantplane_api::TenantCluster;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use crate::Error;
 use crate::build;
@@ -41,6 +43,8 @@ pub(crate) async fn report_failure(
     }
 }
 
+/// An Event on the TenantCluster. The note is bounded: it often quotes a tenant's object, and
+/// the API refuses a note over 1 KiB (nothing would be said at all).
 pub(crate) async fn publish(
     ctx: &Context,
     tc: &TenantCluster,
@@ -51,7 +55,7 @@ pub(crate) async fn publish(
     let event = Event {
         type_,
         reason: reason.into(),
-        note: Some(note),
+        note: Some(tenantplane_api::text::bounded(&note)),
         action: "Reconcile".into(),
         secondary: None,
     };
@@ -60,22 +64,63 @@ pub(crate) async fn publish(
     }
 }
 
+/// How often what a tenant's objects do may rewrite its TenantCluster's status: twenty pods
+/// refused a second apart make a few writes, not twenty, and the latest state is always written
+/// (a deferred write is looked at again when its slot comes).
+pub(crate) const STATUS_COALESCE: Duration = Duration::from_secs(10);
+
+/// When each tenant's status was last written.
+#[derive(Default)]
+pub struct StatusWrites(Mutex<BTreeMap<(String, String), Instant>>);
+
+impl StatusWrites {
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<(String, String), Instant>> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// How long a write of tenant `key` must wait; `None`: write now.
+    fn wait(&self, key: &(String, String), sync_churn: bool, now: Instant) -> Option<Duration> {
+        wait_before_write(self.lock().get(key).copied(), sync_churn, now)
+    }
+
+    fn wrote(&self, key: (String, String), now: Instant) {
+        self.lock().insert(key, now);
+    }
+}
+
+/// How long a status write must wait, after the last one at `last`: only a change that is all
+/// sync churn waits, and only for the rest of [`STATUS_COALESCE`]. Anything else (the control
+/// plane, a new generation) is written at once.
+fn wait_before_write(last: Option<Instant>, sync_churn: bool, now: Instant) -> Option<Duration> {
+    let since = now.saturating_duration_since(last?);
+    (sync_churn && since < STATUS_COALESCE).then(|| STATUS_COALESCE - since)
+}
+
 /// Write the status when it differs from what is stored, and an Event per changed condition.
+/// A change that is only sync churn, soon after the last write, is not written yet: the answer
+/// is how long until it may be (the reconcile looks again then, with the latest state).
 pub(crate) async fn report(
     ctx: &Context,
     tc: &TenantCluster,
     progress: &Progress,
-) -> Result<(), Error> {
+) -> Result<Option<Duration>, Error> {
     let (tenant, ns) = build::identity(tc)?;
     let desired = status::desired_status(tc, progress, &names::endpoint(&tenant, &ns), &now());
     let current = tc.status.clone().unwrap_or_default();
     if desired == current {
-        return Ok(());
+        return Ok(None);
+    }
+    let key = tenant_key(tc);
+    let churn = status::only_sync_changed(&current, &desired);
+    if let Some(wait) = ctx.status_writes.wait(&key, churn, Instant::now()) {
+        debug!(tenant = %tenant, namespace = %ns, wait_ms = wait.as_millis() as u64, "status write coalesced");
+        return Ok(Some(wait));
     }
     let api: Api<TenantCluster> = Api::namespaced(ctx.client.clone(), &ns);
     let body = json!({"status": status_patch(&current, &desired)?});
     api.patch_status(&tenant, &PatchParams::default(), &Patch::Merge(body))
         .await?;
+    ctx.status_writes.wrote(key, Instant::now());
     for condition in status::changed_conditions(&current, &desired) {
         // Warnings are for what a person must look at: a Degraded tenant. Progress is Normal.
         let degraded = desired.phase == Some(tenantplane_api::Phase::Degraded);
@@ -98,7 +143,7 @@ pub(crate) async fn report(
     {
         info!(tenant = %tenant, namespace = %ns, phase = %phase, "phase changed");
     }
-    Ok(())
+    Ok(None)
 }
 
 /// The merge patch from `current` to `desired`: what a merge patch leaves out it keeps, so a
@@ -135,7 +180,7 @@ pub(crate) async fn finish_by(
     progress: Progress,
     wake_by: Option<Duration>,
 ) -> Result<Action, Error> {
-    report(ctx, tc, &progress).await?;
+    let deferred = report(ctx, tc, &progress).await?;
     let health = ctx
         .options
         .health_interval
@@ -150,12 +195,59 @@ pub(crate) async fn finish_by(
         Progress::Synced { .. } => health,
         _ => Duration::from_secs(5),
     };
-    Ok(Action::requeue(wake_by.map_or(after, |w| w.min(after))))
+    let after = [wake_by, deferred]
+        .into_iter()
+        .flatten()
+        .fold(after, Duration::min);
+    Ok(Action::requeue(after))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn sync_churn_is_written_at_most_once_per_slot_and_never_lost() {
+        let t0 = Instant::now();
+        let at = |s: u64| t0 + Duration::from_secs(s);
+        assert_eq!(wait_before_write(None, true, at(0)), None, "first: at once");
+        assert_eq!(
+            wait_before_write(Some(at(0)), true, at(3)),
+            Some(STATUS_COALESCE - Duration::from_secs(3)),
+            "churn waits for the rest of the slot"
+        );
+        assert_eq!(
+            wait_before_write(Some(at(0)), false, at(3)),
+            None,
+            "news does not"
+        );
+        assert_eq!(wait_before_write(Some(at(0)), true, at(10)), None);
+        assert_eq!(
+            wait_before_write(Some(at(5)), true, at(1)),
+            Some(STATUS_COALESCE)
+        );
+        // Twenty refusals a second apart, each asking to write: how many writes get through?
+        let writes = StatusWrites::default();
+        let key = ("team-dev".to_string(), "dev".to_string());
+        let mut written = 0;
+        let mut pending = None;
+        for s in 0..20 {
+            if writes.wait(&key, true, at(s)).is_none() {
+                writes.wrote(key.clone(), at(s));
+                written += 1;
+                pending = None;
+            } else {
+                pending = Some(s);
+            }
+        }
+        assert_eq!(written, 2, "at 0 s and 10 s");
+        let last = pending.expect("the last refusals wait");
+        let wait = writes.wait(&key, true, at(last)).unwrap();
+        assert!(
+            writes.wait(&key, true, at(last) + wait).is_none(),
+            "and get their slot"
+        );
+    }
 
     #[test]
     fn a_field_no_longer_in_the_status_is_removed_by_the_patch() {

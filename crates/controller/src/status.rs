@@ -189,6 +189,19 @@ pub fn desired_status(
     }
 }
 
+/// Does `desired` differ from `current` only in the `Synced` condition and the phase it moves?
+/// That is what a tenant's objects change (a refused pod, one fixed), as often as the tenant
+/// likes: such a write may wait a little and carry a later state along.
+pub fn only_sync_changed(current: &TenantClusterStatus, desired: &TenantClusterStatus) -> bool {
+    let without_sync = |s: &TenantClusterStatus| {
+        let mut s = s.clone();
+        s.phase = None;
+        s.conditions.retain(|c| c.type_ != SYNCED);
+        s
+    };
+    without_sync(current) == without_sync(desired)
+}
+
 /// Conditions whose status or reason changed, for Events.
 pub fn changed_conditions<'a>(
     before: &TenantClusterStatus,
@@ -390,5 +403,38 @@ mod tests {
             .map(|c| c.type_.as_str())
             .collect();
         assert_eq!(changed, [READY, SYNCED]);
+    }
+
+    #[test]
+    fn only_what_the_syncer_says_counts_as_sync_churn() {
+        let mut tc = tenant();
+        let synced = Progress::Synced {
+            version: "v".into(),
+            summary: "ok".into(),
+        };
+        let refused = |n: usize| Progress::SyncFailed {
+            version: "v".into(),
+            reason: "NotAllowed".into(),
+            error: format!("Pod default/a: refused (and {n} more objects)"),
+        };
+        let up = desired_status(&tc, &synced, EP, &at(1));
+        tc.status = Some(up.clone());
+        let one = desired_status(&tc, &refused(1), EP, &at(2));
+        assert!(
+            only_sync_changed(&up, &one),
+            "Ready → Degraded by a refusal"
+        );
+        tc.status = Some(one.clone());
+        let two = desired_status(&tc, &refused(2), EP, &at(3));
+        assert!(only_sync_changed(&one, &two));
+        assert!(only_sync_changed(&two, &up), "and back");
+        let down = desired_status(&tc, &Progress::Unreachable("gone".into()), EP, &at(4));
+        assert!(!only_sync_changed(&two, &down), "the control plane is news");
+        tc.metadata.generation = Some(7);
+        let respecced = desired_status(&tc, &refused(2), EP, &at(5));
+        assert!(
+            !only_sync_changed(&two, &respecced),
+            "a new generation is news"
+        );
     }
 }

@@ -18,8 +18,8 @@ pub const PKI_MOUNT: &str = "/etc/tenantplane/pki";
 /// The kubelet CA's file in `server/tls/`, and the init container's variable that carries it.
 pub const KUBELET_CA_FILE: &str = "kubelet-ca.crt";
 pub const KUBELET_CA_ENV: &str = "TENANTPLANE_KUBELET_CA";
-/// Size of the sqlite volume.
-pub const DATA_VOLUME_SIZE: &str = "2Gi";
+/// Size of the sqlite volume: the API's, whose storage caps must hold it.
+pub const DATA_VOLUME_SIZE: &str = tenantplane_api::tenant_cluster::CONTROL_PLANE_DATA_SIZE;
 /// k3s runs as this unprivileged user; without an agent it needs no root.
 pub const RUN_AS_USER: i64 = 10001;
 

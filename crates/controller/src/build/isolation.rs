@@ -6,13 +6,13 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::core::v1::{LimitRange, ResourceQuota};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use serde_json::{Value, json};
+use tenantplane_api::cidr::Cidr;
+use tenantplane_api::closed_addresses;
+use tenantplane_api::quantity::Quantity;
 use tenantplane_api::{EgressPolicy, IsolationProfile, TenantCluster};
 
 use super::{BuildOptions, identity, owned_metadata, typed};
 use crate::{Error, names};
-
-/// The cloud metadata address: never reachable from a tenant unless a profile lists it.
-pub const METADATA_CIDR: &str = "169.254.169.254/32";
 
 /// The Pod Security Admission labels for the tenant's namespace.
 pub fn namespace_labels(profile: &IsolationProfile) -> BTreeMap<String, String> {
@@ -35,8 +35,9 @@ pub fn namespace_labels(profile: &IsolationProfile) -> BTreeMap<String, String> 
 ///
 /// - `<name>-isolation` (every pod of the namespace): ingress only from the namespace itself;
 ///   egress per `networking.egressPolicy`. Under `deny-by-default` that is the namespace, DNS and
-///   the profile's CIDRs; never the host API server, node addresses or the metadata address.
-///   `allow-all` opens egress except the metadata address.
+///   the profile's CIDRs; never the host API server or node addresses. `allow-all` opens egress.
+///   Either way, no rule reaches a closed address (link-local, cloud metadata and identity
+///   endpoints: [`closed_addresses`]), in either address family.
 /// - `<name>-control-plane` (the tenant API server): ingress on 6443 from the operator; egress
 ///   to the operator's kubelet endpoint when it serves one.
 pub fn network_policies(
@@ -61,17 +62,18 @@ pub fn network_policies(
         EgressPolicy::AllowAll => vec![
             same_namespace,
             dns,
-            json!({"to": [{"ipBlock": {"cidr": "0.0.0.0/0", "except": [METADATA_CIDR]}}, {"ipBlock": {"cidr": "::/0"}}]}),
+            json!({"to": ip_blocks(["0.0.0.0/0", "::/0"])}),
             json!({"to": [{"namespaceSelector": {}}]}),
         ],
     };
-    let allowed: Vec<Value> = profile
-        .spec
-        .network_policy
-        .allowed_egress_cidrs
-        .iter()
-        .map(|cidr| json!({"ipBlock": {"cidr": cidr}}))
-        .collect();
+    let allowed = ip_blocks(
+        profile
+            .spec
+            .network_policy
+            .allowed_egress_cidrs
+            .iter()
+            .map(String::as_str),
+    );
     if !allowed.is_empty() {
         egress.push(json!({"to": allowed}));
     }
@@ -119,9 +121,45 @@ pub fn network_policies(
     ])
 }
 
+/// The quota key of what all claims of the namespace request together.
+const REQUESTS_STORAGE: &str = "requests.storage";
+
+/// The tenant's storage cap: its own `resources.storage`, never above the profile's (the
+/// profile is the platform team's; the TenantCluster is the team's). The smaller is chosen by
+/// exact value; a value that cannot be read (admission checks both) loses to one that can.
+fn storage_cap<'a>(tenant: Option<&'a str>, profile: Option<&'a str>) -> Option<&'a str> {
+    match (tenant, profile) {
+        (Some(t), Some(p)) => match (Quantity::parse(t), Quantity::parse(p)) {
+            (Some(tq), Some(pq)) if tq.exceeds(pq) => Some(p),
+            (Some(_), _) => Some(t),
+            (None, _) => Some(p),
+        },
+        (t, p) => t.or(p),
+    }
+}
+
+/// An egress peer per CIDR with the closed addresses in its `except`; a CIDR that is all closed
+/// (or is no CIDR) gives none, so a profile listing a metadata address opens nothing.
+fn ip_blocks<'a>(cidrs: impl IntoIterator<Item = &'a str>) -> Vec<Value> {
+    cidrs
+        .into_iter()
+        .filter_map(|c| {
+            let cidr = Cidr::parse(c)?;
+            let except = closed_addresses::egress_block(&cidr)?;
+            let mut block = json!({"cidr": cidr.to_string()});
+            if !except.is_empty() {
+                block["except"] = json!(except.iter().map(Cidr::to_string).collect::<Vec<_>>());
+            }
+            Some(json!({"ipBlock": block}))
+        })
+        .collect()
+}
+
 /// The ResourceQuota when the profile enforces quota: the tenant's cpu and memory as caps on what
-/// the namespace requests (control plane and synced pods together), plus the profile's extra hard
-/// limits. Limits are not capped in sum: the control plane's limit is the whole cap by itself.
+/// the namespace requests (control plane and synced pods together), its storage as the cap on
+/// what its claims request (`requests.storage`), plus the profile's extra hard limits, per
+/// StorageClass ones (`<class>.storageclass.storage.k8s.io/requests.storage`) among them. Limits
+/// are not capped in sum: the control plane's limit is the whole cap by itself.
 pub fn resource_quota(
     tc: &TenantCluster,
     profile: &IsolationProfile,
@@ -141,6 +179,12 @@ pub fn resource_quota(
     }
     if let Some(memory) = &tc.spec.resources.memory {
         hard.insert("requests.memory".into(), memory.clone());
+    }
+    if let Some(storage) = storage_cap(
+        tc.spec.resources.storage.as_deref(),
+        hard.get(REQUESTS_STORAGE).map(String::as_str),
+    ) {
+        hard.insert(REQUESTS_STORAGE.into(), storage.to_string());
     }
     if hard.is_empty() {
         return Ok(None);
@@ -223,13 +267,123 @@ mod tests {
         assert!(!egress.contains("0.0.0.0/0"));
     }
 
+    /// Every address some egress rule of `policy` lets a pod reach among `ips` (ipBlocks only:
+    /// the pod and namespace selectors match pods, never these).
+    fn reachable(policy: &NetworkPolicy, ips: &[&str]) -> Vec<String> {
+        let spec = policy.spec.as_ref().unwrap();
+        let blocks: Vec<_> = spec
+            .egress
+            .iter()
+            .flatten()
+            .flat_map(|r| r.to.iter().flatten())
+            .filter_map(|peer| peer.ip_block.clone())
+            .collect();
+        ips.iter()
+            .filter(|ip| {
+                let ip = ip.parse().unwrap();
+                blocks.iter().any(|b| {
+                    Cidr::parse(&b.cidr).unwrap().contains(ip)
+                        && !b
+                            .except
+                            .iter()
+                            .flatten()
+                            .any(|e| Cidr::parse(e).unwrap().contains(ip))
+                })
+            })
+            .map(|ip| ip.to_string())
+            .collect()
+    }
+
     #[test]
-    fn allow_all_still_blocks_the_metadata_address() {
+    fn no_egress_rule_reaches_a_closed_address_whatever_the_policy_or_profile() {
+        let closed = [
+            "169.254.169.254",
+            "169.254.170.23",
+            "168.63.129.16",
+            "100.100.100.200",
+            "192.0.0.192",
+            "fd00:ec2::254",
+            "fd00:ec2::23",
+            "fd20:ce::254",
+            "fd00:c1::a9fe:a9fe",
+            "fe80::a9fe:a9fe",
+            "64:ff9b::a9fe:a9fe",
+        ];
+        let wide = [
+            "0.0.0.0/0",
+            "::/0",
+            "100.64.0.0/10",
+            "168.63.0.0/16",
+            "169.254.169.254/32",
+            "fd00::/8",
+        ];
+        for egress in [EgressPolicy::DenyByDefault, EgressPolicy::AllowAll] {
+            for allowed in [vec![], wide.iter().map(|c| c.to_string()).collect()] {
+                let mut tc = tenant();
+                tc.spec.networking.egress_policy = egress;
+                let mut p = profile();
+                p.spec.network_policy.allowed_egress_cidrs = allowed.clone();
+                for policy in network_policies(&tc, &p, &BuildOptions::default()).unwrap() {
+                    assert_eq!(
+                        reachable(&policy, &closed),
+                        Vec::<String>::new(),
+                        "{egress:?} {allowed:?}"
+                    );
+                }
+            }
+        }
+        // What is open stays open.
         let mut tc = tenant();
         tc.spec.networking.egress_policy = EgressPolicy::AllowAll;
-        let egress = egress_json(&tc, &profile());
-        assert!(egress.contains("0.0.0.0/0"));
-        assert!(egress.contains(METADATA_CIDR));
+        let policies = network_policies(&tc, &profile(), &BuildOptions::default()).unwrap();
+        assert_eq!(
+            reachable(&policies[0], &["8.8.8.8", "2001:db8::1", "10.96.0.1"]),
+            ["8.8.8.8", "2001:db8::1", "10.96.0.1"]
+        );
+    }
+
+    #[test]
+    fn allow_all_excepts_the_closed_blocks_in_both_families() {
+        let mut tc = tenant();
+        tc.spec.networking.egress_policy = EgressPolicy::AllowAll;
+        let policies = network_policies(&tc, &profile(), &BuildOptions::default()).unwrap();
+        let egress = serde_json::to_value(&policies[0].spec.as_ref().unwrap().egress).unwrap();
+        let blocks: Vec<&Value> = egress
+            .as_array()
+            .unwrap()
+            .iter()
+            .flat_map(|r| r["to"].as_array().into_iter().flatten())
+            .filter(|p| !p["ipBlock"].is_null())
+            .collect();
+        assert_eq!(blocks.len(), 2, "{egress}");
+        assert_eq!(blocks[0]["ipBlock"]["cidr"], "0.0.0.0/0");
+        assert!(
+            blocks[0]["ipBlock"]["except"]
+                .as_array()
+                .unwrap()
+                .contains(&json!("169.254.0.0/16"))
+        );
+        assert_eq!(blocks[1]["ipBlock"]["cidr"], "::/0");
+        let v6 = blocks[1]["ipBlock"]["except"].as_array().unwrap();
+        for c in ["fe80::/10", "fd00:ec2::/32", "fd20:ce::254/128"] {
+            assert!(v6.contains(&json!(c)), "{c}: {v6:?}");
+        }
+    }
+
+    #[test]
+    fn a_listed_cidr_that_is_all_closed_opens_nothing() {
+        let mut p = profile();
+        p.spec.network_policy.allowed_egress_cidrs = vec![
+            "169.254.169.254/32".into(),
+            "fd00:ec2::254/128".into(),
+            "203.0.113.0/24".into(),
+        ];
+        let egress = egress_json(&tenant(), &p);
+        assert!(egress.contains("203.0.113.0/24"), "{egress}");
+        assert!(
+            !egress.contains("169.254") && !egress.contains("fd00:ec2"),
+            "{egress}"
+        );
     }
 
     #[test]
@@ -283,6 +437,64 @@ mod tests {
         let owner = &quota.metadata.owner_references.unwrap()[0];
         assert_eq!(owner.kind, "TenantCluster");
         assert_eq!(owner.controller, Some(true));
+    }
+
+    #[test]
+    fn quota_counts_storage_never_above_the_profiles_cap() {
+        let storage = |own: Option<&str>, profile_cap: Option<&str>| {
+            let mut tc = tenant();
+            tc.spec.resources.storage = own.map(str::to_string);
+            let mut p = profile();
+            p.spec.resource_quota.hard.remove(REQUESTS_STORAGE);
+            if let Some(cap) = profile_cap {
+                p.spec
+                    .resource_quota
+                    .hard
+                    .insert(REQUESTS_STORAGE.into(), cap.into());
+            }
+            let quota = resource_quota(&tc, &p).unwrap().unwrap();
+            let hard = quota.spec.unwrap().hard.unwrap();
+            hard.get(REQUESTS_STORAGE).map(|q| q.0.clone())
+        };
+        // The shipped profile caps storage: every enforced quota counts it.
+        let shipped = resource_quota(&tenant(), &profile()).unwrap().unwrap();
+        assert!(
+            !shipped.spec.unwrap().hard.unwrap()[REQUESTS_STORAGE]
+                .0
+                .is_empty(),
+            "restricted counts requests.storage"
+        );
+        assert_eq!(
+            storage(Some("50Gi"), Some("200Gi")).as_deref(),
+            Some("50Gi")
+        );
+        assert_eq!(
+            storage(Some("1Pi"), Some("200Gi")).as_deref(),
+            Some("200Gi"),
+            "a team cannot raise the platform's cap"
+        );
+        assert_eq!(
+            storage(Some("214748364801"), Some("200Gi")).as_deref(),
+            Some("200Gi"),
+            "one byte over is over"
+        );
+        assert_eq!(
+            storage(Some("214748364800"), Some("200Gi")).as_deref(),
+            Some("214748364800")
+        );
+        assert_eq!(storage(Some("10Gi"), None).as_deref(), Some("10Gi"));
+        assert_eq!(storage(None, Some("200Gi")).as_deref(), Some("200Gi"));
+        assert_eq!(storage(None, None), None);
+        assert_eq!(storage(Some("lots"), Some("1Ti")).as_deref(), Some("1Ti"));
+    }
+
+    #[test]
+    fn per_class_storage_caps_of_the_profile_reach_the_quota() {
+        let mut p = profile();
+        let key = "fast.storageclass.storage.k8s.io/requests.storage";
+        p.spec.resource_quota.hard.insert(key.into(), "20Gi".into());
+        let quota = resource_quota(&tenant(), &p).unwrap().unwrap();
+        assert_eq!(quota.spec.unwrap().hard.unwrap()[key].0, "20Gi");
     }
 
     #[test]
