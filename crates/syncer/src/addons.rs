@@ -33,7 +33,10 @@ const DNS_PORT: i32 = 1053;
 const NAME: &str = "coredns";
 
 /// The Corefile: the tenant's zone from the tenant API, the rest from `upstream` (the host's DNS
-/// addresses; the pod's own resolver when the host has none known).
+/// addresses; the pod's own resolver when the host has none known). Reverse lookups are the
+/// tenant's alone, with no fallthrough: the tenant's Service range is the host's, so the host's
+/// DNS would name the host's Services, other tenants' copies and their namespaces (a reverse
+/// lookup of an address the tenant does not serve is NXDOMAIN, public ones included).
 pub fn corefile(upstream: &[String]) -> String {
     let forward = if upstream.is_empty() {
         "/etc/resolv.conf".to_string()
@@ -47,7 +50,6 @@ pub fn corefile(upstream: &[String]) -> String {
     ready :8181
     kubernetes cluster.local in-addr.arpa ip6.arpa {{
         pods insecure
-        fallthrough in-addr.arpa ip6.arpa
         ttl 30
     }}
     prometheus :9153
@@ -223,6 +225,19 @@ mod tests {
         assert!(with_host.contains("kubernetes cluster.local in-addr.arpa ip6.arpa"));
         assert!(with_host.contains("forward . 10.96.0.10\n"));
         assert!(corefile(&[]).contains("forward . /etc/resolv.conf\n"));
+    }
+
+    #[test]
+    fn reverse_lookups_never_fall_through_to_the_host() {
+        // The host's DNS names every address of the shared Service range: asked, it would tell
+        // a tenant the host's Services and other tenants' copies.
+        let corefile = corefile(&["10.96.0.10".into()]);
+        assert!(!corefile.contains("fallthrough"), "{corefile}");
+        let zones = corefile
+            .lines()
+            .find(|l| l.trim_start().starts_with("kubernetes "))
+            .unwrap();
+        assert!(zones.contains("in-addr.arpa") && zones.contains("ip6.arpa"));
     }
 
     #[test]

@@ -43,6 +43,9 @@ pub trait CopyDown: Kind<Object: Resource<Scope = k8s_openapi::NamespaceResource
         Self::review(&cx.tr, obj)
     }
 
+    /// Queue the tenant objects whose verdict follows `obj`'s (looked at whenever `obj` is).
+    fn wake_dependents(_cx: &Tenant, _obj: &Self::Object) {}
+
     /// Must the live copy be replaced rather than updated (a field that cannot change did)?
     fn must_replace(_desired: &Self::Object, _live: &Self::Object) -> bool {
         false
@@ -89,9 +92,11 @@ pub fn step<S: CopyDown>(
 /// kinds that bring state back up.
 pub async fn converge_copy<S: CopyDown>(cx: &Tenant, key: &Key) -> Result<Pair<S::Object>> {
     let (ns, name) = (&key.namespace, &key.name);
-    let t = cx
-        .tenant_get::<S::Object>(ns, name)
-        .filter(|t| S::wanted(cx, t));
+    let t = cx.tenant_get::<S::Object>(ns, name);
+    if let Some(t) = &t {
+        S::wake_dependents(cx, t);
+    }
+    let t = t.filter(|t| S::wanted(cx, t));
     let h = cx.host_copy::<S::Object>(ns, name);
     if let Some(t) = t
         .as_deref()

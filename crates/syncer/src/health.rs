@@ -4,6 +4,10 @@
 use std::collections::BTreeMap;
 
 use tenantplane_api::SyncPolicySpec;
+use tenantplane_api::text::{MAX_TEXT_BYTES, bounded, bounded_to};
+
+/// What of [`MAX_TEXT_BYTES`] the first failure may take, leaving room for the count.
+const ROOM: usize = MAX_TEXT_BYTES - 40;
 
 /// The reason of a failing watch.
 pub const WATCH_FAILED: &str = "WatchFailed";
@@ -50,11 +54,14 @@ impl Health {
             });
         }
         if let Some((_, first)) = self.errors.iter().next() {
-            let more = self.errors.len() - 1;
-            let message = if more == 0 {
-                first.message.clone()
-            } else {
-                format!("{} (and {more} more)", first.message)
+            // The first failure quotes a tenant object: bounded, leaving room for the count.
+            let message = match self.errors.len() - 1 {
+                0 => bounded(&first.message),
+                1 => format!("{} (and 1 more object)", bounded_to(&first.message, ROOM)),
+                more => format!(
+                    "{} (and {more} more objects)",
+                    bounded_to(&first.message, ROOM)
+                ),
             };
             return Err(Failure {
                 reason: first.reason,
@@ -134,6 +141,36 @@ mod tests {
         }
         let f = h.verdict(&policy).unwrap_err();
         assert_eq!(f.reason, "HostRejected");
-        assert_eq!(f.message, "Pod default/a: refused (and 1 more)");
+        assert_eq!(f.message, "Pod default/a: refused (and 1 more object)");
+    }
+
+    #[test]
+    fn the_verdict_stays_within_the_bound_whatever_the_tenant_wrote() {
+        let policy = SyncPolicySpec::default();
+        let mut h = Health {
+            ready: true,
+            ..Default::default()
+        };
+        let long = "n".repeat(250);
+        for i in 0..18 {
+            h.errors.insert(
+                format!("Pod default/{i:02}{long}"),
+                Failure {
+                    reason: "NotAllowed",
+                    message: format!("Pod default/{i:02}{long}: {}", "refused; ".repeat(40_000)),
+                },
+            );
+        }
+        let f = h.verdict(&policy).unwrap_err();
+        assert!(f.message.len() <= MAX_TEXT_BYTES, "{}", f.message.len());
+        assert!(f.message.starts_with("Pod default/00nnn"));
+        assert!(
+            f.message
+                .ends_with("more characters cut) (and 17 more objects)"),
+            "{}",
+            &f.message[f.message.len() - 80..]
+        );
+        h.errors.retain(|k, _| k.starts_with("Pod default/00"));
+        assert!(h.verdict(&policy).unwrap_err().message.len() <= MAX_TEXT_BYTES);
     }
 }

@@ -17,6 +17,7 @@ pub mod copy;
 pub mod error;
 pub mod health;
 pub mod host;
+pub mod identity;
 pub mod kind;
 pub mod kinds;
 pub mod naming;
@@ -24,6 +25,7 @@ pub mod queue;
 mod run;
 pub mod tell;
 pub mod tenant;
+pub mod tenant_terms;
 pub mod translate;
 mod wiring;
 
@@ -76,7 +78,7 @@ pub struct SyncerSpec {
     /// The host's Service range that holds `api_ip`, which the tenant allocates from too.
     pub service_cidr: String,
     /// The operator's kubelet endpoint, which every virtual Node names as its kubelet; without
-    /// it, virtual Nodes show the host nodes' own addresses.
+    /// it, virtual Nodes have no kubelet (never the host nodes' own addresses).
     pub kubelet: Option<KubeletEndpoint>,
 }
 

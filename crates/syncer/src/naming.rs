@@ -31,6 +31,9 @@ pub const ANNOTATION_TENANT_UID: &str = "tenantplane.io/tenant-uid";
 pub const ANNOTATION_APPLIED_HASH: &str = "tenantplane.io/applied-hash";
 /// The tenant service account a host pod runs as (for people reading the host).
 pub const ANNOTATION_SERVICE_ACCOUNT: &str = "tenantplane.io/service-account";
+/// On a copy: the address its tenant pod shows as `status.hostIP` (its virtual Node's, the
+/// operator's kubelet endpoint), for the downward API.
+pub const ANNOTATION_HOST_IP: &str = "tenantplane.io/host-ip";
 /// On a host token Secret: when its token should be minted again (RFC 3339).
 pub const ANNOTATION_TOKEN_REFRESH: &str = "tenantplane.io/token-refresh-at";
 /// Tenant labels and annotations under this prefix are not copied: a tenant cannot claim to be

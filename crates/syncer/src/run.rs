@@ -150,6 +150,11 @@ async fn run(
     reporter.health.send_modify(|h| h.errors.clear());
     let policy = spec.policy.clone();
     let selectors = selectors(&policy)?;
+    let tenant_ref = TenantRef {
+        name: spec.tenant.clone(),
+        owner: spec.owner.clone(),
+    };
+    crate::identity::ensure(&host, &tenant_ref, &spec.host_namespace).await?;
     let queue = WorkQueue::new();
     let (relists, mut relisted) = futures::channel::mpsc::unbounded();
     let entries = kinds::all();
@@ -184,10 +189,7 @@ async fn run(
     } = setup;
     let engine = Arc::new(Tenant {
         tr: Translator {
-            tenant: TenantRef {
-                name: spec.tenant.clone(),
-                owner: spec.owner.clone(),
-            },
+            tenant: tenant_ref,
             host_namespace: spec.host_namespace.clone(),
             api_ip: spec.api_ip.clone(),
             service_cidr: spec.service_cidr.clone(),

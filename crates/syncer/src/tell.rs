@@ -3,6 +3,7 @@
 
 use kube::runtime::events::{Event, EventType};
 use kube::{Resource, ResourceExt};
+use tenantplane_api::text::{bounded, capped_list};
 use tracing::warn;
 
 use crate::converge::delete_if_present;
@@ -23,11 +24,24 @@ pub struct Review {
     pub dropped: Vec<String>,
 }
 
+/// How many reasons one sentence gives; a tenant object can give thousands.
+const REASONS_LISTED: usize = 5;
+
 impl Review {
-    /// The refusal as one error, if there is one.
+    /// The refusal as one error, if there is one: the first few reasons, bounded.
     pub fn refusal(&self) -> Option<Error> {
-        (!self.refused.is_empty()).then(|| Error::NotAllowed(self.refused.join("; ")))
+        (!self.refused.is_empty()).then(|| Error::NotAllowed(said(&self.refused)))
     }
+
+    /// What the copy leaves out, as one bounded sentence; empty when nothing.
+    pub fn left_out(&self) -> String {
+        said(&self.dropped)
+    }
+}
+
+/// Up to [`REASONS_LISTED`] sentences and how many more there are, bounded.
+fn said(sentences: &[String]) -> String {
+    bounded(&capped_list(sentences, REASONS_LISTED, "reason"))
 }
 
 /// Hold tenant object `obj` to `review` before its copy is written: a refused object keeps no
@@ -54,7 +68,7 @@ where
     K: Resource<DynamicType = ()>,
 {
     if !review.dropped.is_empty() {
-        tell(cx, obj, NOT_COPIED, &review.dropped.join("; ")).await;
+        tell(cx, obj, NOT_COPIED, &review.left_out()).await;
     }
     match review.refusal() {
         Some(e) => {
@@ -65,23 +79,25 @@ where
     }
 }
 
-/// A Warning Event on tenant object `obj`, unless the same was said last time.
+/// A Warning Event on tenant object `obj`, unless the same was said last time. The note is
+/// bounded (the API refuses a longer one, and the tenant would be told nothing).
 pub async fn tell<K>(cx: &Tenant, obj: &K, reason: &str, message: &str)
 where
     K: Resource<DynamicType = ()>,
 {
+    let message = bounded(message);
     {
         let mut told = cx.told.lock().unwrap_or_else(|e| e.into_inner());
         let said = told.entry(obj.uid().unwrap_or_default()).or_default();
-        if said.get(reason).map(String::as_str) == Some(message) {
+        if said.get(reason) == Some(&message) {
             return;
         }
-        said.insert(reason.to_string(), message.to_string());
+        said.insert(reason.to_string(), message.clone());
     }
     let event = Event {
         type_: EventType::Warning,
         reason: reason.into(),
-        note: Some(message.chars().take(1000).collect()),
+        note: Some(message),
         action: "Sync".into(),
         secondary: None,
     };
@@ -90,10 +106,57 @@ where
     }
 }
 
+/// Was the object of `uid` last told `reason` (and not forgotten since)?
+pub fn was_told(cx: &Tenant, uid: &str, reason: &str) -> bool {
+    cx.told
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .get(uid)
+        .is_some_and(|said| said.contains_key(reason))
+}
+
 /// Forget what was said about the object of `uid` (it synced, or it is gone).
 pub fn forget(cx: &Tenant, uid: &str) {
     cx.told
         .lock()
         .unwrap_or_else(|e| e.into_inner())
         .remove(uid);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_refusal_names_the_first_reasons_and_counts_the_rest_within_the_bound() {
+        let review = Review {
+            refused: (0..2000)
+                .map(|i| {
+                    format!(
+                        "container c{i}: privileged is not allowed {}",
+                        "x".repeat(500)
+                    )
+                })
+                .collect(),
+            dropped: vec!["annotations a are left out".into()],
+        };
+        let said = review.refusal().unwrap().to_string();
+        assert!(said.starts_with("not allowed on the host: container c0: privileged"));
+        assert!(
+            said.len() <= tenantplane_api::text::MAX_TEXT_BYTES + 64,
+            "{}",
+            said.len()
+        );
+        assert!(said.ends_with("; and 1,999 more reasons"), "{said}");
+        let few = Review {
+            refused: (0..7).map(|i| format!("r{i}")).collect(),
+            dropped: vec![],
+        };
+        assert_eq!(
+            few.refusal().unwrap().to_string(),
+            "not allowed on the host: r0; r1; r2; r3; r4; and 2 more reasons"
+        );
+        assert_eq!(review.left_out(), "annotations a are left out");
+        assert!(Review::default().refusal().is_none());
+    }
 }

@@ -4,7 +4,15 @@
 //! out of the host copy, where the object works without it. The syncer tells the tenant both
 //! (an Event on the object; a refusal also in `Synced`).
 
+mod claims;
+mod data;
+mod durations;
+mod images;
+mod ingresses;
+mod placement;
+mod pod_fields;
 mod pods;
+mod values;
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
@@ -12,7 +20,16 @@ use std::net::IpAddr;
 use tenantplane_api::Allowances;
 use tenantplane_api::allowances::{key_matches, name_matches};
 
-pub use pods::{node_selector, node_term, pod_refusals, priority_class, tolerations};
+pub use claims::claim_size_refusals;
+pub use data::{DataCap, data_bytes};
+pub use durations::{bound_durations, bound_grace};
+pub use ingresses::{
+    annotation_refusals as ingress_annotation_refusals, ingress_refusals, never_copied,
+};
+pub use placement::{node_selector, node_term, priority_class, tolerations, topology};
+pub use pod_fields::{Decision, FIELDS as POD_FIELDS};
+pub use pods::pod_refusals;
+pub use values::{pattern_opens, points_elsewhere};
 
 /// Annotations every host copy may carry: they change nothing on the host.
 const ALWAYS_ALLOWED_ANNOTATIONS: &[&str] = &[
@@ -20,6 +37,9 @@ const ALWAYS_ALLOWED_ANNOTATIONS: &[&str] = &[
     "kubectl.kubernetes.io/restartedAt",
     "kubernetes.io/description",
 ];
+
+/// How many annotation keys a sentence names; a tenant object can carry thousands.
+const LISTED: usize = 10;
 
 /// `, which allows a, b` or `, which is empty`.
 pub(crate) fn listed(allowed: &[String]) -> String {
@@ -40,26 +60,43 @@ pub fn annotations(
     let extra = allow.annotations.for_kind(kind);
     let mut kept = BTreeMap::new();
     let mut left_out = Vec::new();
+    let mut dropped = Vec::new();
     for (k, v) in all {
         if k == "kubectl.kubernetes.io/last-applied-configuration" {
             continue;
         }
-        if ALWAYS_ALLOWED_ANNOTATIONS.contains(&k.as_str())
-            || extra.iter().any(|p| key_matches(p, &k))
-        {
-            kept.insert(k, v);
+        if ALWAYS_ALLOWED_ANNOTATIONS.contains(&k.as_str()) {
+            // Allowed to every tenant, so bounded: a description a page long stays a line.
+            kept.insert(k, tenantplane_api::text::bounded(&v));
+        } else if !extra.iter().any(|p| pattern_opens(p, &k)) {
+            if extra.iter().any(|p| key_matches(p, &k)) {
+                dropped.push(format!(
+                    "annotation {k} is left out of the host copy: a pattern in the IsolationProfile's allow.annotations never opens the keys of Kubernetes' own components or of cloud identities; list the key whole to open it"
+                ));
+            } else {
+                left_out.push(k);
+            }
+        } else if let Some(why) = points_elsewhere(&v).filter(|_| kind != "Ingress") {
+            // An Ingress is refused for it instead (`ingresses`): left out, its auth or
+            // allow-list annotation would fail open.
+            dropped.push(format!(
+                "annotation {k} is left out of the host copy: {why}, which a host controller would follow for the tenant (no IsolationProfile setting opens this)"
+            ));
         } else {
-            left_out.push(k);
+            kept.insert(k, v);
         }
     }
-    let dropped = if left_out.is_empty() {
-        vec![]
-    } else {
-        vec![format!(
-            "annotations {} are left out of the host copy (not in the IsolationProfile's allow.annotations)",
-            left_out.join(", ")
-        )]
-    };
+    if !left_out.is_empty() {
+        let shown = left_out.len().min(LISTED);
+        let more = match left_out.len() - shown {
+            0 => String::new(),
+            n => format!(" and {n} more"),
+        };
+        dropped.insert(0, format!(
+            "annotations {}{more} are left out of the host copy (not in the IsolationProfile's allow.annotations)",
+            left_out[..shown].join(", ")
+        ));
+    }
     (kept, dropped)
 }
 
@@ -127,64 +164,21 @@ pub fn service_refusals(
         }
         _ => {}
     }
+    // A class picks which of the host's balancer implementations serves the Service.
+    if let Some(class) = spec.load_balancer_class.as_deref()
+        && !allow.load_balancer_classes.iter().any(|c| c == class)
+    {
+        out.push(format!(
+            "loadBalancerClass {class:?} is not in the IsolationProfile's allow.loadBalancerClasses{}; name none for the host's default balancer",
+            listed(&allow.load_balancer_classes)
+        ));
+    }
     for ip in spec.external_ips.iter().flatten() {
         if !in_cidrs(&allow.external_ip_cidrs, ip) {
             out.push(format!(
                 "externalIPs {ip} is not inside the IsolationProfile's allow.externalIPCIDRs{}",
                 listed(&allow.external_ip_cidrs)
             ));
-        }
-    }
-    out
-}
-
-/// Why an Ingress may not reach the host under `allow`; empty when it may.
-pub fn ingress_refusals(
-    allow: &Allowances,
-    spec: &k8s_openapi::api::networking::v1::IngressSpec,
-) -> Vec<String> {
-    let mut out = Vec::new();
-    if let Some(class) = &spec.ingress_class_name
-        && !allow.ingress_classes.contains(class)
-    {
-        out.push(format!(
-            "ingressClassName {class:?} is not in the IsolationProfile's allow.ingressClasses{}",
-            listed(&allow.ingress_classes)
-        ));
-    }
-    let host_ok = |h: &str| {
-        allow
-            .ingress_hosts
-            .iter()
-            .any(|p| p == "*" || name_matches(p, h))
-    };
-    for rule in spec.rules.iter().flatten() {
-        match rule.host.as_deref() {
-            Some(h) if host_ok(h) => {}
-            Some(h) => out.push(format!(
-                "host {h:?} is not in the IsolationProfile's allow.ingressHosts{}",
-                listed(&allow.ingress_hosts)
-            )),
-            None if host_ok("*") => {}
-            None => out.push(
-                "a rule without a host would take every host of the ingress controller; name a host the IsolationProfile's allow.ingressHosts lists".into(),
-            ),
-        }
-    }
-    if spec.default_backend.is_some() && !host_ok("*") {
-        out.push(
-            "defaultBackend would take every host of the ingress controller; use rules with hosts"
-                .into(),
-        );
-    }
-    for tls in spec.tls.iter().flatten() {
-        for h in tls.hosts.iter().flatten() {
-            if !host_ok(h) {
-                out.push(format!(
-                    "TLS host {h:?} is not in the IsolationProfile's allow.ingressHosts{}",
-                    listed(&allow.ingress_hosts)
-                ));
-            }
         }
     }
     out
@@ -233,6 +227,23 @@ mod tests {
         assert!(kept.contains_key("prometheus.io/scrape"));
         let (kept, _) = annotations(&allow, "Service", all);
         assert!(!kept.contains_key("prometheus.io/scrape"), "per kind");
+    }
+
+    #[test]
+    fn annotations_from_a_tenant_stay_small_on_the_host_and_in_sentences() {
+        let mut all: BTreeMap<String, String> = (0..500)
+            .map(|i| (format!("example.com/key-{i:03}"), "v".into()))
+            .collect();
+        all.insert("kubernetes.io/description".into(), "d".repeat(300_000));
+        let (kept, dropped) = annotations(&Allowances::default(), "Pod", all);
+        let description = &kept["kubernetes.io/description"];
+        assert!(description.len() <= tenantplane_api::text::MAX_TEXT_BYTES);
+        assert!(
+            description.ends_with("more characters cut)"),
+            "{description}"
+        );
+        assert!(dropped[0].contains("example.com/key-009 and 490 more are left out"));
+        assert!(dropped[0].len() < 500, "{}", dropped[0]);
     }
 
     #[test]
@@ -288,6 +299,36 @@ mod tests {
             .is_empty()
         );
         assert_eq!(ingress_refusals(&allow, &ing(json!({"ingressClassName": "internal", "rules": [{"host": "bank.example.com"}, {}]}))).len(), 3);
+    }
+
+    #[test]
+    fn a_balancer_class_is_refused_unless_the_profile_lists_it() {
+        let spec: k8s_openapi::api::core::v1::ServiceSpec = serde_json::from_value(json!({
+            "type": "LoadBalancer", "loadBalancerClass": "ops.example.com/private-vpc"}))
+        .unwrap();
+        let balancers = Allowances {
+            load_balancers: true,
+            ..Default::default()
+        };
+        assert_eq!(
+            service_refusals(&balancers, &spec),
+            [
+                "loadBalancerClass \"ops.example.com/private-vpc\" is not in the IsolationProfile's allow.loadBalancerClasses, which is empty; name none for the host's default balancer"
+            ]
+        );
+        let other = Allowances {
+            load_balancer_classes: vec!["example.com/public".into()],
+            ..balancers.clone()
+        };
+        assert!(service_refusals(&other, &spec)[0].contains("which allows example.com/public"));
+        let listed = Allowances {
+            load_balancer_classes: vec!["ops.example.com/private-vpc".into()],
+            ..balancers.clone()
+        };
+        assert!(service_refusals(&listed, &spec).is_empty());
+        let default_class: k8s_openapi::api::core::v1::ServiceSpec =
+            serde_json::from_value(json!({"type": "LoadBalancer"})).unwrap();
+        assert!(service_refusals(&balancers, &default_class).is_empty());
     }
 
     #[test]

@@ -1,53 +1,10 @@
 //! The checks on a pod: host access, confinement, volume sources, classes, and the placement a
 //! host copy keeps.
 
-use std::collections::BTreeMap;
-
-use k8s_openapi::api::core::v1::{Container, NodeSelectorTerm, PodSpec, Toleration, Volume};
-use serde_json::Value;
+use k8s_openapi::api::core::v1::{Container, PodSpec};
 use tenantplane_api::Allowances;
 
 use super::listed;
-
-/// Node-condition taints: the node controller puts them on nodes that are not fit, and the
-/// tenant's own admission adds tolerations of some to every pod. Tolerating them reaches no
-/// node a pod could not reach anyway.
-const CONDITION_TAINTS: &[&str] = &[
-    "node.kubernetes.io/not-ready",
-    "node.kubernetes.io/unreachable",
-    "node.kubernetes.io/memory-pressure",
-    "node.kubernetes.io/disk-pressure",
-    "node.kubernetes.io/pid-pressure",
-    "node.kubernetes.io/network-unavailable",
-];
-
-/// Node labels every pod may select on: they say what a node is, not whose it is.
-const WELL_KNOWN_NODE_LABELS: &[&str] = &[
-    "kubernetes.io/hostname",
-    "kubernetes.io/os",
-    "kubernetes.io/arch",
-    "topology.kubernetes.io/zone",
-    "topology.kubernetes.io/region",
-    "node.kubernetes.io/instance-type",
-];
-
-/// Volume sources the syncer translates; any other (cephfs, rbd, iscsi, nfs, flexVolume, gitRepo,
-/// the cloud disks, …) could name a host Secret or reach storage outside the tenant.
-const VOLUME_SOURCES: &[&str] = &[
-    "configMap",
-    "secret",
-    "projected",
-    "downwardAPI",
-    "emptyDir",
-    "persistentVolumeClaim",
-    "ephemeral",
-    "csi",
-    "image",
-];
-
-/// Projected sources the syncer translates (cluster trust bundles and pod certificates read the
-/// host's cluster-wide objects).
-const PROJECTED_SOURCES: &[&str] = &["configMap", "secret", "downwardAPI", "serviceAccountToken"];
 
 /// Why a pod may not run on the host under `allow`; empty when it may.
 pub fn pod_refusals(allow: &Allowances, spec: &PodSpec) -> Vec<String> {
@@ -156,6 +113,7 @@ pub fn pod_refusals(allow: &Allowances, spec: &PodSpec) -> Vec<String> {
         }
         if !allow.privileged {
             out.extend(confinement(
+                allow,
                 &format!("container {:?}", c.name),
                 sc.and_then(|s| s.seccomp_profile.as_ref()),
                 sc.and_then(|s| s.app_armor_profile.as_ref()),
@@ -172,6 +130,7 @@ pub fn pod_refusals(allow: &Allowances, spec: &PodSpec) -> Vec<String> {
     if !allow.privileged {
         let psc = spec.security_context.as_ref();
         out.extend(confinement(
+            allow,
             "the pod",
             psc.and_then(|s| s.seccomp_profile.as_ref()),
             psc.and_then(|s| s.app_armor_profile.as_ref()),
@@ -217,9 +176,8 @@ pub fn pod_refusals(allow: &Allowances, spec: &PodSpec) -> Vec<String> {
             "spec.resourceClaims: dynamic resource allocation is not offered to tenant pods".into(),
         );
     }
-    for v in spec.volumes.iter().flatten() {
-        out.extend(volume_refusal(v));
-    }
+    out.extend(super::images::image_refusals(allow, spec));
+    out.extend(super::pod_fields::field_refusals(allow, spec));
     out
 }
 
@@ -247,6 +205,7 @@ const CONTAINER_SELINUX_TYPES: &[&str] = &[
 
 /// Why a pod's or container's confinement (seccomp, AppArmor, SELinux) is not allowed.
 fn confinement(
+    allow: &Allowances,
     who: &str,
     seccomp: Option<&k8s_openapi::api::core::v1::SeccompProfile>,
     apparmor: Option<&k8s_openapi::api::core::v1::AppArmorProfile>,
@@ -259,6 +218,27 @@ fn confinement(
     }
     if apparmor.is_some_and(|p| p.type_ == "Unconfined") {
         out.push(format!("{who}: AppArmor Unconfined is not allowed {off}"));
+    }
+    // A Localhost profile is a file on the host node: the tenant would choose the host's
+    // confinement, so only the profiles the platform lists.
+    let localhost = [
+        ("seccomp", seccomp.map(|p| (&p.type_, &p.localhost_profile))),
+        (
+            "AppArmor",
+            apparmor.map(|p| (&p.type_, &p.localhost_profile)),
+        ),
+    ];
+    for (what, profile) in localhost {
+        let Some((kind, name)) = profile else {
+            continue;
+        };
+        let name = name.as_deref().unwrap_or_default();
+        if kind == "Localhost" && !allow.localhost_profiles.iter().any(|p| p == name) {
+            out.push(format!(
+                "{who}: {what} Localhost profile {name:?} is not in the IsolationProfile's allow.localhostProfiles{}",
+                listed(&allow.localhost_profiles)
+            ));
+        }
     }
     if let Some(se) = selinux {
         let type_ok = se
@@ -318,129 +298,10 @@ fn containers(spec: &PodSpec) -> impl Iterator<Item = &Container> {
         .chain(spec.containers.iter())
 }
 
-/// The sources a volume (or projection) uses, as their field names.
-fn sources(value: &Value) -> Vec<String> {
-    value
-        .as_object()
-        .map(|o| {
-            o.iter()
-                .filter(|(k, v)| *k != "name" && !v.is_null())
-                .map(|(k, _)| k.clone())
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
-/// Why a volume may not reach the host: it uses a source the syncer does not translate.
-fn volume_refusal(v: &Volume) -> Vec<String> {
-    let value = serde_json::to_value(v).unwrap_or_default();
-    let mut out: Vec<String> = sources(&value)
-        .into_iter()
-        .filter(|s| !VOLUME_SOURCES.contains(&s.as_str()) && s != "hostPath")
-        .map(|s| {
-            format!(
-                "volume {:?} uses {s}, which tenant pods cannot use on this host; use a PersistentVolumeClaim",
-                v.name
-            )
-        })
-        .collect();
-    for source in v.projected.iter().flat_map(|p| p.sources.iter().flatten()) {
-        let value = serde_json::to_value(source).unwrap_or_default();
-        for s in sources(&value) {
-            if !PROJECTED_SOURCES.contains(&s.as_str()) {
-                out.push(format!(
-                    "volume {:?} projects {s}, which tenant pods cannot use on this host",
-                    v.name
-                ));
-            }
-        }
-    }
-    out
-}
-
-/// The tolerations a host copy keeps, and a sentence per one left out.
-pub fn tolerations(allow: &Allowances, all: &[Toleration]) -> (Vec<Toleration>, Vec<String>) {
-    let mut kept = Vec::new();
-    let mut dropped = Vec::new();
-    for t in all {
-        let key = t.key.as_deref().unwrap_or_default();
-        let ok = !key.is_empty()
-            && (CONDITION_TAINTS.contains(&key) || allow.toleration_keys.iter().any(|k| k == key));
-        if ok {
-            kept.push(t.clone());
-        } else {
-            let what = if key.is_empty() {
-                "a toleration of every taint".to_string()
-            } else {
-                format!("the toleration of {key}")
-            };
-            dropped.push(format!(
-                "{what} is left out (not in the IsolationProfile's allow.tolerationKeys)"
-            ));
-        }
-    }
-    (kept, dropped)
-}
-
-fn node_label_allowed(allow: &Allowances, key: &str) -> bool {
-    WELL_KNOWN_NODE_LABELS.contains(&key) || allow.node_label_keys.iter().any(|k| k == key)
-}
-
-/// The node selector a host copy keeps, and a sentence per term left out.
-pub fn node_selector(
-    allow: &Allowances,
-    selector: &BTreeMap<String, String>,
-) -> (BTreeMap<String, String>, Vec<String>) {
-    let mut kept = BTreeMap::new();
-    let mut dropped = Vec::new();
-    for (k, v) in selector {
-        if node_label_allowed(allow, k) {
-            kept.insert(k.clone(), v.clone());
-        } else {
-            dropped.push(format!(
-                "nodeSelector {k}={v} is left out (not in the IsolationProfile's allow.nodeLabelKeys)"
-            ));
-        }
-    }
-    (kept, dropped)
-}
-
-/// A node affinity term without its expressions on label keys the profile does not allow.
-pub fn node_term(allow: &Allowances, term: &mut NodeSelectorTerm) -> Vec<String> {
-    let mut dropped = Vec::new();
-    if let Some(exprs) = term.match_expressions.as_mut() {
-        exprs.retain(|e| {
-            let ok = node_label_allowed(allow, &e.key);
-            if !ok {
-                dropped.push(format!(
-                    "the node affinity term on {} is left out (not in the IsolationProfile's allow.nodeLabelKeys)",
-                    e.key
-                ));
-            }
-            ok
-        });
-    }
-    dropped
-}
-
-/// The priority class a host copy keeps, and a sentence when it is left out.
-pub fn priority_class(allow: &Allowances, class: Option<&str>) -> (Option<String>, Vec<String>) {
-    match class {
-        None => (None, vec![]),
-        Some(c) if allow.priority_classes.iter().any(|a| a == c) => (Some(c.to_string()), vec![]),
-        Some(c) => (
-            None,
-            vec![format!(
-                "priorityClassName {c:?} is left out (not in the IsolationProfile's allow.priorityClasses); the pod runs at the host's default priority"
-            )],
-        ),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
+    use serde_json::{Value, json};
 
     fn spec(v: Value) -> PodSpec {
         serde_json::from_value(v).unwrap()
@@ -471,9 +332,9 @@ mod tests {
             "SYS_ADMIN",
             "NET_BIND_SERVICE",
             "runc-unsandboxed",
-            "uses cephfs",
-            "uses gitRepo",
-            "projects clusterTrustBundle",
+            ".cephfs is not allowed",
+            ".gitRepo is not allowed",
+            ".clusterTrustBundle is not allowed",
         ] {
             assert!(text.contains(needle), "{needle} missing from:\n{text}");
         }
@@ -533,28 +394,28 @@ mod tests {
     }
 
     #[test]
-    fn placement_keeps_only_what_the_profile_allows() {
-        let all: Vec<Toleration> = serde_json::from_value(json!([
-            {"key": "node.kubernetes.io/not-ready", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 300},
-            {"key": "node-role.kubernetes.io/control-plane", "operator": "Exists", "effect": "NoSchedule"},
-            {"operator": "Exists"}
-        ]))
-        .unwrap();
-        let (kept, dropped) = tolerations(&Allowances::default(), &all);
-        assert_eq!(kept.len(), 1);
-        assert_eq!(dropped.len(), 2, "{dropped:?}");
-        let selector = BTreeMap::from([
-            ("kubernetes.io/os".to_string(), "linux".to_string()),
-            (
-                "node-role.kubernetes.io/control-plane".to_string(),
-                "".to_string(),
-            ),
-        ]);
-        let (kept, dropped) = node_selector(&Allowances::default(), &selector);
-        assert_eq!(kept.len(), 1);
-        assert!(dropped[0].contains("control-plane"));
-        let (class, dropped) = priority_class(&Allowances::default(), Some("system-node-critical"));
-        assert_eq!(class, None);
-        assert_eq!(dropped.len(), 1);
+    fn localhost_profiles_are_only_the_listed_ones() {
+        let pod = spec(json!({
+            "securityContext": {"seccompProfile": {"type": "Localhost", "localhostProfile": "profiles/unconfined.json"}},
+            "containers": [{"name": "c", "securityContext": {
+                "appArmorProfile": {"type": "Localhost", "localhostProfile": "k8s-apparmor-example-deny-write"}}}]
+        }));
+        let text = pod_refusals(&Allowances::default(), &pod).join("\n");
+        assert!(
+            text.contains("the pod: seccomp Localhost profile \"profiles/unconfined.json\" is not in the IsolationProfile's allow.localhostProfiles, which is empty"),
+            "{text}"
+        );
+        assert!(
+            text.contains("container \"c\": AppArmor Localhost profile"),
+            "{text}"
+        );
+        let listed = Allowances {
+            localhost_profiles: vec![
+                "profiles/unconfined.json".into(),
+                "k8s-apparmor-example-deny-write".into(),
+            ],
+            ..Default::default()
+        };
+        assert!(pod_refusals(&listed, &pod).is_empty());
     }
 }

@@ -6,7 +6,8 @@ use kube::ResourceExt;
 use crate::copy::CopyDown;
 use crate::copy_down_kind;
 use crate::kind::Kind;
-use crate::kinds::pods;
+use crate::kinds::{pods, secrets};
+use crate::tell::Review;
 use crate::tenant::Tenant;
 use crate::translate::Translator;
 
@@ -31,6 +32,17 @@ impl CopyDown for ConfigMaps {
             immutable: None,
         }
     }
+
+    fn wake_dependents(cx: &Tenant, cm: &ConfigMap) {
+        let bytes = crate::allow::data_bytes(cm.data.as_ref(), cm.binary_data.as_ref());
+        let name = cm.name_any();
+        secrets::wake_users(cx, &cm.metadata, bytes, |r| r.config_maps.contains(&name));
+    }
+
+    fn review(tr: &Translator, cm: &ConfigMap) -> Review {
+        let bytes = crate::allow::data_bytes(cm.data.as_ref(), cm.binary_data.as_ref());
+        secrets::review(tr, Self::NAME, &cm.metadata, bytes)
+    }
 }
 
 #[cfg(test)]
@@ -38,6 +50,57 @@ mod tests {
     use super::*;
     use crate::translate::tests::translator;
     use serde_json::json;
+
+    #[test]
+    fn annotations_naming_other_namespaces_stay_in_the_tenant() {
+        let mut tr = translator();
+        tr.allow.annotations.config_maps = vec!["*".into()];
+        let cm: ConfigMap = serde_json::from_value(json!({
+            "metadata": {"name": "conf", "namespace": "default", "annotations": {
+                "reflector.v1.k8s.emberstack.com/reflects": "kube-system/cluster-info",
+                "example.com/team": "web"}}
+        }))
+        .unwrap();
+        let host = ConfigMaps::translate(&tr, &cm);
+        let a = host.metadata.annotations.unwrap();
+        assert!(!a.contains_key("reflector.v1.k8s.emberstack.com/reflects"));
+        assert_eq!(a["example.com/team"], "web");
+        let review = ConfigMaps::review(&tr, &cm);
+        assert!(
+            review.dropped[0].contains("namespace \"kube-system\""),
+            "{review:?}"
+        );
+    }
+
+    #[test]
+    fn data_over_allow_max_data_bytes_is_refused_with_its_size() {
+        let mut tr = translator();
+        let cm = |text: usize, raw: usize| -> ConfigMap {
+            serde_json::from_value(json!({
+                "metadata": {"name": "blob", "namespace": "default"},
+                "data": {"t": "x".repeat(text)},
+                "binaryData": {"r": k8s_openapi::ByteString(vec![0; raw])}
+            }))
+            .unwrap()
+        };
+        // 900 KiB and two keys of a byte each.
+        let big = cm(900 * 1024, 0);
+        assert!(ConfigMaps::review(&tr, &big).refused.is_empty(), "no cap");
+        tr.allow.max_data_bytes = Some("256Ki".into());
+        let refused = ConfigMaps::review(&tr, &big).refused;
+        assert!(refused[0].contains("921602 bytes"), "{refused:?}");
+        assert!(refused[0].contains("allow.maxDataBytes of 256Ki"));
+        // Keys and both maps count: 2 keys and 262,142 bytes of values are exactly the cap.
+        assert!(
+            ConfigMaps::review(&tr, &cm(131_071, 131_071))
+                .refused
+                .is_empty()
+        );
+        assert_eq!(
+            ConfigMaps::review(&tr, &cm(131_071, 131_072)).refused.len(),
+            1
+        );
+    }
 
     #[test]
     fn a_config_map_keeps_its_data_under_the_host_name() {

@@ -9,7 +9,7 @@ use kube::ResourceExt;
 use crate::allow;
 use crate::copy::CopyDown;
 use crate::copy_down_kind;
-use crate::kind::Kind;
+use crate::kind::{Key, Kind};
 use crate::kinds::services::Services;
 use crate::tell::Review;
 use crate::tenant::Tenant;
@@ -54,11 +54,19 @@ impl CopyDown for EndpointsKind {
 
 /// The addresses of this tenant's pod copies on the host.
 pub fn own_pod_ips(cx: &Tenant) -> BTreeSet<String> {
-    cx.host_slice::<Pod>()
-        .iter()
-        .filter(|p| cx.tr.copy_of(&p.metadata).is_some())
+    pod_ips(
+        cx.host_slice::<Pod>()
+            .iter()
+            .filter(|p| cx.tr.copy_of(&p.metadata).is_some())
+            .map(|p| &**p),
+    )
+}
+
+/// The addresses of `pods` that are still theirs: a pod being deleted or finished gives its
+/// address back to the pool, where another tenant's pod may get it next.
+pub fn pod_ips<'a>(pods: impl Iterator<Item = &'a Pod>) -> BTreeSet<String> {
+    pods.filter(|p| p.metadata.deletion_timestamp.is_none())
         .filter_map(|p| p.status.as_ref())
-        // A finished pod's address goes back to the pool, and may be someone else's by now.
         .filter(|s| matches!(s.phase.as_deref(), Some("Pending" | "Running")))
         .flat_map(|s| {
             s.pod_ips
@@ -68,6 +76,49 @@ pub fn own_pod_ips(cx: &Tenant) -> BTreeSet<String> {
                 .chain(s.pod_ip.clone())
         })
         .collect()
+}
+
+/// A pod copy came, changed or went: queue the Endpoints whose copy no longer holds what it
+/// should (an address of a pod that is gone, or of one that has come), so an address leaves a
+/// copy with its pod rather than on a later pass.
+pub fn wake_stale(cx: &Tenant) {
+    let wanted: Vec<_> = cx
+        .tenant_list::<Endpoints>()
+        .into_iter()
+        .filter(|ep| EndpointsKind::wanted(cx, ep))
+        .collect();
+    if wanted.is_empty() {
+        return;
+    }
+    let own = own_pod_ips(cx);
+    for ep in wanted {
+        let (ns, name) = (ep.namespace().unwrap_or_default(), ep.name_any());
+        let live = cx.host_copy::<Endpoints>(&ns, &name);
+        let should = translate_with(&cx.tr, &ep, &own).0;
+        if live.is_none_or(|live| addresses(&live) != addresses(&should)) {
+            cx.queue.add(Key::of::<EndpointsKind>(ns, name));
+        }
+    }
+}
+
+/// Every address of `ep`, ready or not, in order.
+fn addresses(ep: &Endpoints) -> Vec<(bool, String)> {
+    let mut out: Vec<(bool, String)> = ep
+        .subsets
+        .iter()
+        .flatten()
+        .flat_map(|s| {
+            let ready = s.addresses.iter().flatten().map(|a| (true, a.ip.clone()));
+            let not_ready = s
+                .not_ready_addresses
+                .iter()
+                .flatten()
+                .map(|a| (false, a.ip.clone()));
+            ready.chain(not_ready)
+        })
+        .collect();
+    out.sort();
+    out
 }
 
 /// The host copy of tenant Endpoints: only addresses of this tenant's own pods (`own`) or inside
@@ -130,6 +181,51 @@ mod tests {
         assert_eq!(a.ip, "10.1.2.3");
         assert!(a.target_ref.is_none() && a.node_name.is_none());
         assert!(dropped.is_empty());
+    }
+
+    #[test]
+    fn a_pod_being_deleted_or_finished_no_longer_owns_its_address() {
+        let pod = |name: &str, ip: &str, phase: &str, deleting: bool| -> Pod {
+            let mut p: Pod = serde_json::from_value(json!({
+                "metadata": {"name": name},
+                "status": {"phase": phase, "podIP": ip, "podIPs": [{"ip": ip}, {"ip": "fd00::9"}]}
+            }))
+            .unwrap();
+            if deleting {
+                p.metadata.deletion_timestamp =
+                    Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                        k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+                    ));
+            }
+            p
+        };
+        let pods = [
+            pod("running", "10.244.0.1", "Running", false),
+            pod("pending", "10.244.0.2", "Pending", false),
+            pod("terminating", "10.244.0.3", "Running", true),
+            pod("done", "10.244.0.4", "Succeeded", false),
+            pod("failed", "10.244.0.5", "Failed", false),
+        ];
+        let ips = pod_ips(pods.iter());
+        assert_eq!(
+            ips.into_iter().collect::<Vec<_>>(),
+            ["10.244.0.1", "10.244.0.2", "fd00::9"]
+        );
+    }
+
+    #[test]
+    fn addresses_compare_ready_and_not_ready_apart_and_in_any_order() {
+        let ep = |v: serde_json::Value| -> Endpoints {
+            serde_json::from_value(json!({"metadata": {"name": "db"}, "subsets": v})).unwrap()
+        };
+        let a = ep(json!([{"addresses": [{"ip": "10.0.0.2"}, {"ip": "10.0.0.1"}]}]));
+        let b =
+            ep(json!([{"addresses": [{"ip": "10.0.0.1"}]}, {"addresses": [{"ip": "10.0.0.2"}]}]));
+        let c = ep(
+            json!([{"addresses": [{"ip": "10.0.0.1"}], "notReadyAddresses": [{"ip": "10.0.0.2"}]}]),
+        );
+        assert_eq!(addresses(&a), addresses(&b));
+        assert_ne!(addresses(&a), addresses(&c));
     }
 
     #[test]

@@ -1,9 +1,12 @@
-//! Host Events about a tenant's copies show up in the tenant, about the tenant's objects.
+//! Host Events about a tenant's copies show up in the tenant, about the tenant's objects and in
+//! the tenant's terms (see [`crate::tenant_terms`]): no host namespace, copy name or host node the
+//! tenant is not shown, in the message or as the Event's source.
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{
-    Event as CoreEvent, ObjectReference, PersistentVolumeClaim, Pod, Service,
+    Event as CoreEvent, EventSource, ObjectReference, PersistentVolumeClaim, Pod, Service,
 };
 use kube::Client;
 use kube::ResourceExt;
@@ -15,8 +18,10 @@ use tenantplane_api::SyncPolicySpec;
 use crate::error::Result;
 use crate::host::Scope;
 use crate::kind::{Key, Kind, scoped_api, shown_watch_config};
+use crate::kinds::nodes;
 use crate::naming;
 use crate::tenant::Tenant;
+use crate::tenant_terms::{self, Terms};
 
 pub struct Events;
 
@@ -63,8 +68,9 @@ async fn converge_event(cx: &Tenant, host_name: &str) -> Result<()> {
     };
     let involved = &e.involved_object;
     let name = involved.name.clone().unwrap_or_default();
+    let pod = cx.host_get::<Pod>(true, &name);
     let meta = match involved.kind.as_deref() {
-        Some("Pod") => cx.host_get::<Pod>(true, &name).map(|o| o.metadata.clone()),
+        Some("Pod") => pod.as_ref().map(|o| o.metadata.clone()),
         Some("Service") => cx
             .host_get::<Service>(true, &name)
             .map(|o| o.metadata.clone()),
@@ -76,6 +82,18 @@ async fn converge_event(cx: &Tenant, host_name: &str) -> Result<()> {
     let Some(v) = meta.and_then(|m| cx.tr.copy_of(&m)) else {
         return Ok(());
     };
+    // (An Event about an earlier copy of the same name waits for nothing.)
+    let bound = pod.as_ref().is_some_and(|p| {
+        p.spec.as_ref().is_some_and(|s| s.node_name.is_some()) || p.metadata.uid != involved.uid
+    });
+    if e.reason.as_deref() == Some("Scheduled") && involved.kind.as_deref() == Some("Pod") && !bound
+    {
+        // The scheduler's Event can come before the binding it tells of: whether the tenant
+        // sees the node is known once the copy shows it.
+        cx.queue
+            .add_after(Key::of::<Events>("", host_name), Duration::from_secs(1));
+        return Ok(());
+    }
     let about = ObjectReference {
         api_version: involved.api_version.clone(),
         kind: involved.kind.clone(),
@@ -90,7 +108,24 @@ async fn converge_event(cx: &Tenant, host_name: &str) -> Result<()> {
         v.name.chars().take(200).collect::<String>(),
         &naming::label_value(&format!("{host_name}/"))
     );
-    let mut wanted = event_up(&e, &about, &tenant_name);
+    // The nodes the Event may name although no host node watch runs (virtual nodes off).
+    let known: Vec<String> = [
+        pod.as_ref()
+            .and_then(|p| p.spec.as_ref()?.node_name.clone()),
+        e.source.as_ref().and_then(|s| s.host.clone()),
+        e.reporting_instance.clone(),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    let terms = Terms {
+        host_namespace: &cx.tr.host_namespace,
+        namespace: &v.namespace,
+        name: &v.name,
+        copy: Box::new(|w| tenant_terms::copy_named(cx, w)),
+        hidden_node: Box::new(|w| tenant_terms::hidden_node(cx, w, &known)),
+    };
+    let mut wanted = event_up(&e, &about, &tenant_name, &terms, &|n| nodes::shown(cx, n));
     wanted
         .metadata
         .labels
@@ -122,8 +157,26 @@ async fn converge_event(cx: &Tenant, host_name: &str) -> Result<()> {
     }
 }
 
-/// The tenant copy of a host Event about a synced object.
-pub fn event_up(host: &CoreEvent, about: &ObjectReference, name: &str) -> CoreEvent {
+/// The tenant copy of a host Event about a synced object, in the tenant's `terms`. Its source
+/// names a host node (a kubelet's Events) only when `shown` says the tenant sees that node, and
+/// never another host machine (a scheduler's instance): its component stands in.
+pub fn event_up(
+    host: &CoreEvent,
+    about: &ObjectReference,
+    name: &str,
+    terms: &Terms,
+    shown: &dyn Fn(&str) -> bool,
+) -> CoreEvent {
+    let reason = host.reason.as_deref().unwrap_or_default();
+    let message = host
+        .message
+        .as_deref()
+        .map(|m| tenant_terms::event_message(reason, m, terms));
+    let node = |n: &Option<String>| n.clone().filter(|n| shown(n));
+    let source = host.source.as_ref().map(|s| EventSource {
+        component: s.component.clone(),
+        host: node(&s.host),
+    });
     CoreEvent {
         metadata: ObjectMeta {
             name: Some(name.to_string()),
@@ -132,15 +185,20 @@ pub fn event_up(host: &CoreEvent, about: &ObjectReference, name: &str) -> CoreEv
         },
         involved_object: about.clone(),
         reason: host.reason.clone(),
-        message: host.message.clone(),
+        message,
         type_: host.type_.clone(),
         count: host.count,
         first_timestamp: host.first_timestamp.clone(),
         last_timestamp: host.last_timestamp.clone(),
         event_time: host.event_time.clone(),
-        source: host.source.clone(),
+        source,
         reporting_component: host.reporting_component.clone(),
-        reporting_instance: host.reporting_instance.clone(),
+        // Required of Events with an `eventTime`: the component stands in for a hidden machine.
+        reporting_instance: host.reporting_instance.as_ref().map(|i| {
+            node(&Some(i.clone()))
+                .or_else(|| host.reporting_component.clone().filter(|c| !c.is_empty()))
+                .unwrap_or_else(|| "host".into())
+        }),
         action: host.action.clone(),
         ..Default::default()
     }
@@ -165,10 +223,121 @@ mod tests {
             uid: Some("u1".into()),
             ..Default::default()
         };
-        let e = event_up(&host, &about, "web.abc");
+        let e = event_up(&host, &about, "web.abc", &terms(), &|_| true);
         assert_eq!(e.metadata.namespace.as_deref(), Some("default"));
         assert_eq!(e.involved_object.name.as_deref(), Some("web"));
         assert_eq!(e.involved_object.uid.as_deref(), Some("u1"));
         assert_eq!((e.reason.as_deref(), e.count), (Some("Scheduled"), Some(2)));
+    }
+
+    fn terms() -> Terms<'static> {
+        Terms {
+            host_namespace: "team-dev",
+            namespace: "default",
+            name: "web",
+            copy: Box::new(|w| crate::tenant_terms::plain_copy_name(w, "dev")),
+            hidden_node: Box::new(|w| w == "pool-b-7"),
+        }
+    }
+
+    fn about() -> ObjectReference {
+        ObjectReference {
+            kind: Some("Pod".into()),
+            name: Some("web".into()),
+            namespace: Some("default".into()),
+            ..Default::default()
+        }
+    }
+
+    fn host_event(value: serde_json::Value) -> CoreEvent {
+        let mut e = json!({
+            "metadata": {"name": "web-x-default-x-dev.1", "namespace": "team-dev"},
+            "involvedObject": {"kind": "Pod", "name": "web-x-default-x-dev", "namespace": "team-dev"},
+        });
+        e.as_object_mut()
+            .unwrap()
+            .extend(value.as_object().unwrap().clone());
+        serde_json::from_value(e).unwrap()
+    }
+
+    #[test]
+    fn the_scheduled_event_reads_in_tenant_terms() {
+        let shown = |n: &str| n == "kwok-node-0";
+        let host = host_event(json!({
+            "reason": "Scheduled", "type": "Normal",
+            "message": "Successfully assigned team-dev/web-x-default-x-dev to kwok-node-0",
+            "source": {"component": "default-scheduler"},
+            "reportingComponent": "default-scheduler",
+            "reportingInstance": "default-scheduler-cp-host-3"
+        }));
+        let e = event_up(&host, &about(), "web.abc", &terms(), &shown);
+        assert_eq!(
+            e.message.as_deref(),
+            Some("Successfully assigned default/web to kwok-node-0")
+        );
+        assert_eq!(
+            e.reporting_instance.as_deref(),
+            Some("default-scheduler"),
+            "no host machine's name"
+        );
+        assert_eq!(e.reporting_component.as_deref(), Some("default-scheduler"));
+        let hidden = host_event(json!({
+            "reason": "Scheduled",
+            "message": "Successfully assigned team-dev/web-x-default-x-dev to pool-b-7"
+        }));
+        let e = event_up(&hidden, &about(), "web.abc", &terms(), &shown);
+        assert_eq!(
+            e.message.as_deref(),
+            Some(
+                "Successfully assigned default/web to a node of the host that this cluster does not show."
+            )
+        );
+    }
+
+    #[test]
+    fn a_kubelets_event_names_its_node_only_when_the_tenant_sees_it() {
+        let host = host_event(json!({
+            "reason": "Pulled", "message": "Container image \"nginx\" already present on machine",
+            "source": {"component": "kubelet", "host": "pool-b-7"},
+            "reportingComponent": "kubelet", "reportingInstance": "pool-b-7"
+        }));
+        let e = event_up(&host, &about(), "web.abc", &terms(), &|_| false);
+        let source = e.source.unwrap();
+        assert_eq!(
+            (source.component.as_deref(), source.host),
+            (Some("kubelet"), None)
+        );
+        assert_eq!(e.reporting_instance.as_deref(), Some("kubelet"));
+        let e = event_up(&host, &about(), "web.abc", &terms(), &|n| n == "pool-b-7");
+        assert_eq!(e.source.unwrap().host.as_deref(), Some("pool-b-7"));
+        assert_eq!(e.reporting_instance.as_deref(), Some("pool-b-7"));
+    }
+
+    #[test]
+    fn scheduling_failures_and_leaking_messages_are_replaced() {
+        let failed = host_event(json!({
+            "reason": "FailedScheduling", "type": "Warning",
+            "message": "0/3 nodes are available: 1 node(s) had untolerated taint(s), 2 node(s) didn't match Pod's node affinity/selector."
+        }));
+        let e = event_up(&failed, &about(), "web.abc", &terms(), &|_| false);
+        assert_eq!(
+            e.message.as_deref(),
+            Some(crate::tenant_terms::WAITING_FOR_ROOM)
+        );
+        let other = host_event(json!({
+            "reason": "FailedMount",
+            "message": "secret \"api-x-default-x-payments\" not found in team-dev"
+        }));
+        let e = event_up(&other, &about(), "web.abc", &terms(), &|_| false);
+        assert_eq!(e.message.as_deref(), Some(crate::tenant_terms::NOT_SHOWN));
+        let own = host_event(json!({
+            "reason": "FailedMount",
+            "message": "MountVolume.SetUp failed for volume \"v\" : configmap \"conf-x-default-x-dev\" not found"
+        }));
+        let e = event_up(&own, &about(), "web.abc", &terms(), &|_| false);
+        assert_eq!(
+            e.message.as_deref(),
+            Some("MountVolume.SetUp failed for volume \"v\" : configmap \"conf\" not found")
+        );
     }
 }

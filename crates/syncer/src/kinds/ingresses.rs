@@ -1,9 +1,10 @@
-//! Ingresses go down when the policy says so, their backends and TLS Secrets translated, without
-//! the annotations that make an ingress controller run what the tenant wrote; the host's address
-//! comes back.
+//! Ingresses go down when the policy says so and the profile admits them (see `allow`), their
+//! backends and TLS Secrets translated; a TLS Secret follows only an admitted Ingress. The
+//! host's address comes back.
 
 use std::sync::Arc;
 
+use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::api::networking::v1::{Ingress, IngressBackend};
 use kube::ResourceExt;
 use kube::api::{Patch, PatchParams};
@@ -23,7 +24,7 @@ use crate::translate::Translator;
 
 pub struct Ingresses;
 
-copy_down_kind!(Ingresses, Ingress, "Ingress", then = address_up;
+copy_down_kind!(Ingresses, Ingress, "Ingress", then = after_copy;
     fn tenant_watch(p: &SyncPolicySpec) -> Option<watcher::Config> {
         p.to_host.ingresses.enabled.then(tenant_watch_config)
     }
@@ -41,13 +42,13 @@ impl CopyDown for Ingresses {
     }
 
     fn review(tr: &Translator, ingress: &Ingress) -> Review {
-        Review {
-            refused: crate::allow::ingress_refusals(
-                &tr.allow,
-                &ingress.spec.clone().unwrap_or_default(),
-            ),
-            dropped: tr.annotations(Self::NAME, &ingress.metadata).1,
-        }
+        let spec = ingress.spec.clone().unwrap_or_default();
+        let (kept, dropped) = tr.annotations(Self::NAME, &ingress.metadata);
+        let mut refused = crate::allow::ingress_refusals(&tr.allow, &spec);
+        refused.extend(crate::allow::ingress_annotation_refusals(
+            &tr.allow, &spec, &kept,
+        ));
+        Review { refused, dropped }
     }
 
     fn translate(tr: &Translator, ingress: &Ingress) -> Ingress {
@@ -73,10 +74,9 @@ impl CopyDown for Ingresses {
             }
         }
         let mut metadata = tr.host_meta(Self::NAME, &ingress.metadata);
-        // Snippet annotations make an ingress controller run configuration the tenant wrote, with
-        // the controller's rights on the host (ingress-nginx reads Secrets that way): never copied.
+        // An Ingress carrying them is refused; never copied even so.
         if let Some(a) = metadata.annotations.as_mut() {
-            a.retain(|k, _| !never_copied(k));
+            a.retain(|k, _| !crate::allow::never_copied(k));
         }
         Ingress {
             metadata,
@@ -84,27 +84,6 @@ impl CopyDown for Ingresses {
             status: None,
         }
     }
-}
-
-/// Ingress annotations never copied, whatever the profile allows: snippets (configuration the
-/// controller runs with its own rights), and those that name Secrets or Services of any namespace,
-/// URLs the controller calls, or hosts beyond the Ingress's own.
-fn never_copied(key: &str) -> bool {
-    const NAMING_OTHERS: &[&str] = &[
-        "auth-url",
-        "auth-signin",
-        "auth-secret",
-        "auth-tls-secret",
-        "auth-tls-match-cn",
-        "proxy-ssl-secret",
-        "default-backend",
-        "mirror-target",
-        "mirror-host",
-        "server-alias",
-    ];
-    let key = key.to_ascii_lowercase();
-    let name = key.rsplit('/').next().unwrap_or_default();
-    key.contains("snippet") || NAMING_OTHERS.contains(&name)
 }
 
 /// The keys an Ingress change wakes: itself and its TLS Secrets.
@@ -118,17 +97,33 @@ pub fn tls_keys(i: &Ingress) -> Vec<Key> {
         .collect()
 }
 
-/// Is Secret `ns/name` the TLS certificate of a synced Ingress?
+/// Is Secret `ns/name` the TLS certificate of an Ingress the profile admits and the host took?
+/// A refused Ingress pulls nothing onto the host.
 pub fn uses_tls_secret(cx: &Tenant, ns: &str, name: &str) -> bool {
     cx.policy.to_host.ingresses.enabled
         && cx.tenant_list::<Ingress>().iter().any(|i| {
             i.namespace().as_deref() == Some(ns)
                 && cx.selected(Ingresses::NAME, &i.metadata)
-                && i.spec
-                    .iter()
-                    .flat_map(|s| s.tls.iter().flatten())
-                    .any(|t| t.secret_name.as_deref() == Some(name))
+                && tls_secrets(i).any(|s| s == name)
+                && Ingresses::review(&cx.tr, i).refused.is_empty()
+                && cx.host_copy::<Ingress>(ns, &i.name_any()).is_some()
         })
+}
+
+fn tls_secrets(i: &Ingress) -> impl Iterator<Item = &str> {
+    i.spec
+        .iter()
+        .flat_map(|s| s.tls.iter().flatten())
+        .filter_map(|t| t.secret_name.as_deref())
+}
+
+/// Once the host has the copy: its TLS Secrets follow, and the host's address comes back.
+async fn after_copy(cx: &Tenant, t: &Arc<Ingress>, h: &Arc<Ingress>) -> Result<()> {
+    let ns = t.namespace().unwrap_or_default();
+    for secret in tls_secrets(t).filter(|s| cx.host_copy::<Secret>(&ns, s).is_none()) {
+        cx.queue.add(Key::of::<Secrets>(ns.clone(), secret));
+    }
+    address_up(cx, t, h).await
 }
 
 /// The host's load-balancer address shows on the tenant's Ingress.
@@ -152,6 +147,28 @@ async fn address_up(cx: &Tenant, t: &Arc<Ingress>, h: &Arc<Ingress>) -> Result<(
 mod tests {
     use super::*;
     use crate::translate::tests::translator;
+
+    #[test]
+    fn an_admitted_annotation_that_calls_a_url_refuses_the_ingress() {
+        let ingress: Ingress = serde_json::from_value(json!({
+            "metadata": {"name": "web", "namespace": "default", "annotations": {
+                "nginx.ingress.kubernetes.io/auth-url": "http://10.96.0.1/"
+            }},
+            "spec": {"rules": [{"host": "web.example.com"}]}
+        }))
+        .unwrap();
+        let mut tr = translator();
+        tr.allow.ingress_hosts = vec!["*".into()];
+        // Not admitted by key: left out, the Ingress goes down without it.
+        let review = Ingresses::review(&tr, &ingress);
+        assert!(
+            review.refused.is_empty() && review.dropped.len() == 1,
+            "{review:?}"
+        );
+        tr.allow.annotations.ingresses = vec!["*".into()];
+        let review = Ingresses::review(&tr, &ingress);
+        assert!(review.refused[0].contains("URL"), "{review:?}");
+    }
 
     #[test]
     fn ingress_backends_are_translated_and_snippets_dropped() {

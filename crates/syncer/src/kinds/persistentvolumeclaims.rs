@@ -30,6 +30,24 @@ impl CopyDown for Claims {
         review(tr, pvc)
     }
 
+    fn review_in(cx: &Tenant, pvc: &PersistentVolumeClaim) -> Review {
+        review_against(&cx.tr, pvc, live_copy(cx, pvc).as_deref())
+    }
+
+    fn translate_in(cx: &Tenant, pvc: &PersistentVolumeClaim) -> PersistentVolumeClaim {
+        let mut copy = Self::translate(&cx.tr, pvc);
+        if let Some(live) = live_copy(cx, pvc)
+            && !size_refusals(&cx.tr, pvc).is_empty()
+        {
+            // Over the cap, an existing claim keeps its size: refusing it would delete the
+            // copy and its volume's data with it.
+            if let (Some(spec), Some(live)) = (copy.spec.as_mut(), live.spec.as_ref()) {
+                spec.resources = live.resources.clone();
+            }
+        }
+        copy
+    }
+
     fn wanted(cx: &Tenant, c: &PersistentVolumeClaim) -> bool {
         cx.policy.to_host.persistent_volume_claims.enabled && cx.selected(Self::NAME, &c.metadata)
     }
@@ -73,8 +91,33 @@ fn own_claim(d: &TypedLocalObjectReference) -> bool {
     d.kind == "PersistentVolumeClaim" && d.api_group.as_deref().unwrap_or_default().is_empty()
 }
 
-/// What a claim's copy leaves out, and why it may have none (its storage class).
+/// The claim's live host copy.
+fn live_copy(cx: &Tenant, pvc: &PersistentVolumeClaim) -> Option<Arc<PersistentVolumeClaim>> {
+    cx.host_copy(&pvc.namespace().unwrap_or_default(), &pvc.name_any())
+}
+
+/// Why the claim asks for more storage than one claim may have.
+fn size_refusals(tr: &Translator, pvc: &PersistentVolumeClaim) -> Vec<String> {
+    let resources = pvc.spec.as_ref().and_then(|s| s.resources.as_ref());
+    allow::claim_size_refusals(
+        &tr.allow,
+        resources.and_then(|r| r.requests.as_ref()),
+        resources.and_then(|r| r.limits.as_ref()),
+    )
+}
+
+/// What a claim's copy leaves out, and why it may have none (its storage class, its size).
 pub fn review(tr: &Translator, pvc: &PersistentVolumeClaim) -> Review {
+    review_against(tr, pvc, None)
+}
+
+/// [`review`] of a claim whose host copy is `live`: a claim grown past the cap keeps the size
+/// its copy has (the growth is left out), rather than losing the copy.
+fn review_against(
+    tr: &Translator,
+    pvc: &PersistentVolumeClaim,
+    live: Option<&PersistentVolumeClaim>,
+) -> Review {
     let spec = pvc.spec.clone().unwrap_or_default();
     let mut dropped = tr.annotations(Claims::NAME, &pvc.metadata).1;
     if spec.volume_name.is_some() {
@@ -102,10 +145,24 @@ pub fn review(tr: &Translator, pvc: &PersistentVolumeClaim) -> Review {
                 .into(),
         );
     }
-    Review {
-        refused: allow::claim_refusals(&tr.allow, spec.storage_class_name.as_deref()),
-        dropped,
+    let mut refused = allow::claim_refusals(&tr.allow, spec.storage_class_name.as_deref());
+    let size = size_refusals(tr, pvc);
+    match live.and_then(|l| {
+        l.spec
+            .as_ref()?
+            .resources
+            .as_ref()?
+            .requests
+            .as_ref()?
+            .get("storage")
+    }) {
+        Some(kept) => dropped.extend(
+            size.into_iter()
+                .map(|s| format!("{s}; the host claim stays at {}", kept.0)),
+        ),
+        None => refused.extend(size),
     }
+    Review { refused, dropped }
 }
 
 /// Phase, capacity and access modes come back; the spec is the host's once bound.
@@ -162,6 +219,35 @@ mod tests {
             spec.data_source.unwrap().name,
             "old-x-default-x-dev",
             "its own claim's copy"
+        );
+    }
+
+    #[test]
+    fn a_claim_larger_than_the_profile_allows_is_refused() {
+        let claim = |size: &str| -> PersistentVolumeClaim {
+            serde_json::from_value(json!({
+                "metadata": {"name": "data", "namespace": "default"},
+                "spec": {"accessModes": ["ReadWriteOnce"],
+                         "resources": {"requests": {"storage": size}}}
+            }))
+            .unwrap()
+        };
+        let mut tr = translator();
+        tr.allow.max_claim_size = Some("100Gi".into());
+        let refused = review(&tr, &claim("1Pi")).refused;
+        assert_eq!(refused.len(), 1);
+        assert!(
+            refused[0].contains("1Pi") && refused[0].contains("allow.maxClaimSize of 100Gi"),
+            "{refused:?}"
+        );
+        assert!(review(&tr, &claim("100Gi")).refused.is_empty());
+        // A claim grown past the cap keeps its copy, at the size the copy has.
+        let live = Claims::translate(&tr, &claim("50Gi"));
+        let grown = review_against(&tr, &claim("200Gi"), Some(&live));
+        assert!(grown.refused.is_empty(), "{grown:?}");
+        assert!(
+            grown.dropped[0].contains("200Gi") && grown.dropped[0].ends_with("stays at 50Gi"),
+            "{grown:?}"
         );
     }
 }

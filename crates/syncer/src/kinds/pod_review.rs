@@ -1,10 +1,10 @@
 //! What of a tenant pod its host copy leaves out, and why a pod may have none: the placement
-//! the profile allows, and the review the syncer tells the tenant about (see [`crate::allow`]);
-//! and what comes back up: the status the tenant pod shows for its copy.
+//! the profile allows, and the review the syncer tells the tenant about (see [`crate::allow`]).
+//! What comes back up is `pod_status`'s.
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::{NodeAffinity, Pod, PodCondition, PodSpec, PodStatus};
+use k8s_openapi::api::core::v1::{NodeAffinity, Pod, PodSpec};
 
 use crate::allow;
 use crate::tell::Review;
@@ -87,47 +87,11 @@ pub fn review(tr: &Translator, pod: &Pod) -> Review {
     dropped.extend(allow::priority_class(&tr.allow, spec.priority_class_name.as_deref()).1);
     let mut na = spec.affinity.as_ref().and_then(|a| a.node_affinity.clone());
     dropped.extend(node_affinity(tr, na.as_mut()));
+    let mut copy = spec.clone();
+    dropped.extend(allow::topology(&tr.allow, &mut copy));
+    dropped.extend(allow::bound_durations(&tr.allow.durations, &mut copy));
     Review {
         refused: allow::pod_refusals(&tr.allow, spec),
         dropped,
     }
-}
-
-/// The status the tenant pod should show for its host copy: the host's, with the host's
-/// scheduling condition kept as is.
-pub fn pod_status_up(host: &Pod) -> PodStatus {
-    let mut status = host.status.clone().unwrap_or_default();
-    // Host-only details.
-    status.nominated_node_name = None;
-    // The tenant API server decided the tenant pod's class at creation, and the field is
-    // immutable: the host's (a LimitRange may have changed it) is never written up.
-    status.qos_class = None;
-    status
-}
-
-/// Does the tenant pod already show `wanted`? Compared field by field the syncer writes, so the
-/// tenant's own additions (readiness gates from elsewhere) do not cause writes.
-pub fn pod_status_differs(current: Option<&PodStatus>, wanted: &PodStatus) -> bool {
-    let Some(current) = current else {
-        return true;
-    };
-    let conds = |s: &PodStatus| -> Vec<(String, String, Option<String>)> {
-        let mut v: Vec<_> = s
-            .conditions
-            .iter()
-            .flatten()
-            .map(|c: &PodCondition| (c.type_.clone(), c.status.clone(), c.reason.clone()))
-            .collect();
-        v.sort();
-        v
-    };
-    current.phase != wanted.phase
-        || current.pod_ip != wanted.pod_ip
-        || current.pod_ips != wanted.pod_ips
-        || current.host_ip != wanted.host_ip
-        || current.container_statuses != wanted.container_statuses
-        || current.init_container_statuses != wanted.init_container_statuses
-        || current.reason != wanted.reason
-        || current.message != wanted.message
-        || conds(current) != conds(wanted)
 }

@@ -1,9 +1,10 @@
 //! The pure translation of a pod down (the host copy of a tenant pod, confined to its tenant),
-//! and what a pod references. What comes up (its status) is in `pod_review`.
+//! and what it needs of the host. What a pod uses is in `pod_references`, what comes up (its
+//! status) in `pod_status`.
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use k8s_openapi::api::core::v1::{KeyToPath, Pod, SecretVolumeSource, Service, VolumeProjection};
+use k8s_openapi::api::core::v1::{KeyToPath, Pod, Service, VolumeProjection};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::ResourceExt;
 
@@ -13,17 +14,9 @@ use crate::kinds::tokens::token_secret_name;
 use crate::naming;
 use crate::translate::Translator;
 
+pub use crate::kinds::pod_references::{References, references};
 use crate::kinds::pod_review::placement;
 pub use crate::kinds::pod_review::review;
-
-/// The ConfigMaps, Secrets and claims a pod uses, by tenant name.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct References {
-    pub config_maps: BTreeSet<String>,
-    pub secrets: BTreeSet<String>,
-    pub claims: BTreeSet<String>,
-    pub service_account: Option<String>,
-}
 
 /// The host metadata of a tenant pod's copy: the marks, and the service account it runs as.
 pub fn pod_meta(tr: &Translator, pod: &Pod) -> kube::api::ObjectMeta {
@@ -34,6 +27,11 @@ pub fn pod_meta(tr: &Translator, pod: &Pod) -> kube::api::ObjectMeta {
         .unwrap_or_else(|| "default".into());
     if let Some(a) = meta.annotations.as_mut() {
         a.insert(naming::ANNOTATION_SERVICE_ACCOUNT.into(), sa);
+        let host_ip = tr.kubelet.as_ref().map(|k| k.address.clone());
+        a.insert(
+            naming::ANNOTATION_HOST_IP.into(),
+            host_ip.unwrap_or_default(),
+        );
     }
     meta
 }
@@ -63,8 +61,11 @@ pub fn pod(tr: &Translator, pod: &Pod, services: &[&Service], dns: Option<&str>)
     spec.priority = None;
     spec.preemption_policy = None;
     spec.overhead = None;
-    // The host's own service-account token is never mounted.
-    spec.service_account_name = None;
+    // The copy runs as the tenant's own host ServiceAccount (see `identity`), and no host
+    // token is ever mounted.
+    spec.service_account_name = Some(crate::identity::workload_service_account_name(
+        &tr.tenant.name,
+    ));
     spec.service_account = None;
     spec.automount_service_account_token = Some(false);
     // Host Services in this namespace are other names for tenant objects; the tenant's are
@@ -79,6 +80,10 @@ pub fn pod(tr: &Translator, pod: &Pod, services: &[&Service], dns: Option<&str>)
     }
     // Placement: the tenant's, as far as the profile allows it; the profile's own wins.
     placement(tr, &mut spec);
+    allow::topology(&tr.allow, &mut spec);
+    allow::bound_durations(&tr.allow.durations, &mut spec);
+    // A gated pod gets no copy (see `pods`): a copy's gate would wait for a host controller.
+    spec.scheduling_gates = None;
     if let Some(secrets) = spec.image_pull_secrets.as_mut() {
         for s in secrets.iter_mut() {
             s.name = tr.host_name(&ns, &s.name);
@@ -367,85 +372,16 @@ fn field_path(path: &str) -> String {
         "metadata.namespace" => naming::ANNOTATION_VIRTUAL_NAMESPACE,
         "metadata.uid" => naming::ANNOTATION_VIRTUAL_UID,
         "spec.serviceAccountName" => naming::ANNOTATION_SERVICE_ACCOUNT,
+        // The tenant pod's host address is its virtual Node's, not the host node's.
+        "status.hostIP" | "status.hostIPs" => naming::ANNOTATION_HOST_IP,
         other => return other.to_string(),
     };
     format!("metadata.annotations['{annotation}']")
 }
 
-/// What a pod uses, so that only those ConfigMaps, Secrets and claims are synced.
-pub fn references(pod: &Pod) -> References {
-    let mut r = References::default();
-    let Some(spec) = pod.spec.as_ref() else {
-        return r;
-    };
-    r.service_account = spec.service_account_name.clone();
-    for v in spec.volumes.iter().flatten() {
-        if let Some(cm) = &v.config_map {
-            r.config_maps.insert(cm.name.clone());
-        }
-        if let Some(SecretVolumeSource {
-            secret_name: Some(name),
-            ..
-        }) = &v.secret
-        {
-            r.secrets.insert(name.clone());
-        }
-        if let Some(pvc) = &v.persistent_volume_claim {
-            r.claims.insert(pvc.claim_name.clone());
-        }
-        if v.ephemeral.is_some() {
-            r.claims.insert(ephemeral_claim(&pod.name_any(), &v.name));
-        }
-        if let Some(s) = v
-            .csi
-            .as_ref()
-            .and_then(|c| c.node_publish_secret_ref.as_ref())
-        {
-            r.secrets.insert(s.name.clone());
-        }
-        for s in v.projected.iter().flat_map(|p| p.sources.iter().flatten()) {
-            if let Some(cm) = &s.config_map {
-                r.config_maps.insert(cm.name.clone());
-            }
-            if let Some(secret) = &s.secret {
-                r.secrets.insert(secret.name.clone());
-            }
-        }
-    }
-    for c in spec
-        .containers
-        .iter()
-        .chain(spec.init_containers.iter().flatten())
-    {
-        for e in c.env.iter().flatten() {
-            if let Some(from) = &e.value_from {
-                if let Some(k) = &from.config_map_key_ref {
-                    r.config_maps.insert(k.name.clone());
-                }
-                if let Some(k) = &from.secret_key_ref {
-                    r.secrets.insert(k.name.clone());
-                }
-            }
-        }
-        for e in c.env_from.iter().flatten() {
-            if let Some(k) = &e.config_map_ref {
-                r.config_maps.insert(k.name.clone());
-            }
-            if let Some(k) = &e.secret_ref {
-                r.secrets.insert(k.name.clone());
-            }
-        }
-    }
-    for s in spec.image_pull_secrets.iter().flatten() {
-        r.secrets.insert(s.name.clone());
-    }
-    r
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kinds::tokens::token_sources;
     use crate::translate::tests::translator;
     use serde_json::json;
 
@@ -462,6 +398,7 @@ mod tests {
                     "env": [
                         {"name": "A", "valueFrom": {"configMapKeyRef": {"name": "conf", "key": "a"}}},
                         {"name": "NS", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+                        {"name": "HOST_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.hostIP"}}},
                         {"name": "KUBERNETES_SERVICE_PORT", "value": "1"}
                     ],
                     "envFrom": [{"secretRef": {"name": "creds"}}]
@@ -500,7 +437,7 @@ mod tests {
         );
         let spec = host.spec.unwrap();
         assert_eq!(spec.node_name, None);
-        assert_eq!(spec.service_account_name, None);
+        assert_eq!(spec.service_account_name.as_deref(), Some("dev-workloads"));
         assert_eq!(spec.automount_service_account_token, Some(false));
         assert_eq!(spec.enable_service_links, Some(false));
         assert_eq!(spec.node_selector.unwrap()["pool"], "tenants");
@@ -528,6 +465,17 @@ mod tests {
         assert_eq!(
             from.config_map_key_ref.as_ref().unwrap().name,
             "conf-x-default-x-dev"
+        );
+        let host_ip = env["HOST_IP"]
+            .value_from
+            .as_ref()
+            .unwrap()
+            .field_ref
+            .as_ref();
+        assert_eq!(
+            host_ip.unwrap().field_path,
+            "metadata.annotations['tenantplane.io/host-ip']",
+            "the host node's address is not the tenant's"
         );
         let ns_field = env["NS"].value_from.as_ref().unwrap().field_ref.as_ref();
         assert_eq!(
@@ -582,7 +530,7 @@ mod tests {
                                         "labelSelector": {"matchLabels": {"app": "web"}}}
                 }]},
                 "podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [{
-                    "topologyKey": "zone", "namespaces": ["other"],
+                    "topologyKey": "topology.kubernetes.io/zone", "namespaces": ["other"],
                     "labelSelector": {"matchLabels": {"app": "db"}}
                 }]}
             }))
@@ -640,22 +588,5 @@ mod tests {
             without.dns_policy, None,
             "the host's DNS when the tenant runs none"
         );
-    }
-
-    #[test]
-    fn references_and_tokens_are_found() {
-        let r = references(&pod());
-        assert_eq!(
-            r.config_maps,
-            BTreeSet::from(["conf".to_string(), "kube-root-ca.crt".to_string()])
-        );
-        assert_eq!(
-            r.secrets,
-            BTreeSet::from(["creds".to_string(), "regcred".to_string()])
-        );
-        assert_eq!(r.claims, BTreeSet::from(["data".to_string()]));
-        let tokens = token_sources(&pod());
-        assert_eq!(tokens.len(), 1);
-        assert_eq!(tokens[0].expiration_seconds, 3607);
     }
 }

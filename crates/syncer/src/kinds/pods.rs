@@ -25,6 +25,7 @@ use crate::kinds::endpoints::EndpointsKind;
 use crate::kinds::nodes::{self, node_key};
 use crate::kinds::persistentvolumeclaims::Claims;
 use crate::kinds::pod_review;
+use crate::kinds::pod_status;
 use crate::kinds::pod_translate::{self, References, images, pod_meta, references};
 use crate::kinds::runtime_classes;
 use crate::kinds::secrets::Secrets;
@@ -33,6 +34,7 @@ use crate::kinds::tokens;
 use crate::naming::{ANNOTATION_APPLIED_HASH, SYNCER_MANAGER};
 use crate::tell;
 use crate::tenant::Tenant;
+use crate::tenant_terms::{self, Terms};
 
 pub struct Pods;
 
@@ -118,6 +120,9 @@ fn wake_references(cx: &Tenant, t: &Pod) {
 }
 
 async fn converge_pod(cx: &Tenant, ns: &str, name: &str) -> Result<()> {
+    // Whatever changed of this pod (it went, is going, finished, got its address), Endpoints
+    // written by hand hold only the addresses of pods that still have them.
+    crate::kinds::endpoints::wake_stale(cx);
     let t = cx
         .tenant_get::<Pod>(ns, name)
         .filter(|_| cx.policy.to_host.pods.enabled);
@@ -155,6 +160,7 @@ async fn converge_pod(cx: &Tenant, ns: &str, name: &str) -> Result<()> {
         match &h {
             Some(h) if h.metadata.deletion_timestamp.is_none() => {
                 let grace = t.metadata.deletion_grace_period_seconds.map(|g| g as u32);
+                let grace = crate::allow::bound_grace(&cx.tr.allow.durations, grace);
                 delete_if_present(&host_pods, h, grace).await?;
             }
             Some(_) => {}
@@ -167,7 +173,11 @@ async fn converge_pod(cx: &Tenant, ns: &str, name: &str) -> Result<()> {
         return Ok(());
     }
     let t = runtime_classes::for_host(cx, t, h.as_deref()).await?;
-    let review = pod_review::review(&cx.tr, &t);
+    let mut review = pod_review::review(&cx.tr, &t);
+    // A copy could not run without the data it uses, which is not copied when too large.
+    review
+        .refused
+        .extend(crate::kinds::secrets::too_large_for(cx, &t).await);
     let Some(h) = h else {
         if t.spec
             .as_ref()
@@ -201,8 +211,9 @@ async fn converge_pod(cx: &Tenant, ns: &str, name: &str) -> Result<()> {
         return Ok(());
     }
     bind(cx, &t, &h).await?;
-    let wanted = pod_review::pod_status_up(&h);
-    if h.status.is_some() && pod_review::pod_status_differs(t.status.as_ref(), &wanted) {
+    let node = h.spec.as_ref().and_then(|s| s.node_name.clone());
+    let wanted = pod_status::pod_status_up(&h, &terms_for(cx, &t, node), cx.tr.kubelet.as_ref());
+    if h.status.is_some() && pod_status::pod_status_differs(t.status.as_ref(), &wanted) {
         let t_ip = t.status.as_ref().and_then(|s| s.pod_ip.as_ref());
         if t_ip != wanted.pod_ip.as_ref() {
             // A new address of our own: Endpoints written by hand may name it now.
@@ -268,6 +279,19 @@ async fn bind(cx: &Tenant, t: &Pod, h: &Pod) -> Result<()> {
     }
 }
 
+/// How host text about the copy of tenant pod `t`, on host node `node`, reads in the tenant
+/// (see [`tenant_terms`]).
+fn terms_for<'a>(cx: &'a Tenant, t: &'a Pod, node: Option<String>) -> Terms<'a> {
+    let known: Vec<String> = node.into_iter().collect();
+    Terms {
+        host_namespace: &cx.tr.host_namespace,
+        namespace: t.metadata.namespace.as_deref().unwrap_or_default(),
+        name: t.metadata.name.as_deref().unwrap_or_default(),
+        copy: Box::new(|w| tenant_terms::copy_named(cx, w)),
+        hidden_node: Box::new(move |w| tenant_terms::hidden_node(cx, w, &known)),
+    }
+}
+
 /// Drop what the syncer remembers about a pod whose copy goes.
 fn forget(cx: &Tenant, h: &Pod) {
     if let Some(uid) = h.uid() {
@@ -278,9 +302,10 @@ fn forget(cx: &Tenant, h: &Pod) {
     }
 }
 
-/// The address of the tenant's DNS Service, if it runs one.
+/// The address of the tenant's DNS Service on the host, if it runs one: its host copy's (the
+/// tenant Service takes it over, but may not have yet).
 fn tenant_dns(cx: &Tenant) -> Option<String> {
-    cx.tenant_get::<Service>("kube-system", "kube-dns")
+    cx.host_copy::<Service>("kube-system", "kube-dns")
         .and_then(|s| s.spec.as_ref()?.cluster_ip.clone())
         .filter(|ip| ip != "None" && !ip.is_empty())
 }
@@ -307,6 +332,13 @@ async fn create_host_pod(cx: &Tenant, t: &Pod) -> Result<()> {
         .filter(|s| s.namespace().as_deref() == Some(ns.as_str()))
         // The tenant API server's own Service: pods get the variables that reach it.
         .filter(|s| !is_tenant_api(&ns, &s.name_any()))
+        // Only at an address the host gave: one the tenant Service has not taken over yet may
+        // be someone else's on the host.
+        .filter(|s| {
+            let ip = |s: &Service| s.spec.as_ref().and_then(|s| s.cluster_ip.clone());
+            cx.host_copy::<Service>(&ns, &s.name_any())
+                .is_some_and(|h| ip(&h) == ip(s))
+        })
         .collect();
     let service_refs: Vec<&Service> = services.iter().map(|s| &**s).collect();
     let desired = pod_translate::pod(&cx.tr, t, &service_refs, tenant_dns(cx).as_deref());
@@ -327,7 +359,8 @@ async fn create_host_pod(cx: &Tenant, t: &Pod) -> Result<()> {
     .await
     .map_err(Error::on_host);
     if let Err(e @ Error::HostRejected(_)) = &created {
-        let message = e.to_string();
+        // The host's refusal names the copy (`pods "web-x-default-x-dev" is forbidden…`).
+        let message = tenant_terms::status_message(&e.to_string(), &terms_for(cx, t, None));
         tell::tell(cx, t, e.reason(), &message).await;
         mark_unschedulable(cx, t, e.reason(), &message).await;
     }
@@ -387,6 +420,8 @@ async fn restore(cx: &Tenant, t: &Pod, h: &Pod) -> Result<()> {
 /// Show why a tenant pod does not run in its `PodScheduled` condition (the Event is
 /// [`tell::tell`]'s), as a scheduler would.
 async fn mark_unschedulable(cx: &Tenant, t: &Pod, reason: &str, message: &str) {
+    let message = tenantplane_api::text::bounded(message);
+    let message = message.as_str();
     let already = t
         .status
         .iter()

@@ -2,14 +2,19 @@
 //! so. Tenant service-account token Secrets never do (tokens reach pods through `tokens`), and a
 //! copy never has a type a host controller acts on.
 
-use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
 use kube::ResourceExt;
 
+use kube::api::ObjectMeta;
+
+use crate::allow;
 use crate::copy::CopyDown;
 use crate::copy_down_kind;
 use crate::kind::{Key, Kind};
+use crate::kinds::configmaps::ConfigMaps;
 use crate::kinds::{ingresses, pods};
 use crate::naming;
+use crate::tell::{self, Review};
 use crate::tenant::Tenant;
 use crate::translate::Translator;
 
@@ -50,9 +55,119 @@ impl CopyDown for Secrets {
         }
     }
 
+    fn review(tr: &Translator, secret: &Secret) -> Review {
+        let bytes = allow::data_bytes(secret.string_data.as_ref(), secret.data.as_ref());
+        review(tr, Self::NAME, &secret.metadata, bytes)
+    }
+
+    fn wake_dependents(cx: &Tenant, s: &Secret) {
+        let bytes = allow::data_bytes(s.string_data.as_ref(), s.data.as_ref());
+        let name = s.name_any();
+        wake_users(cx, &s.metadata, bytes, |r| r.secrets.contains(&name));
+    }
+
     fn must_replace(desired: &Secret, live: &Secret) -> bool {
         // The type cannot change in place.
         desired.type_ != live.type_
+    }
+}
+
+/// What a data object's copy leaves out: the annotations the profile does not allow, and those
+/// that point elsewhere; refused when its `bytes` of data are more than `allow.maxDataBytes`.
+pub(crate) fn review(tr: &Translator, kind: &str, meta: &ObjectMeta, bytes: usize) -> Review {
+    // Annotations naming other namespaces, providers or URLs are left out by the profile's
+    // own check (`allow::annotations`), as for every kind.
+    let dropped = tr.annotations(kind, meta).1;
+    Review {
+        refused: allow::DataCap::of(&tr.allow)
+            .and_then(|cap| cap.refusal(bytes))
+            .into_iter()
+            .collect(),
+        dropped,
+    }
+}
+
+/// Why tenant pod `p` may not run on the host for the data it uses: each ConfigMap and Secret
+/// it uses that holds more than `allow.maxDataBytes`. Each is told so too, as its own converge
+/// would (it has no copy to converge while no pod of it runs).
+pub(crate) async fn too_large_for(cx: &Tenant, p: &Pod) -> Vec<String> {
+    let Some(cap) = allow::DataCap::of(&cx.tr.allow) else {
+        return vec![];
+    };
+    let ns = p.namespace().unwrap_or_default();
+    let r = crate::kinds::pod_references::references(p);
+    let to_host = &cx.policy.to_host;
+    let mut out = Vec::new();
+    if to_host.config_maps.enabled {
+        for cm in r
+            .config_maps
+            .iter()
+            .filter_map(|n| cx.tenant_get::<ConfigMap>(&ns, n))
+        {
+            let bytes = allow::data_bytes(cm.data.as_ref(), cm.binary_data.as_ref());
+            if cx.selected(ConfigMaps::NAME, &cm.metadata)
+                && let Some(why) = cap.pod_refusal(ConfigMaps::NAME, &cm.name_any(), bytes)
+            {
+                out.push(why);
+                tell_refused(cx, &*cm, &ConfigMaps::review(&cx.tr, &cm)).await;
+            }
+        }
+    }
+    if to_host.secrets.enabled {
+        for s in r
+            .secrets
+            .iter()
+            .filter_map(|n| cx.tenant_get::<Secret>(&ns, n))
+        {
+            let bytes = allow::data_bytes(s.string_data.as_ref(), s.data.as_ref());
+            if cx.selected(Secrets::NAME, &s.metadata)
+                && s.type_.as_deref() != Some(TOKEN_TYPE)
+                && let Some(why) = cap.pod_refusal(Secrets::NAME, &s.name_any(), bytes)
+            {
+                out.push(why);
+                tell_refused(cx, &*s, &Secrets::review(&cx.tr, &s)).await;
+            }
+        }
+    }
+    out
+}
+
+/// A data object of `bytes` bytes wakes the pods (`uses` says which) whose verdict under
+/// `allow.maxDataBytes` it changed: those with a copy once it is over the cap (they are refused
+/// now), and those without one once it is back within the cap after it was refused.
+pub(crate) fn wake_users(
+    cx: &Tenant,
+    meta: &ObjectMeta,
+    bytes: usize,
+    uses: impl Fn(&crate::kinds::pod_references::References) -> bool,
+) {
+    let Some(cap) = allow::DataCap::of(&cx.tr.allow) else {
+        return;
+    };
+    let over = cap.exceeded_by(bytes);
+    let uid = meta.uid.clone().unwrap_or_default();
+    if !over {
+        if !tell::was_told(cx, &uid, tell::NOT_ALLOWED) {
+            return;
+        }
+        // Once: the pods it held back are looked at again.
+        tell::forget(cx, &uid);
+    }
+    let ns = meta.namespace.as_deref().unwrap_or_default();
+    for p in cx.tenant_list::<Pod>() {
+        if p.namespace().as_deref() == Some(ns)
+            && cx.host_copy::<Pod>(ns, &p.name_any()).is_some() == over
+            && uses(&crate::kinds::pod_references::references(&p))
+        {
+            cx.queue.add(Key::for_object::<pods::Pods>(&*p));
+        }
+    }
+}
+
+/// Say `review`'s refusal on tenant object `obj`, as [`tell::enforce`] would.
+async fn tell_refused<K: kube::Resource<DynamicType = ()>>(cx: &Tenant, obj: &K, review: &Review) {
+    if let Some(e) = review.refusal() {
+        tell::tell(cx, obj, tell::NOT_ALLOWED, &e.to_string()).await;
     }
 }
 
@@ -87,6 +202,49 @@ mod tests {
             Secrets::translate(&translator(), &s).type_.as_deref(),
             Some("Opaque")
         );
+    }
+
+    #[test]
+    fn annotations_naming_other_namespaces_stay_in_the_tenant_even_when_all_are_allowed() {
+        let mut tr = translator();
+        tr.allow.annotations.secrets = vec!["*".into()];
+        let s: Secret = serde_json::from_value(json!({
+            "metadata": {"name": "mirror", "namespace": "default", "uid": "s1", "annotations": {
+                "replicator.v1.mittwald.de/replicate-from": "kube-system/cloud-credentials",
+                "reflector.v1.k8s.emberstack.com/reflects": "kube-system/creds, ops/creds",
+                "example.com/middleware": "auth@kubernetescrd",
+                "example.com/source": "https://vault.internal/v1/secret",
+                "example.com/format": "text/plain",
+                "example.com/path": "/etc/app/conf",
+                "example.com/owner": "team-web"}}
+        }))
+        .unwrap();
+        let copy = Secrets::translate(&tr, &s);
+        let kept: Vec<&String> = copy.metadata.annotations.as_ref().unwrap().keys().collect();
+        for gone in [
+            "replicator.v1.mittwald.de/replicate-from",
+            "reflector.v1.k8s.emberstack.com/reflects",
+            "example.com/middleware",
+            "example.com/source",
+        ] {
+            assert!(!kept.iter().any(|k| *k == gone), "{gone}: {kept:?}");
+        }
+        for stays in [
+            "example.com/format",
+            "example.com/path",
+            "example.com/owner",
+        ] {
+            assert!(kept.iter().any(|k| *k == stays), "{stays}: {kept:?}");
+        }
+        assert!(kept.iter().any(|k| *k == naming::ANNOTATION_VIRTUAL_UID));
+        let review = Secrets::review(&tr, &s);
+        assert_eq!(review.dropped.len(), 4, "{:?}", review.dropped);
+        let said = review
+            .dropped
+            .iter()
+            .find(|d| d.contains("replicator.v1.mittwald.de/replicate-from"))
+            .unwrap();
+        assert!(said.contains("\"kube-system/cloud-credentials\""), "{said}");
     }
 
     #[test]

@@ -15,6 +15,7 @@ use crate::error::{Error, Result};
 use crate::host::Scope;
 use crate::kind::{Key, Kind};
 use crate::kinds::endpoints::EndpointsKind;
+use crate::kinds::service_address::{OwnAddress, own_address, squatted};
 use crate::naming::SYNCER_MANAGER;
 use crate::tell::{self, Review};
 use crate::tenant::Tenant;
@@ -61,7 +62,7 @@ async fn converge_service(cx: &Tenant, ns: &str, name: &str) -> Result<()> {
             return Ok(());
         };
         let ip = cx.tr.api_ip.clone();
-        take_cluster_ip(cx, &t, &ip, Some(vec![ip.clone()])).await?;
+        take_cluster_ip(cx, &t, &ip, Some(vec![ip.clone()]), None).await?;
         return Ok(());
     }
     let enabled = cx.policy.to_host.services.enabled;
@@ -85,7 +86,25 @@ async fn converge_service(cx: &Tenant, ns: &str, name: &str) -> Result<()> {
         return Ok(());
     }
     tell::enforce(cx, &*t, h.as_deref(), &review(&cx.tr, &t)).await?;
-    let desired = with_address(service(&cx.tr, &t), h.as_deref().unwrap_or(&t));
+    if let Some(live) = h.as_deref()
+        && let Some(ip) = squatted(&cx.tr, live)
+    {
+        // Made before reserved addresses were kept from tenants: it goes, and is made again
+        // with an address the host allocates (its address cannot change in place).
+        tell::tell(cx, &*t, tell::NOT_COPIED, &format!(
+            "the host copy held {ip}, an address hosts keep for their own Services; it is made again with one the host allocates"
+        )).await;
+        delete_if_present(&api, live, None).await?;
+        return Ok(());
+    }
+    // The live copy's address cannot change; a new copy asks for the tenant's only where the
+    // profile honours it.
+    let own = own_address(&cx.tr, &t);
+    let desired = match (h.as_deref(), &own) {
+        (Some(h), _) => with_address(service(&cx.tr, &t), h),
+        (None, OwnAddress::Asked) => with_address(service(&cx.tr, &t), &t),
+        (None, OwnAddress::NotAsked(_)) => service(&cx.tr, &t),
+    };
     match apply_copy(cx, ns, name, h.as_deref(), &desired).await {
         // The host holds the tenant's address already, or its range lacks it: the copy takes
         // one of the host's choosing, and the tenant Service is made again with that.
@@ -104,7 +123,11 @@ async fn converge_service(cx: &Tenant, ns: &str, name: &str) -> Result<()> {
     let h_ip = h.spec.as_ref().and_then(|s| s.cluster_ip.clone());
     if let Some(h_ip) = h_ip.filter(|ip| ip != "None" && !ip.is_empty()) {
         let h_ips = h.spec.as_ref().and_then(|s| s.cluster_ips.clone());
-        if take_cluster_ip(cx, &t, &h_ip, h_ips).await? {
+        let note = match &own {
+            OwnAddress::NotAsked(Some(why)) => Some(why.as_str()),
+            _ => None,
+        };
+        if take_cluster_ip(cx, &t, &h_ip, h_ips, note).await? {
             return Ok(());
         }
     }
@@ -123,7 +146,8 @@ async fn converge_service(cx: &Tenant, ns: &str, name: &str) -> Result<()> {
     Ok(())
 }
 
-/// Give tenant Service `t` the cluster IP `ip` (delete and create: the field is immutable).
+/// Give tenant Service `t` the cluster IP `ip` (delete and create: the field is immutable), and
+/// tell the Service made again `note` (why its own address was not kept), if any.
 /// `false` when there was nothing to do: it has the IP, is headless, or someone holds it with
 /// a finalizer.
 async fn take_cluster_ip(
@@ -131,6 +155,7 @@ async fn take_cluster_ip(
     t: &Service,
     ip: &str,
     ips: Option<Vec<String>>,
+    note: Option<&str>,
 ) -> Result<bool> {
     let (ns, name) = (t.namespace().unwrap_or_default(), t.name_any());
     let t_ip = t.spec.as_ref().and_then(|s| s.cluster_ip.as_deref());
@@ -170,16 +195,22 @@ async fn take_cluster_ip(
         // Deleted or replaced by someone else meanwhile: never bring it back.
         return Ok(true);
     }
-    if let Err(e) = tenant_api.create(&pp, &copy).await {
-        // Never leave the tenant without its Service: put it back as it was, with an address
-        // of the tenant's choosing, and say why the host's was refused.
-        tenant_api
-            .create(&pp, &with_cluster_ip(t, None, None))
-            .await?;
-        return Err(Error::ServiceIpNotAdopted {
-            ip: ip.to_string(),
-            message: e.to_string(),
-        });
+    let made = match tenant_api.create(&pp, &copy).await {
+        Ok(made) => made,
+        Err(e) => {
+            // Never leave the tenant without its Service: put it back as it was, with an
+            // address of the tenant's choosing, and say why the host's was refused.
+            tenant_api
+                .create(&pp, &with_cluster_ip(t, None, None))
+                .await?;
+            return Err(Error::ServiceIpNotAdopted {
+                ip: ip.to_string(),
+                message: e.to_string(),
+            });
+        }
+    };
+    if let Some(note) = note {
+        tell::tell(cx, &made, tell::NOT_COPIED, note).await;
     }
     debug!(service = %format!("{ns}/{name}"), ip = %ip, "tenant Service recreated with the host's cluster IP");
     if let Some(endpoints) = endpoints {
@@ -275,9 +306,13 @@ pub fn with_address(mut copy: Service, of: &Service) -> Service {
 }
 
 /// What the host copy of a tenant Service leaves out, and why it may have none: its type,
-/// external name and external IPs under the profile's `allow`.
+/// external name and external IPs under the profile's `allow`, and a cluster IP of its own
+/// choosing that the host does not give.
 pub fn review(tr: &Translator, svc: &Service) -> Review {
     let mut dropped = tr.annotations("Service", &svc.metadata).1;
+    if let OwnAddress::NotAsked(Some(why)) = own_address(tr, svc) {
+        dropped.push(why);
+    }
     let spec = svc.spec.clone().unwrap_or_default();
     if spec.load_balancer_ip.is_some() {
         dropped.push(

@@ -1,0 +1,134 @@
+//! What a tenant pod uses (its ConfigMaps, Secrets, claims and ServiceAccount), by tenant name:
+//! only those are synced for it.
+
+use std::collections::BTreeSet;
+
+use k8s_openapi::api::core::v1::{Pod, SecretVolumeSource};
+use kube::ResourceExt;
+
+use crate::kinds::pod_translate::ephemeral_claim;
+
+/// The ConfigMaps, Secrets and claims a pod uses, by tenant name.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct References {
+    pub config_maps: BTreeSet<String>,
+    pub secrets: BTreeSet<String>,
+    pub claims: BTreeSet<String>,
+    pub service_account: Option<String>,
+}
+
+/// What a pod uses, so that only those ConfigMaps, Secrets and claims are synced.
+pub fn references(pod: &Pod) -> References {
+    let mut r = References::default();
+    let Some(spec) = pod.spec.as_ref() else {
+        return r;
+    };
+    r.service_account = spec.service_account_name.clone();
+    for v in spec.volumes.iter().flatten() {
+        if let Some(cm) = &v.config_map {
+            r.config_maps.insert(cm.name.clone());
+        }
+        if let Some(SecretVolumeSource {
+            secret_name: Some(name),
+            ..
+        }) = &v.secret
+        {
+            r.secrets.insert(name.clone());
+        }
+        if let Some(pvc) = &v.persistent_volume_claim {
+            r.claims.insert(pvc.claim_name.clone());
+        }
+        if v.ephemeral.is_some() {
+            r.claims.insert(ephemeral_claim(&pod.name_any(), &v.name));
+        }
+        if let Some(s) = v
+            .csi
+            .as_ref()
+            .and_then(|c| c.node_publish_secret_ref.as_ref())
+        {
+            r.secrets.insert(s.name.clone());
+        }
+        for s in v.projected.iter().flat_map(|p| p.sources.iter().flatten()) {
+            if let Some(cm) = &s.config_map {
+                r.config_maps.insert(cm.name.clone());
+            }
+            if let Some(secret) = &s.secret {
+                r.secrets.insert(secret.name.clone());
+            }
+        }
+    }
+    for c in spec
+        .containers
+        .iter()
+        .chain(spec.init_containers.iter().flatten())
+    {
+        for e in c.env.iter().flatten() {
+            if let Some(from) = &e.value_from {
+                if let Some(k) = &from.config_map_key_ref {
+                    r.config_maps.insert(k.name.clone());
+                }
+                if let Some(k) = &from.secret_key_ref {
+                    r.secrets.insert(k.name.clone());
+                }
+            }
+        }
+        for e in c.env_from.iter().flatten() {
+            if let Some(k) = &e.config_map_ref {
+                r.config_maps.insert(k.name.clone());
+            }
+            if let Some(k) = &e.secret_ref {
+                r.secrets.insert(k.name.clone());
+            }
+        }
+    }
+    for s in spec.image_pull_secrets.iter().flatten() {
+        r.secrets.insert(s.name.clone());
+    }
+    r
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kinds::tokens::token_sources;
+    use serde_json::json;
+
+    fn pod() -> Pod {
+        serde_json::from_value(json!({
+            "metadata": {"name": "web-0", "namespace": "default"},
+            "spec": {
+                "imagePullSecrets": [{"name": "regcred"}],
+                "containers": [{
+                    "name": "web", "image": "nginx",
+                    "env": [{"name": "A", "valueFrom": {"configMapKeyRef": {"name": "conf", "key": "a"}}}],
+                    "envFrom": [{"secretRef": {"name": "creds"}}]
+                }],
+                "volumes": [
+                    {"name": "data", "persistentVolumeClaim": {"claimName": "data"}},
+                    {"name": "kube-api-access-abc", "projected": {"sources": [
+                        {"serviceAccountToken": {"expirationSeconds": 3607, "path": "token"}},
+                        {"configMap": {"name": "kube-root-ca.crt", "items": [{"key": "ca.crt", "path": "ca.crt"}]}}
+                    ]}}
+                ]
+            }
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn references_and_tokens_are_found() {
+        let r = references(&pod());
+        assert_eq!(
+            r.config_maps,
+            BTreeSet::from(["conf".to_string(), "kube-root-ca.crt".to_string()])
+        );
+        assert_eq!(
+            r.secrets,
+            BTreeSet::from(["creds".to_string(), "regcred".to_string()])
+        );
+        assert_eq!(r.claims, BTreeSet::from(["data".to_string()]));
+        let tokens = token_sources(&pod());
+        assert_eq!(tokens.len(), 1);
+        assert_eq!(tokens[0].expiration_seconds, 3607);
+    }
+}

@@ -1,0 +1,202 @@
+//! What comes back up for a pod: the status the tenant pod shows for its host copy, in the
+//! tenant's terms (see [`crate::tenant_terms`]): no host node inventory, copy names or host
+//! namespace in its messages.
+
+use k8s_openapi::api::core::v1::{ContainerStatus, Pod, PodCondition, PodStatus};
+
+use crate::KubeletEndpoint;
+use crate::tenant_terms::{Terms, WAITING_FOR_ROOM, status_message};
+
+/// The status the tenant pod should show for its host copy: the host's, with its messages said
+/// in tenant terms and the scheduler's reasons for waiting replaced by one sentence.
+pub fn pod_status_up(host: &Pod, terms: &Terms, kubelet: Option<&KubeletEndpoint>) -> PodStatus {
+    let mut status = host.status.clone().unwrap_or_default();
+    // The pod's node is its virtual Node, whose address is the operator's kubelet endpoint: the
+    // host node's own address is not the tenant's to see.
+    status.host_ip = kubelet.map(|k| k.address.clone());
+    status.host_ips = kubelet.map(|k| {
+        vec![k8s_openapi::api::core::v1::HostIP {
+            ip: k.address.clone(),
+        }]
+    });
+    // A host node the host scheduler may preempt for; the tenant has no scheduler to tell.
+    status.nominated_node_name = None;
+    // The tenant API server decided the tenant pod's class at creation, and the field is
+    // immutable: the host's (a LimitRange may have changed it) is never written up.
+    status.qos_class = None;
+    let say = |m: &mut Option<String>| {
+        if let Some(text) = m.as_mut() {
+            *text = status_message(text, terms);
+        }
+    };
+    say(&mut status.message);
+    for c in status.conditions.iter_mut().flatten() {
+        if c.type_ == "PodScheduled" && c.status == "False" {
+            // "0/3 nodes are available: 1 node(s) had untolerated taint(s)…" describes the host.
+            c.message = Some(WAITING_FOR_ROOM.to_string());
+        } else {
+            say(&mut c.message);
+        }
+    }
+    let containers = [
+        status.init_container_statuses.as_mut(),
+        status.container_statuses.as_mut(),
+        status.ephemeral_container_statuses.as_mut(),
+    ];
+    for c in containers.into_iter().flatten().flatten() {
+        container_in_tenant_terms(c, terms);
+    }
+    status
+}
+
+/// A container's state messages ("secret \"creds-x-default-x-dev\" not found") in tenant terms.
+fn container_in_tenant_terms(c: &mut ContainerStatus, terms: &Terms) {
+    for state in [c.state.as_mut(), c.last_state.as_mut()]
+        .into_iter()
+        .flatten()
+    {
+        if let Some(w) = state.waiting.as_mut()
+            && let Some(m) = w.message.as_mut()
+        {
+            *m = status_message(m, terms);
+        }
+        if let Some(t) = state.terminated.as_mut()
+            && let Some(m) = t.message.as_mut()
+        {
+            *m = status_message(m, terms);
+        }
+    }
+}
+
+/// Does the tenant pod already show `wanted`? Compared field by field the syncer writes, so the
+/// tenant's own additions (readiness gates from elsewhere) do not cause writes.
+pub fn pod_status_differs(current: Option<&PodStatus>, wanted: &PodStatus) -> bool {
+    let Some(current) = current else {
+        return true;
+    };
+    type Cond = (String, String, Option<String>, Option<String>);
+    let conds = |s: &PodStatus| -> Vec<Cond> {
+        let mut v: Vec<_> = s
+            .conditions
+            .iter()
+            .flatten()
+            .map(|c: &PodCondition| {
+                (
+                    c.type_.clone(),
+                    c.status.clone(),
+                    c.reason.clone(),
+                    c.message.clone(),
+                )
+            })
+            .collect();
+        v.sort();
+        v
+    };
+    current.phase != wanted.phase
+        || current.pod_ip != wanted.pod_ip
+        || current.pod_ips != wanted.pod_ips
+        || current.host_ip != wanted.host_ip
+        || current.container_statuses != wanted.container_statuses
+        || current.init_container_statuses != wanted.init_container_statuses
+        || current.reason != wanted.reason
+        || current.message != wanted.message
+        || conds(current) != conds(wanted)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tenant_terms::NOT_SHOWN;
+    use serde_json::json;
+
+    fn copy(word: &str) -> Option<crate::naming::Virtual> {
+        crate::tenant_terms::plain_copy_name(word, "dev")
+    }
+
+    fn up(status: serde_json::Value) -> PodStatus {
+        let host: Pod = serde_json::from_value(json!({"metadata": {"name": "web-x-default-x-dev"},
+                                                      "status": status}))
+        .unwrap();
+        pod_status_up(
+            &host,
+            &Terms {
+                host_namespace: "team-dev",
+                namespace: "default",
+                name: "web",
+                copy: Box::new(copy),
+                hidden_node: Box::new(|w| w == "pool-b-7"),
+            },
+            Some(&KubeletEndpoint {
+                address: "10.96.0.42".into(),
+                port: 10250,
+            }),
+        )
+    }
+
+    #[test]
+    fn an_unschedulable_copy_says_it_waits_without_the_host_inventory() {
+        let s = up(json!({
+            "phase": "Pending", "nominatedNodeName": "pool-b-7", "qosClass": "Burstable",
+            "conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                "message": "0/3 nodes are available: 1 node(s) had untolerated taint(s), 2 node(s) didn't match Pod's node affinity/selector. preemption: 0/3 nodes are available: 3 Preemption is not helpful for scheduling."}]
+        }));
+        let c = &s.conditions.as_ref().unwrap()[0];
+        assert_eq!(c.reason.as_deref(), Some("Unschedulable"));
+        assert_eq!(
+            c.message.as_deref(),
+            Some(
+                "Waiting for room on the nodes this cluster may use: none of them can take the pod now."
+            )
+        );
+        assert_eq!(s.nominated_node_name, None);
+        assert_eq!(s.qos_class, None);
+    }
+
+    #[test]
+    fn messages_name_the_tenants_objects_and_no_hidden_node() {
+        let s = up(json!({
+            "phase": "Failed", "reason": "NodeLost",
+            "message": "Node pool-b-7 which was running pod web-x-default-x-dev is unresponsive",
+            "conditions": [{"type": "Ready", "status": "False", "reason": "PodFailed",
+                            "message": "pod team-dev/web-x-default-x-dev failed"},
+                           {"type": "PodScheduled", "status": "True"}],
+            "containerStatuses": [{"name": "c", "ready": false, "restartCount": 0, "image": "a", "imageID": "",
+                "state": {"waiting": {"reason": "CreateContainerConfigError",
+                                      "message": "secret \"creds-x-default-x-dev\" not found"}},
+                "lastState": {"terminated": {"exitCode": 1, "message": "ran on pool-b-7"}}}]
+        }));
+        assert_eq!(s.message.as_deref(), Some(NOT_SHOWN));
+        let conds = s.conditions.as_ref().unwrap();
+        assert_eq!(conds[0].message.as_deref(), Some("pod default/web failed"));
+        assert_eq!(conds[1].message, None, "a scheduled pod keeps no message");
+        let c = &s.container_statuses.as_ref().unwrap()[0];
+        let waiting = c.state.as_ref().unwrap().waiting.as_ref().unwrap();
+        assert_eq!(
+            waiting.message.as_deref(),
+            Some("secret \"creds\" not found")
+        );
+        let last = c.last_state.as_ref().unwrap().terminated.as_ref().unwrap();
+        assert_eq!(last.message.as_deref(), Some(NOT_SHOWN));
+    }
+
+    #[test]
+    fn a_new_message_is_written_up() {
+        let before =
+            up(json!({"conditions": [{"type": "Ready", "status": "False", "message": "a"}]}));
+        let after =
+            up(json!({"conditions": [{"type": "Ready", "status": "False", "message": "b"}]}));
+        assert!(pod_status_differs(Some(&before), &after));
+        assert!(!pod_status_differs(Some(&after), &after));
+        assert!(pod_status_differs(None, &after));
+    }
+
+    #[test]
+    fn a_pod_shows_its_virtual_nodes_address_not_the_host_nodes() {
+        let s = up(
+            json!({"hostIP": "10.0.0.5", "hostIPs": [{"ip": "10.0.0.5"}], "podIP": "10.244.0.7"}),
+        );
+        assert_eq!(s.host_ip.as_deref(), Some("10.96.0.42"));
+        assert_eq!(s.host_ips.unwrap()[0].ip, "10.96.0.42");
+        assert_eq!(s.pod_ip.as_deref(), Some("10.244.0.7"));
+    }
+}
