@@ -251,11 +251,10 @@ async fn a_deployment_runs_on_the_host_and_everything_converges() {
         assert_eq!(copy.name_any(), format!("{v}-x-default-x-dev"));
         let spec = copy.spec.as_ref().unwrap();
         assert_eq!(spec.automount_service_account_token, Some(false));
-        assert!(
-            spec.service_account_name
-                .as_deref()
-                .is_none_or(|s| s == "default"),
-            "the host's account, never the tenant's"
+        assert_eq!(
+            spec.service_account_name.as_deref(),
+            Some("dev-workloads"),
+            "the tenant's own host account, never the namespace's default"
         );
         let t = tenant_pods.iter().find(|p| p.name_any() == v).unwrap();
         assert_eq!(
@@ -1571,7 +1570,8 @@ fn status_view(p: &Pod) -> serde_json::Value {
         .collect();
     conditions.sort();
     json!({
-        "phase": s.phase, "podIP": s.pod_ip, "hostIP": s.host_ip,
+        // Not hostIP: the tenant's is its virtual Node's address, never the host node's.
+        "phase": s.phase, "podIP": s.pod_ip,
         "containers": containers(&s.container_statuses),
         "init": containers(&s.init_container_statuses),
         "conditions": conditions,
@@ -1899,11 +1899,12 @@ async fn a_selectorless_service_keeps_its_endpoints_and_a_deleted_service_stays_
     let ns = namespace("sync-endpoints").await;
     let _operator = start_operator(&ns);
     let host = ns.client.clone();
-    // The database outside the cluster is at an address the profile lets Endpoints name.
+    // The database outside the cluster is at an address the profile lets Endpoints name; the
+    // profile honours the tenant's own Service addresses (the default lets the host choose).
     let (tenant, _, _) = tenant_with_policies(
         &ns,
         json!({}),
-        Some(json!({"endpointCIDRs": ["10.1.2.0/24"]})),
+        Some(json!({"endpointCIDRs": ["10.1.2.0/24"], "chosenClusterIPs": true})),
     )
     .await;
     let pp = PostParams::default();
