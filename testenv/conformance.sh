@@ -145,6 +145,8 @@ spec:
     # The suite's RuntimeClasses name the handler a conformant cluster has set up
     # (test-handler); the tenant's run under the host's class of that handler.
     runtimeClasses: [conformance-test-handler]
+    # The suite's Services keep the addresses their API server gave them, as on the host.
+    chosenClusterIPs: true
 ---
 apiVersion: node.k8s.io/v1
 kind: RuntimeClass
