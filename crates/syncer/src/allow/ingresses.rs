@@ -20,7 +20,7 @@ use super::values::tokens;
 const ISSUER_KEYS: &[&str] = &["cert-manager.io/cluster-issuer", "cert-manager.io/issuer"];
 
 /// The legacy class annotation, which controllers still honour over `ingressClassName`.
-const CLASS_KEY: &str = "kubernetes.io/ingress.class";
+pub(crate) const CLASS_KEY: &str = "kubernetes.io/ingress.class";
 
 /// How much of a value a sentence quotes.
 const QUOTED: usize = 100;

@@ -26,7 +26,9 @@ pub use durations::{bound_durations, bound_grace};
 pub use ingresses::{
     annotation_refusals as ingress_annotation_refusals, ingress_refusals, never_copied,
 };
-pub use placement::{node_selector, node_term, priority_class, tolerations, topology};
+pub use placement::{
+    WELL_KNOWN_NODE_LABELS, node_selector, node_term, priority_class, tolerations, topology,
+};
 pub use pod_fields::{Decision, FIELDS as POD_FIELDS};
 pub use pods::pod_refusals;
 pub use values::{pattern_opens, points_elsewhere};
@@ -68,6 +70,9 @@ pub fn annotations(
         if ALWAYS_ALLOWED_ANNOTATIONS.contains(&k.as_str()) {
             // Allowed to every tenant, so bounded: a description a page long stays a line.
             kept.insert(k, tenantplane_api::text::bounded(&v));
+        } else if kind == "Ingress" && k == ingresses::CLASS_KEY {
+            // The legacy form of ingressClassName, judged as that is (`ingress_refusals`).
+            kept.insert(k, v);
         } else if !extra.iter().any(|p| pattern_opens(p, &k)) {
             if extra.iter().any(|p| key_matches(p, &k)) {
                 dropped.push(format!(
@@ -227,6 +232,22 @@ mod tests {
         assert!(kept.contains_key("prometheus.io/scrape"));
         let (kept, _) = annotations(&allow, "Service", all);
         assert!(!kept.contains_key("prometheus.io/scrape"), "per kind");
+    }
+
+    #[test]
+    fn the_legacy_ingress_class_annotation_is_judged_as_the_class_field_is() {
+        let all = BTreeMap::from([(
+            "kubernetes.io/ingress.class".to_string(),
+            "internal".to_string(),
+        )]);
+        let (kept, dropped) = annotations(&Allowances::default(), "Ingress", all.clone());
+        assert_eq!(kept, all, "kept for the Ingress's own check, not left out");
+        assert!(dropped.is_empty());
+        let spec = k8s_openapi::api::networking::v1::IngressSpec::default();
+        let refused = ingress_annotation_refusals(&Allowances::default(), &spec, &kept);
+        assert!(refused[0].contains("allow.ingressClasses"), "{refused:?}");
+        let (kept, _) = annotations(&Allowances::default(), "Service", all);
+        assert!(kept.is_empty(), "only an Ingress's");
     }
 
     #[test]

@@ -20,8 +20,9 @@ const CONDITION_TAINTS: &[&str] = &[
     "node.kubernetes.io/network-unavailable",
 ];
 
-/// Node labels every pod may select on: they say what a node is, not whose it is.
-const WELL_KNOWN_NODE_LABELS: &[&str] = &[
+/// Node labels every pod may select on, and every virtual Node shows: they say what a node is,
+/// not whose it is.
+pub const WELL_KNOWN_NODE_LABELS: &[&str] = &[
     "kubernetes.io/hostname",
     "kubernetes.io/os",
     "kubernetes.io/arch",

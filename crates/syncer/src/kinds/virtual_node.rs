@@ -11,17 +11,8 @@ use kube::api::ObjectMeta;
 use serde_json::Value;
 
 use crate::KubeletEndpoint;
+use crate::allow::WELL_KNOWN_NODE_LABELS;
 use crate::naming;
-
-/// The host node labels every virtual Node shows: the well-known topology labels.
-pub const TOPOLOGY_LABELS: [&str; 6] = [
-    "kubernetes.io/hostname",
-    "kubernetes.io/os",
-    "kubernetes.io/arch",
-    "topology.kubernetes.io/zone",
-    "topology.kubernetes.io/region",
-    "node.kubernetes.io/instance-type",
-];
 
 /// The labels of host node labels `host` a virtual Node shows: the topology ones and those the
 /// SyncPolicy lists (`fromHost.nodes.labels`: keys, or prefixes ending in `*`); never reserved ones.
@@ -37,7 +28,7 @@ pub fn shown_labels(
     };
     naming::copyable(host)
         .into_iter()
-        .filter(|(k, _)| TOPOLOGY_LABELS.contains(&k.as_str()) || listed(k))
+        .filter(|(k, _)| WELL_KNOWN_NODE_LABELS.contains(&k.as_str()) || listed(k))
         .collect()
 }
 
