@@ -535,6 +535,7 @@ async fn cleanup(tc: &TenantCluster, ctx: &Context) -> Result<Action, Error> {
     // Stop syncing first, so nothing is copied again while the copies are removed.
     ctx.syncers.remove(&ns, &tenant).await?;
     ctx.options.telemetry.metrics.forget_tenant(&ns, &tenant);
+    ctx.status_writes.forget(&tenant_key(tc));
     // The datastore goes with the tenant: a new TenantCluster of the same name starts empty.
     let claims = control_plane::delete_data_claims(tc, ctx).await?;
     if claims > 0 {

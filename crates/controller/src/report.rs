@@ -86,6 +86,11 @@ impl StatusWrites {
     fn wrote(&self, key: (String, String), now: Instant) {
         self.lock().insert(key, now);
     }
+
+    /// Forget a deleted tenant, so the operator holds nothing for tenants long gone.
+    pub(crate) fn forget(&self, key: &(String, String)) {
+        self.lock().remove(key);
+    }
 }
 
 /// How long a status write must wait, after the last one at `last`: only a change that is all
@@ -246,6 +251,11 @@ mod tests {
         assert!(
             writes.wait(&key, true, at(last) + wait).is_none(),
             "and get their slot"
+        );
+        writes.forget(&key);
+        assert!(
+            writes.wait(&key, true, at(last)).is_none(),
+            "a deleted tenant leaves nothing behind"
         );
     }
 
