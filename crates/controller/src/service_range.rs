@@ -14,6 +14,7 @@ use k8s_openapi::api::networking::v1::ServiceCIDR;
 use kube::api::{Api, ListParams, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::json;
+use tenantplane_api::cidr::Cidr;
 
 /// How long a discovered range is trusted before it is asked for again.
 pub const REDISCOVER_AFTER: Duration = Duration::from_secs(300);
@@ -136,18 +137,17 @@ pub fn range_in_refusal(message: &str) -> Option<Vec<String>> {
     (!cidrs.is_empty()).then_some(cidrs)
 }
 
-/// `10.96.0.0/12` as an address and a prefix length.
-pub fn parse_cidr(cidr: &str) -> Option<(IpAddr, u8)> {
-    let (addr, len) = cidr.split_once('/')?;
-    let addr: IpAddr = addr.parse().ok()?;
-    let len: u8 = len.parse().ok()?;
-    let max = if addr.is_ipv4() { 32 } else { 128 };
-    (len <= max).then_some((addr, len))
+/// `10.96.0.0/12` as a range; a bare address is not one here.
+pub fn parse_cidr(cidr: &str) -> Option<Cidr> {
+    cidr.contains('/').then(|| Cidr::parse(cidr)).flatten()
 }
 
-/// Whether `ip` is inside `cidr` (the syncer's one check of addresses against ranges).
+/// Whether `ip` is inside `cidr`.
 pub fn contains(cidr: &str, ip: &str) -> bool {
-    parse_cidr(cidr).is_some() && tenantplane_syncer::allow::in_cidrs(&[cidr.to_string()], ip)
+    let ip = ip.parse::<IpAddr>().ok();
+    parse_cidr(cidr)
+        .zip(ip)
+        .is_some_and(|(c, ip)| c.contains(ip))
 }
 
 /// The range k3s gets: the host's range that holds the API Service's address. `flag` (the

@@ -19,6 +19,7 @@ use std::net::IpAddr;
 
 use tenantplane_api::Allowances;
 use tenantplane_api::allowances::{key_matches, name_matches};
+use tenantplane_api::cidr::Cidr;
 
 pub use claims::claim_size_refusals;
 pub use data::{DataCap, data_bytes};
@@ -105,43 +106,15 @@ pub fn annotations(
     (kept, dropped)
 }
 
-/// Is `ip` inside one of `cidrs`?
+/// Is `ip` inside one of `cidrs`? A range that is not one (`10.0.0.0/33`) holds nothing.
 pub fn in_cidrs(cidrs: &[String], ip: &str) -> bool {
     let Ok(ip) = ip.parse::<IpAddr>() else {
         return false;
     };
-    cidrs.iter().any(|c| cidr_contains(c, ip))
-}
-
-fn cidr_contains(cidr: &str, ip: IpAddr) -> bool {
-    let (net, bits) = match cidr.split_once('/') {
-        Some((n, b)) => (n, b.parse::<u32>().ok()),
-        None => (cidr, None),
-    };
-    let Ok(net) = net.parse::<IpAddr>() else {
-        return false;
-    };
-    match (net, ip) {
-        (IpAddr::V4(n), IpAddr::V4(i)) => {
-            let bits = bits.unwrap_or(32).min(32);
-            let mask = if bits == 0 {
-                0
-            } else {
-                u32::MAX << (32 - bits)
-            };
-            u32::from(n) & mask == u32::from(i) & mask
-        }
-        (IpAddr::V6(n), IpAddr::V6(i)) => {
-            let bits = bits.unwrap_or(128).min(128);
-            let mask = if bits == 0 {
-                0
-            } else {
-                u128::MAX << (128 - bits)
-            };
-            u128::from(n) & mask == u128::from(i) & mask
-        }
-        _ => false,
-    }
+    cidrs
+        .iter()
+        .filter_map(|c| Cidr::parse(c))
+        .any(|c| c.contains(ip))
 }
 
 /// Why a Service may not reach the host under `allow`; empty when it may.
@@ -364,6 +337,10 @@ mod tests {
         assert!(in_cidrs(&cidrs, "fd12::1"));
         assert!(in_cidrs(&cidrs, "192.0.2.7") && !in_cidrs(&cidrs, "192.0.2.8"));
         assert!(!in_cidrs(&cidrs, "not-an-ip"));
+        assert!(
+            !in_cidrs(&["10.0.0.0/33".to_string()], "10.0.0.1"),
+            "not a range, so it holds nothing"
+        );
         let allow = Allowances {
             storage_classes: vec!["fast".into()],
             ..Default::default()
