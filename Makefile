@@ -7,7 +7,7 @@ export CARGO_TARGET_DIR ?= $(CACHE)/target
 export GOTOOLCHAIN := local
 CARGO ?= cargo
 
-.PHONY: test testenv lint crds build demo bench-controller bench-sync conformance
+.PHONY: test testenv lint crds build demo bench-controller bench-sync conformance docs
 
 ## test: every test, unit and against the real control plane (builds the control plane if missing)
 test: testenv
@@ -45,6 +45,20 @@ testenv:
 lint:
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets --locked -- -D warnings
+
+## docs: check every link of the README and the book, then build the book (docs/) into $(CACHE)/book;
+## mdbook is installed from crates.io into $(CACHE)/tools the first time (a few minutes)
+docs: MDBOOK_VERSION := 0.5.4
+docs: MDBOOK := $(CACHE)/tools/bin/mdbook
+docs:
+	@bash docs/check-links.sh
+	@if [ "$$($(MDBOOK) --version 2>/dev/null)" != "mdbook v$(MDBOOK_VERSION)" ]; then \
+	  echo "docs: installing mdbook $(MDBOOK_VERSION) into $(CACHE)/tools (once, a few minutes)"; \
+	  $(CARGO) install mdbook --locked --version $(MDBOOK_VERSION) \
+	    --no-default-features --features search --root $(CACHE)/tools; \
+	fi
+	@echo "docs: building the book into $(CACHE)/book"
+	@$(MDBOOK) build docs --dest-dir $(CACHE)/book
 
 ## crds: regenerate deploy/crds and the Helm chart's copy (charts/tenantplane/crds) from the Rust types
 crds:
