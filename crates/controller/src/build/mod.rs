@@ -4,11 +4,12 @@
 pub mod control_plane;
 pub mod isolation;
 pub mod kubeconfig;
+mod meta;
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
-use kube::Resource;
+pub use meta::owner_reference;
+pub(crate) use meta::{identity, owned_metadata};
+
 use serde::de::DeserializeOwned;
-use tenantplane_api::TenantCluster;
 
 use crate::Error;
 
@@ -41,37 +42,10 @@ impl Default for BuildOptions {
     }
 }
 
-/// The owner reference that lets the garbage collector remove an object with its tenant.
-pub fn owner_reference(tc: &TenantCluster) -> Result<OwnerReference, Error> {
-    tc.controller_owner_ref(&())
-        .ok_or_else(|| Error::Build("the TenantCluster has no name or uid yet".into()))
-}
-
-/// Metadata of an object the tenant owns: its name, the tenant's namespace and labels, and the
-/// owner reference that lets the garbage collector remove it with the tenant.
-pub(crate) fn owned_metadata(tc: &TenantCluster, name: String) -> Result<serde_json::Value, Error> {
-    let (tenant, ns) = identity(tc)?;
-    Ok(serde_json::json!({
-        "name": name,
-        "namespace": ns,
-        "labels": crate::names::labels(&tenant),
-        "ownerReferences": [owner_reference(tc)?],
-    }))
-}
-
-/// Deserialize a JSON literal into a typed object; a mismatch is a bug, reported, not a panic.
+/// Deserialize a JSON literal into a typed object (only the kubeconfig Secret is still built
+/// this way); a mismatch is a bug, reported, not a panic.
 pub(crate) fn typed<T: DeserializeOwned>(what: &str, value: serde_json::Value) -> Result<T, Error> {
     serde_json::from_value(value).map_err(|e| Error::Build(format!("building {what}: {e}")))
-}
-
-/// The TenantCluster's name and namespace, which the API server always sets.
-pub(crate) fn identity(tc: &TenantCluster) -> Result<(String, String), Error> {
-    match (tc.metadata.name.clone(), tc.metadata.namespace.clone()) {
-        (Some(name), Some(ns)) => Ok((name, ns)),
-        _ => Err(Error::Build(
-            "the TenantCluster has no name or namespace".into(),
-        )),
-    }
 }
 
 #[cfg(test)]
