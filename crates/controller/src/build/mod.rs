@@ -1,10 +1,12 @@
 //! Build: pure functions from a TenantCluster and its policies to the objects that should exist.
 //! Nothing here does I/O, so every decision is unit-tested.
 
-pub mod control_plane;
 pub mod isolation;
+pub mod k3s;
 pub mod kubeconfig;
 mod meta;
+pub mod pod;
+pub mod services;
 
 pub use meta::owner_reference;
 pub(crate) use meta::{identity, owned_metadata};
@@ -91,8 +93,8 @@ mod properties {
     use super::tests::{profile, tenant};
     use super::*;
 
-    fn addressing() -> control_plane::Addressing {
-        control_plane::Addressing {
+    fn addressing() -> k3s::Addressing {
+        k3s::Addressing {
             api_ip: "10.96.0.10".into(),
             service_cidr: "10.96.0.0/12".into(),
         }
@@ -126,8 +128,8 @@ mod properties {
             p.spec.network_policy.allowed_egress_cidrs = cidrs;
             p.spec.resource_quota.enforce = quota;
             let options = BuildOptions::default();
-            prop_assert!(control_plane::desired_statefulset(&tc, &addressing(), &options).is_ok());
-            prop_assert!(control_plane::desired_service(&tc).is_ok());
+            prop_assert!(k3s::desired_statefulset(&tc, &addressing(), &options).is_ok());
+            prop_assert!(services::desired_service(&tc).is_ok());
             prop_assert_eq!(isolation::network_policies(&tc, &p, &options).unwrap().len(), if net { 2 } else { 0 });
             prop_assert!(isolation::resource_quota(&tc, &p).is_ok());
             prop_assert!(isolation::limit_range(&tc, &p).is_ok());
@@ -141,7 +143,7 @@ mod properties {
         fn unnamed_tenants_are_errors(drop_name in any::<bool>()) {
             let mut tc = tenant();
             if drop_name { tc.metadata.name = None } else { tc.metadata.namespace = None }
-            prop_assert!(control_plane::desired_statefulset(&tc, &addressing(), &BuildOptions::default()).is_err());
+            prop_assert!(k3s::desired_statefulset(&tc, &addressing(), &BuildOptions::default()).is_err());
             prop_assert!(isolation::network_policies(&tc, &profile(), &BuildOptions::default()).is_err());
         }
     }
