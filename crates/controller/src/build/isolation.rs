@@ -15,7 +15,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use tenantplane_api::cidr::Cidr;
 use tenantplane_api::closed_addresses;
-use tenantplane_api::quantity::Quantity as ExactQuantity;
+use tenantplane_api::quantity::{ParsedQuantity, Quantity as ExactQuantity};
 use tenantplane_api::{EgressPolicy, IsolationProfile, QuantityString, TenantCluster};
 
 use super::BuildOptions;
@@ -177,14 +177,15 @@ const REQUESTS_STORAGE: &str = "requests.storage";
 /// The tenant's storage cap: its own `resources.storage`, never above the profile's (the
 /// profile is the platform team's; the TenantCluster is the team's). The smaller is chosen by
 /// exact value; a value that cannot be read (admission checks both) loses to one that can.
-fn storage_cap<'a>(tenant: Option<&'a str>, profile: Option<&'a str>) -> Option<&'a str> {
+fn storage_cap(tenant: Option<&ParsedQuantity>, profile: Option<&str>) -> Option<String> {
     match (tenant, profile) {
-        (Some(t), Some(p)) => match (ExactQuantity::parse(t), ExactQuantity::parse(p)) {
-            (Some(tq), Some(pq)) if tq.exceeds(pq) => Some(p),
-            (Some(_), _) => Some(t),
-            (None, _) => Some(p),
+        (Some(t), Some(p)) => match (t.value(), ExactQuantity::parse(p)) {
+            (Some(tq), Some(pq)) if tq.exceeds(pq) => Some(p.to_string()),
+            (Some(_), _) => Some(t.to_string()),
+            (None, _) => Some(p.to_string()),
         },
-        (t, p) => t.or(p),
+        (Some(t), None) => Some(t.to_string()),
+        (None, p) => p.map(str::to_string),
     }
 }
 
@@ -228,16 +229,16 @@ pub fn resource_quota(
         .map(|(k, v)| (k.clone(), v.0.clone()))
         .collect();
     if let Some(cpu) = &tc.spec.resources.cpu {
-        hard.insert("requests.cpu".into(), cpu.clone());
+        hard.insert("requests.cpu".into(), cpu.to_string());
     }
     if let Some(memory) = &tc.spec.resources.memory {
-        hard.insert("requests.memory".into(), memory.clone());
+        hard.insert("requests.memory".into(), memory.to_string());
     }
     if let Some(storage) = storage_cap(
-        tc.spec.resources.storage.as_deref(),
+        tc.spec.resources.storage.as_ref(),
         hard.get(REQUESTS_STORAGE).map(String::as_str),
     ) {
-        hard.insert(REQUESTS_STORAGE.into(), storage.to_string());
+        hard.insert(REQUESTS_STORAGE.into(), storage);
     }
     if hard.is_empty() {
         return Ok(None);
@@ -498,7 +499,7 @@ mod tests {
     fn quota_counts_storage_never_above_the_profiles_cap() {
         let storage = |own: Option<&str>, profile_cap: Option<&str>| {
             let mut tc = tenant();
-            tc.spec.resources.storage = own.map(str::to_string);
+            tc.spec.resources.storage = own.map(ParsedQuantity::from);
             let mut p = profile();
             p.spec.resource_quota.hard.remove(REQUESTS_STORAGE);
             if let Some(cap) = profile_cap {

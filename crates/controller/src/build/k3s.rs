@@ -172,13 +172,13 @@ pub fn desired_statefulset(
     let resources = pod::capped_resources([
         CapAndNeed {
             resource: "cpu",
-            cap: tc.spec.resources.cpu.as_deref(),
-            need: CONTROL_PLANE_CPU_REQUEST,
+            cap: tc.spec.resources.cpu.as_ref(),
+            need: CONTROL_PLANE_CPU_REQUEST.into(),
         },
         CapAndNeed {
             resource: "memory",
-            cap: tc.spec.resources.memory.as_deref(),
-            need: CONTROL_PLANE_MEMORY_REQUEST,
+            cap: tc.spec.resources.memory.as_ref(),
+            need: CONTROL_PLANE_MEMORY_REQUEST.into(),
         },
     ]);
     let security = SecurityContext {

@@ -121,8 +121,8 @@ mod properties {
             tc.spec.mode = mode;
             tc.spec.networking.egress_policy = egress;
             tc.spec.kubernetes_version = format!("v{major}.{minor}.{patch}");
-            tc.spec.resources.cpu = cpu;
-            tc.spec.resources.memory = memory;
+            tc.spec.resources.cpu = cpu.map(Into::into);
+            tc.spec.resources.memory = memory.map(Into::into);
             let mut p = profile();
             p.spec.network_policy.enabled = net;
             p.spec.network_policy.allowed_egress_cidrs = cidrs;

@@ -8,7 +8,7 @@ use k8s_openapi::api::core::v1::{
     SecurityContext,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use tenantplane_api::quantity::Quantity as ExactQuantity;
+use tenantplane_api::quantity::ParsedQuantity;
 
 fn runtime_default_seccomp() -> SeccompProfile {
     SeccompProfile {
@@ -49,8 +49,8 @@ pub fn restricted_pod(user: i64) -> PodSecurityContext {
 /// One resource of a container: the tenant's cap on it, if any, and what the container needs.
 pub struct CapAndNeed<'a> {
     pub resource: &'a str,
-    pub cap: Option<&'a str>,
-    pub need: &'a str,
+    pub cap: Option<&'a ParsedQuantity>,
+    pub need: ParsedQuantity,
 }
 
 /// Requirements that limit a container to its caps and request its need, never more than the
@@ -68,8 +68,8 @@ pub fn capped_resources<'a>(
     } in resources
     {
         let Some(cap) = cap else { continue };
-        let request = match (ExactQuantity::parse(cap), ExactQuantity::parse(need)) {
-            (Some(c), Some(n)) if c.exceeds(n) => need,
+        let request = match (cap.value(), need.value()) {
+            (Some(c), Some(n)) if c.exceeds(n) => &need,
             _ => cap,
         };
         limits.insert(resource.to_string(), Quantity(cap.to_string()));
@@ -113,8 +113,8 @@ mod tests {
     fn cpu(cap: Option<&str>, need: &str) -> ResourceRequirements {
         capped_resources([CapAndNeed {
             resource: "cpu",
-            cap,
-            need,
+            cap: cap.map(ParsedQuantity::from).as_ref(),
+            need: need.into(),
         }])
     }
 
