@@ -181,52 +181,10 @@ pub fn desired_statefulset(
             need: CONTROL_PLANE_MEMORY_REQUEST.into(),
         },
     ]);
-    let security = SecurityContext {
-        // k3s writes beside its binary.
-        read_only_root_filesystem: Some(false),
-        ..pod::restricted_container(RUN_AS_USER)
-    };
-    let tls_dir = format!("{DATA_DIR}/server/tls");
-    let mut copy_pki =
-        format!("mkdir -p {tls_dir} && cp {PKI_MOUNT}/* {tls_dir}/ && chmod 600 {tls_dir}/*.key");
-    let mut init_env = None;
-    if let Some(kubelet) = &options.kubelet {
-        // The CA is public; the pod spec carries it, so it needs no object of its own.
-        copy_pki.push_str(&format!(
-            " && printf '%s\\n' \"${KUBELET_CA_ENV}\" > {tls_dir}/{KUBELET_CA_FILE}"
-        ));
-        init_env = Some(vec![EnvVar {
-            name: KUBELET_CA_ENV.into(),
-            value: Some(kubelet.ca_pem.clone()),
-            value_from: None,
-        }]);
-    }
-    let data_mount = VolumeMount {
-        name: names::DATA_VOLUME.into(),
-        mount_path: DATA_DIR.into(),
-        ..Default::default()
-    };
-    let init = Container {
-        name: "pki".into(),
-        image: Some(image.clone()),
-        command: Some(vec!["/bin/sh".into(), "-c".into(), copy_pki]),
-        env: init_env,
-        security_context: Some(security.clone()),
-        volume_mounts: Some(vec![
-            VolumeMount {
-                name: "pki".into(),
-                mount_path: PKI_MOUNT.into(),
-                read_only: Some(true),
-                ..Default::default()
-            },
-            data_mount.clone(),
-        ]),
-        ..Default::default()
-    };
     let (startup, liveness, readiness) = probes();
     let k3s = Container {
         name: "k3s".into(),
-        image: Some(image),
+        image: Some(image.clone()),
         command: Some(vec!["/bin/k3s".into()]),
         args: Some(k3s_args(&tenant, &ns, addressing, options)),
         ports: Some(vec![ContainerPort {
@@ -239,8 +197,8 @@ pub fn desired_statefulset(
         liveness_probe: Some(liveness),
         readiness_probe: Some(readiness),
         resources: Some(resources),
-        security_context: Some(security),
-        volume_mounts: Some(vec![data_mount]),
+        security_context: Some(security_context()),
+        volume_mounts: Some(vec![data_mount()]),
         ..Default::default()
     };
     let pki_volume = Volume {
@@ -251,21 +209,6 @@ pub fn desired_statefulset(
             ..Default::default()
         }),
         ..Default::default()
-    };
-    let data_claim = PersistentVolumeClaim {
-        metadata: ObjectMeta {
-            name: Some(names::DATA_VOLUME.into()),
-            ..Default::default()
-        },
-        spec: Some(PersistentVolumeClaimSpec {
-            access_modes: Some(vec!["ReadWriteOnce".into()]),
-            resources: Some(VolumeResourceRequirements {
-                requests: Some([("storage".into(), Quantity(DATA_VOLUME_SIZE.into()))].into()),
-                limits: None,
-            }),
-            ..Default::default()
-        }),
-        status: None,
     };
     Ok(StatefulSet {
         metadata: owned_metadata(tc, names::statefulset(&tenant))?,
@@ -291,17 +234,91 @@ pub fn desired_statefulset(
                     automount_service_account_token: Some(false),
                     enable_service_links: Some(false),
                     security_context: Some(pod::restricted_pod(RUN_AS_USER)),
-                    init_containers: Some(vec![init]),
+                    init_containers: Some(vec![pki_init_container(image, options)]),
                     containers: vec![k3s],
                     volumes: Some(vec![pki_volume]),
                     ..Default::default()
                 }),
             },
-            volume_claim_templates: Some(vec![data_claim]),
+            volume_claim_templates: Some(vec![data_claim_template()]),
             ..Default::default()
         }),
         status: None,
     })
+}
+
+/// Both containers' security context: `restricted`, as k3s's user.
+fn security_context() -> SecurityContext {
+    SecurityContext {
+        // Said outright: k3s writes outside its data volume.
+        read_only_root_filesystem: Some(false),
+        ..pod::restricted_container(RUN_AS_USER)
+    }
+}
+
+/// The datastore volume, at k3s's data directory.
+fn data_mount() -> VolumeMount {
+    VolumeMount {
+        name: names::DATA_VOLUME.into(),
+        mount_path: DATA_DIR.into(),
+        ..Default::default()
+    }
+}
+
+/// The init container that copies the PKI Secret into k3s's TLS folder (and writes the kubelet
+/// CA there, when the operator serves a kubelet endpoint).
+fn pki_init_container(image: String, options: &BuildOptions) -> Container {
+    let tls_dir = format!("{DATA_DIR}/server/tls");
+    let mut copy_pki =
+        format!("mkdir -p {tls_dir} && cp {PKI_MOUNT}/* {tls_dir}/ && chmod 600 {tls_dir}/*.key");
+    let mut env = None;
+    if let Some(kubelet) = &options.kubelet {
+        // The CA is public; the pod spec carries it, so it needs no object of its own.
+        copy_pki.push_str(&format!(
+            " && printf '%s\\n' \"${KUBELET_CA_ENV}\" > {tls_dir}/{KUBELET_CA_FILE}"
+        ));
+        env = Some(vec![EnvVar {
+            name: KUBELET_CA_ENV.into(),
+            value: Some(kubelet.ca_pem.clone()),
+            value_from: None,
+        }]);
+    }
+    Container {
+        name: "pki".into(),
+        image: Some(image),
+        command: Some(vec!["/bin/sh".into(), "-c".into(), copy_pki]),
+        env,
+        security_context: Some(security_context()),
+        volume_mounts: Some(vec![
+            VolumeMount {
+                name: "pki".into(),
+                mount_path: PKI_MOUNT.into(),
+                read_only: Some(true),
+                ..Default::default()
+            },
+            data_mount(),
+        ]),
+        ..Default::default()
+    }
+}
+
+/// The claim of each control-plane pod for its sqlite datastore.
+fn data_claim_template() -> PersistentVolumeClaim {
+    PersistentVolumeClaim {
+        metadata: ObjectMeta {
+            name: Some(names::DATA_VOLUME.into()),
+            ..Default::default()
+        },
+        spec: Some(PersistentVolumeClaimSpec {
+            access_modes: Some(vec!["ReadWriteOnce".into()]),
+            resources: Some(VolumeResourceRequirements {
+                requests: Some([("storage".into(), Quantity(DATA_VOLUME_SIZE.into()))].into()),
+                limits: None,
+            }),
+            ..Default::default()
+        }),
+        status: None,
+    }
 }
 
 /// The PKI Secret for a freshly generated PKI. Created once, never overwritten.
