@@ -1,8 +1,12 @@
 //! Kubernetes quantities (`500m`, `2Gi`, `1e3`, `1.5Ti`) read exactly, for caps: a claim of
 //! `100Gi` and one byte more must never compare equal to a cap of `100Gi`, as a float would let
-//! it on large values.
+//! it on large values. The one quantity reader of the controller and the syncer.
 
+use std::borrow::Cow;
 use std::cmp::Ordering;
+use std::fmt;
+
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 /// A non-negative quantity, in billionths (the API server's finest scale; less is rounded up, as
 /// the API server rounds). Values past about 3.4e29 are [`Quantity::MORE_THAN_COUNTED`].
@@ -73,6 +77,85 @@ impl Quantity {
     /// Is this more than `cap`?
     pub fn exceeds(self, cap: Quantity) -> bool {
         self.cmp(&cap) == Ordering::Greater
+    }
+}
+
+/// Do two texts name the same quantity (`500m` and `0.5`, `1Gi` and `1024Mi`)? Texts that are not
+/// quantities are never equal by value.
+pub fn same_quantity(a: &str, b: &str) -> bool {
+    matches!((Quantity::parse(a), Quantity::parse(b)), (Some(x), Some(y)) if x == y)
+}
+
+/// A quantity of a spec, read once when the object is read: its text goes out unchanged (into a
+/// limit or a quota), its exact value decides comparisons. A text that is not a quantity (which
+/// admission refuses, but an object stored before a rule may hold) has no value, and reading the
+/// object still succeeds, so the tenant gets a condition rather than a stuck watch.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ParsedQuantity {
+    text: String,
+    value: Option<Quantity>,
+}
+
+impl ParsedQuantity {
+    pub fn new(text: impl Into<String>) -> Self {
+        let text = text.into();
+        let value = Quantity::parse(&text);
+        Self { text, value }
+    }
+
+    /// The text as the spec wrote it.
+    pub fn as_str(&self) -> &str {
+        &self.text
+    }
+
+    /// The exact value; `None` when the text is not a quantity.
+    pub fn value(&self) -> Option<Quantity> {
+        self.value
+    }
+}
+
+impl From<&str> for ParsedQuantity {
+    fn from(text: &str) -> Self {
+        Self::new(text)
+    }
+}
+
+impl From<String> for ParsedQuantity {
+    fn from(text: String) -> Self {
+        Self::new(text)
+    }
+}
+
+impl fmt::Display for ParsedQuantity {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.text)
+    }
+}
+
+impl Serialize for ParsedQuantity {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(&self.text)
+    }
+}
+
+impl<'de> Deserialize<'de> for ParsedQuantity {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        String::deserialize(deserializer).map(Self::new)
+    }
+}
+
+/// On the wire a quantity is a string; the field's own rules say which strings are admitted.
+impl schemars::JsonSchema for ParsedQuantity {
+    fn schema_name() -> Cow<'static, str> {
+        "ParsedQuantity".into()
+    }
+
+    fn inline_schema() -> bool {
+        true
+    }
+
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        schemars::json_schema!({"type": "string"})
     }
 }
 
@@ -169,6 +252,30 @@ mod tests {
         assert_eq!(q("1e-12"), Quantity(1));
         assert_eq!(q("1.0000000001"), Quantity(1_000_000_001));
         assert_eq!(q("1e-100"), Quantity(1));
+    }
+
+    #[test]
+    fn equal_values_are_the_same_quantity_whatever_the_text() {
+        assert!(same_quantity("500m", "0.5"));
+        assert!(same_quantity("1Gi", "1024Mi"));
+        assert!(same_quantity("1k", "1e3"));
+        assert!(!same_quantity("2", "1"));
+        assert!(!same_quantity("9007199254740993", "9007199254740992"));
+        assert!(
+            !same_quantity("dev", "dev"),
+            "text that is no quantity has no value"
+        );
+    }
+
+    #[test]
+    fn a_spec_quantity_keeps_its_text_and_is_read_once() {
+        let cap: ParsedQuantity = serde_json::from_str("\"2Gi\"").unwrap();
+        assert_eq!(cap.as_str(), "2Gi");
+        assert_eq!(cap.value(), Some(q("2048Mi")));
+        assert_eq!(serde_json::to_string(&cap).unwrap(), "\"2Gi\"");
+        let odd: ParsedQuantity = serde_json::from_str("\"lots\"").unwrap();
+        assert_eq!((odd.as_str(), odd.value()), ("lots", None));
+        assert!(serde_json::from_str::<ParsedQuantity>("2").is_err());
     }
 
     #[test]

@@ -5,6 +5,7 @@ use kube::{CustomResource, KubeSchema};
 use serde::{Deserialize, Serialize};
 
 use crate::conditions::conditions_schema;
+use crate::quantity::ParsedQuantity;
 use crate::string_enum;
 
 string_enum! {
@@ -182,20 +183,20 @@ pub struct Migration {
 /// may be smaller.
 pub const CONTROL_PLANE_DATA_SIZE: &str = "2Gi";
 
-/// Resource caps of the tenant.
+/// Resource caps of the tenant, read once when the object is read.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
 pub struct TenantResources {
     /// CPU cap, a quantity such as `2` or `500m`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 64))]
     #[x_kube(validation = crate::rules::positive_quantity("resources.cpu", "2 or 500m"))]
-    pub cpu: Option<String>,
+    pub cpu: Option<ParsedQuantity>,
 
     /// Memory cap, a quantity such as `2Gi`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 64))]
     #[x_kube(validation = crate::rules::positive_quantity("resources.memory", "2Gi or 512Mi"))]
-    pub memory: Option<String>,
+    pub memory: Option<ParsedQuantity>,
 
     /// Storage cap, a quantity such as `100Gi`: what all the tenant's claims may request
     /// together, the control plane's own datastore claim included. It becomes the quota's
@@ -203,7 +204,7 @@ pub struct TenantResources {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 64))]
     #[x_kube(validation = crate::rules::quantity_at_least("resources.storage", CONTROL_PLANE_DATA_SIZE))]
-    pub storage: Option<String>,
+    pub storage: Option<ParsedQuantity>,
 }
 
 /// What the controller observed, for people and tools.

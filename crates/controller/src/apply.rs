@@ -13,7 +13,7 @@ use serde::de::DeserializeOwned;
 use kube::runtime::reflector::Store;
 use tenantplane_syncer::converge::{self, Target};
 
-pub use tenantplane_syncer::converge::{Outcome, contains, parse_quantity};
+pub use tenantplane_syncer::converge::{Outcome, contains};
 
 use crate::names::{FIELD_MANAGER, LABEL_MANAGED_BY, MANAGED_BY};
 use crate::{Error, cache};

@@ -11,7 +11,7 @@ use tenantplane_api::TenantCluster;
 
 use crate::Error;
 use crate::apply::{self, Outcome};
-use crate::build::{self, control_plane::Addressing};
+use crate::build::{self, k3s::Addressing};
 use crate::names;
 use crate::observe;
 use crate::reconcile::{Context, PROVISION_TIMEOUT};
@@ -61,13 +61,13 @@ pub(crate) async fn ensure(tc: &TenantCluster, ctx: &Context) -> Result<Step, Er
     apply::ensure(
         &services,
         &caches.services,
-        &build::control_plane::desired_service(tc)?,
+        &build::services::desired_service(tc)?,
     )
     .await?;
     apply::ensure(
         &services,
         &caches.services,
-        &build::control_plane::desired_headless_service(tc)?,
+        &build::services::desired_headless_service(tc)?,
     )
     .await?;
     let Some(api_ip) = cluster_ip.filter(|ip| !ip.is_empty()) else {
@@ -96,7 +96,7 @@ pub(crate) async fn ensure(tc: &TenantCluster, ctx: &Context) -> Result<Step, Er
     };
 
     let statefulsets = Api::<StatefulSet>::namespaced(client.clone(), &ns);
-    let desired = build::control_plane::desired_statefulset(tc, &addressing, options)?;
+    let desired = build::k3s::desired_statefulset(tc, &addressing, options)?;
     let live = crate::cache::get(
         &caches.statefulsets,
         Some(&ns),

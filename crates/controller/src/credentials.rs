@@ -44,7 +44,7 @@ pub(crate) async fn ensure_pki(
                 field_manager: Some(FIELD_MANAGER.into()),
                 ..Default::default()
             },
-            &build::control_plane::pki_secret(tc, &pki)?,
+            &build::k3s::pki_secret(tc, &pki)?,
         )
         .await
     {

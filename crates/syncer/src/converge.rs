@@ -11,6 +11,7 @@ use kube::{Resource, ResourceExt};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
+use tenantplane_api::quantity::same_quantity;
 
 use crate::naming::ANNOTATION_APPLIED_HASH;
 
@@ -204,7 +205,8 @@ where
 }
 
 /// Does `live` hold every field `desired` sets, with the same value? The API server adds defaults
-/// and status, so extra fields in `live` are fine. Quantities compare by value (`0.5` = `500m`).
+/// and status, so extra fields in `live` are fine. Quantities compare by exact value (`0.5` =
+/// `500m`).
 pub fn contains(live: &Value, desired: &Value) -> bool {
     match (live, desired) {
         (Value::Object(l), Value::Object(d)) => d.iter().all(|(k, dv)| match l.get(k) {
@@ -215,7 +217,7 @@ pub fn contains(live: &Value, desired: &Value) -> bool {
         (Value::Array(l), Value::Array(d)) => {
             l.len() == d.len() && l.iter().zip(d).all(|(lv, dv)| contains(lv, dv))
         }
-        (Value::String(l), Value::String(d)) => l == d || quantities_equal(l, d),
+        (Value::String(l), Value::String(d)) => l == d || same_quantity(l, d),
         (Value::Number(l), Value::Number(d)) => l.as_f64() == d.as_f64(),
         _ => live == desired,
     }
@@ -229,46 +231,6 @@ fn is_zero(v: &Value) -> bool {
         Value::String(s) => s.is_empty(),
         Value::Array(a) => a.is_empty(),
         Value::Object(o) => o.values().all(is_zero),
-    }
-}
-
-/// Parse a Kubernetes quantity (`500m`, `2Gi`, `1e3`) to a number.
-pub fn parse_quantity(s: &str) -> Option<f64> {
-    const SUFFIXES: &[(&str, f64)] = &[
-        ("Ki", 1024.0),
-        ("Mi", 1_048_576.0),
-        ("Gi", 1_073_741_824.0),
-        ("Ti", 1_099_511_627_776.0),
-        ("Pi", 1_125_899_906_842_624.0),
-        ("Ei", 1_152_921_504_606_846_976.0),
-        ("n", 1e-9),
-        ("u", 1e-6),
-        ("m", 1e-3),
-        ("k", 1e3),
-        ("M", 1e6),
-        ("G", 1e9),
-        ("T", 1e12),
-        ("P", 1e15),
-        ("E", 1e18),
-    ];
-    let s = s.trim();
-    if s.is_empty()
-        || !s.starts_with(|c: char| c.is_ascii_digit() || c == '.' || c == '+' || c == '-')
-    {
-        return None;
-    }
-    for (suffix, factor) in SUFFIXES {
-        if let Some(number) = s.strip_suffix(suffix) {
-            return number.parse::<f64>().ok().map(|n| n * factor);
-        }
-    }
-    s.parse::<f64>().ok()
-}
-
-fn quantities_equal(a: &str, b: &str) -> bool {
-    match (parse_quantity(a), parse_quantity(b)) {
-        (Some(x), Some(y)) => (x - y).abs() <= f64::EPSILON * x.abs().max(y.abs()).max(1.0),
-        _ => false,
     }
 }
 
@@ -367,7 +329,10 @@ mod tests {
         ));
         assert!(!contains(&json!({"cpu": "2"}), &json!({"cpu": "1"})));
         assert!(!contains(&json!({"name": "dev"}), &json!({"name": "prod"})));
-        assert_eq!(parse_quantity("2Gi"), Some(2.0 * 1_073_741_824.0));
-        assert_eq!(parse_quantity("restricted"), None);
+        // Exact: a float would call these equal.
+        assert!(!contains(
+            &json!({"storage": "9007199254740993"}),
+            &json!({"storage": "9007199254740992"})
+        ));
     }
 }

@@ -27,7 +27,7 @@ use k8s_openapi::api::core::v1::{Pod, Secret};
 use kube::api::{Api, DeleteParams, Preconditions};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
-use tenantplane_controller::build::control_plane::{KUBELET_CA_ENV, KUBELET_CA_FILE};
+use tenantplane_controller::build::k3s::{KUBELET_CA_ENV, KUBELET_CA_FILE};
 use tenantplane_controller::names;
 use tenantplane_controller::tenant_pki::{self, TenantPki};
 use tenantplane_pki::Leaf;

@@ -3,15 +3,23 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::{LimitRange, ResourceQuota};
-use k8s_openapi::api::networking::v1::NetworkPolicy;
-use serde_json::{Value, json};
+use k8s_openapi::api::core::v1::{
+    LimitRange, LimitRangeItem, LimitRangeSpec, ResourceQuota, ResourceQuotaSpec,
+};
+use k8s_openapi::api::networking::v1::{
+    IPBlock, NetworkPolicy, NetworkPolicyEgressRule, NetworkPolicyIngressRule, NetworkPolicyPeer,
+    NetworkPolicyPort, NetworkPolicySpec,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use tenantplane_api::cidr::Cidr;
 use tenantplane_api::closed_addresses;
-use tenantplane_api::quantity::Quantity;
-use tenantplane_api::{EgressPolicy, IsolationProfile, TenantCluster};
+use tenantplane_api::quantity::{ParsedQuantity, Quantity as ExactQuantity};
+use tenantplane_api::{EgressPolicy, IsolationProfile, QuantityString, TenantCluster};
 
-use super::{BuildOptions, identity, owned_metadata, typed};
+use super::BuildOptions;
+use super::meta::{identity, match_labels, owned_metadata};
 use crate::{Error, names};
 
 /// The Pod Security Admission labels for the tenant's namespace.
@@ -49,21 +57,28 @@ pub fn network_policies(
         return Ok(Vec::new());
     }
     let (tenant, _) = identity(tc)?;
-    let dns = json!({
-        "to": [{
-            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}},
-            "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}},
-        }],
-        "ports": [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}],
-    });
-    let same_namespace = json!({"to": [{"podSelector": {}}]});
+    let dns = NetworkPolicyEgressRule {
+        to: Some(vec![NetworkPolicyPeer {
+            namespace_selector: Some(namespace_named("kube-system")),
+            pod_selector: Some(match_labels([("k8s-app", "kube-dns")])),
+            ..Default::default()
+        }]),
+        ports: Some(vec![
+            port("UDP", IntOrString::Int(53)),
+            port("TCP", IntOrString::Int(53)),
+        ]),
+    };
+    let same_namespace = egress_to(vec![every_pod()]);
     let mut egress = match tc.spec.networking.egress_policy {
         EgressPolicy::DenyByDefault => vec![same_namespace, dns],
         EgressPolicy::AllowAll => vec![
             same_namespace,
             dns,
-            json!({"to": ip_blocks(["0.0.0.0/0", "::/0"])}),
-            json!({"to": [{"namespaceSelector": {}}]}),
+            egress_to(ip_blocks(["0.0.0.0/0", "::/0"])),
+            egress_to(vec![NetworkPolicyPeer {
+                namespace_selector: Some(LabelSelector::default()),
+                ..Default::default()
+            }]),
         ],
     };
     let allowed = ip_blocks(
@@ -75,50 +90,85 @@ pub fn network_policies(
             .map(String::as_str),
     );
     if !allowed.is_empty() {
-        egress.push(json!({"to": allowed}));
+        egress.push(egress_to(allowed));
     }
-    let isolation = json!({
-        "apiVersion": "networking.k8s.io/v1",
-        "kind": "NetworkPolicy",
-        "metadata": owned_metadata(tc, names::isolation_policy(&tenant))?,
-        "spec": {
-            "podSelector": {},
-            "policyTypes": ["Ingress", "Egress"],
-            "ingress": [{"from": [{"podSelector": {}}]}],
-            "egress": egress,
-        },
-    });
-    let operator_peer = match &options.operator_namespace {
-        Some(ns) => {
-            json!({"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}}})
-        }
-        // Without a known operator namespace, the API server port is open to the cluster's pods;
-        // the tenant API server still authenticates every client.
-        None => json!({"namespaceSelector": {}}),
+    let isolation = NetworkPolicy {
+        metadata: owned_metadata(tc, names::isolation_policy(&tenant))?,
+        spec: Some(NetworkPolicySpec {
+            pod_selector: Some(LabelSelector::default()),
+            policy_types: Some(vec!["Ingress".into(), "Egress".into()]),
+            ingress: Some(vec![NetworkPolicyIngressRule {
+                from: Some(vec![every_pod()]),
+                ports: None,
+            }]),
+            egress: Some(egress),
+        }),
     };
-    let mut control_plane = json!({
-        "apiVersion": "networking.k8s.io/v1",
-        "kind": "NetworkPolicy",
-        "metadata": owned_metadata(tc, names::control_plane_policy(&tenant))?,
-        "spec": {
-            "podSelector": {"matchLabels": names::control_plane_selector(&tenant)},
-            "policyTypes": ["Ingress"],
-            "ingress": [{"from": [operator_peer.clone()], "ports": [{"protocol": "TCP", "port": names::API_PORT}]}],
-        },
-    });
+    let operator_peer = NetworkPolicyPeer {
+        namespace_selector: Some(match &options.operator_namespace {
+            Some(ns) => namespace_named(ns),
+            // Without a known operator namespace, the API server port is open to the cluster's
+            // pods; the tenant API server still authenticates every client.
+            None => LabelSelector::default(),
+        }),
+        ..Default::default()
+    };
+    let mut control_plane = NetworkPolicySpec {
+        pod_selector: Some(match_labels(names::control_plane_selector(&tenant))),
+        policy_types: Some(vec!["Ingress".into()]),
+        ingress: Some(vec![NetworkPolicyIngressRule {
+            from: Some(vec![operator_peer.clone()]),
+            ports: Some(vec![port("TCP", IntOrString::Int(names::API_PORT))]),
+        }]),
+        egress: None,
+    };
     if options.kubelet.is_some() {
         // The tenant API server calls its nodes' kubelet: the operator's endpoint, by the
         // operator container's named port.
-        control_plane["spec"]["policyTypes"] = json!(["Ingress", "Egress"]);
-        control_plane["spec"]["egress"] = json!([{
-            "to": [operator_peer],
-            "ports": [{"protocol": "TCP", "port": names::KUBELET_PORT_NAME}],
+        control_plane.policy_types = Some(vec!["Ingress".into(), "Egress".into()]);
+        control_plane.egress = Some(vec![NetworkPolicyEgressRule {
+            to: Some(vec![operator_peer]),
+            ports: Some(vec![port(
+                "TCP",
+                IntOrString::String(names::KUBELET_PORT_NAME.into()),
+            )]),
         }]);
     }
     Ok(vec![
-        typed("the isolation NetworkPolicy", isolation)?,
-        typed("the control-plane NetworkPolicy", control_plane)?,
+        isolation,
+        NetworkPolicy {
+            metadata: owned_metadata(tc, names::control_plane_policy(&tenant))?,
+            spec: Some(control_plane),
+        },
     ])
+}
+
+/// Every pod of the policy's own namespace.
+fn every_pod() -> NetworkPolicyPeer {
+    NetworkPolicyPeer {
+        pod_selector: Some(LabelSelector::default()),
+        ..Default::default()
+    }
+}
+
+/// The namespace called `name`, by the label the API server puts on every namespace.
+fn namespace_named(name: &str) -> LabelSelector {
+    match_labels([("kubernetes.io/metadata.name", name)])
+}
+
+fn egress_to(peers: Vec<NetworkPolicyPeer>) -> NetworkPolicyEgressRule {
+    NetworkPolicyEgressRule {
+        to: Some(peers),
+        ports: None,
+    }
+}
+
+fn port(protocol: &str, port: IntOrString) -> NetworkPolicyPort {
+    NetworkPolicyPort {
+        protocol: Some(protocol.into()),
+        port: Some(port),
+        end_port: None,
+    }
 }
 
 /// The quota key of what all claims of the namespace request together.
@@ -127,30 +177,34 @@ const REQUESTS_STORAGE: &str = "requests.storage";
 /// The tenant's storage cap: its own `resources.storage`, never above the profile's (the
 /// profile is the platform team's; the TenantCluster is the team's). The smaller is chosen by
 /// exact value; a value that cannot be read (admission checks both) loses to one that can.
-fn storage_cap<'a>(tenant: Option<&'a str>, profile: Option<&'a str>) -> Option<&'a str> {
+fn storage_cap(tenant: Option<&ParsedQuantity>, profile: Option<&str>) -> Option<String> {
     match (tenant, profile) {
-        (Some(t), Some(p)) => match (Quantity::parse(t), Quantity::parse(p)) {
-            (Some(tq), Some(pq)) if tq.exceeds(pq) => Some(p),
-            (Some(_), _) => Some(t),
-            (None, _) => Some(p),
+        (Some(t), Some(p)) => match (t.value(), ExactQuantity::parse(p)) {
+            (Some(tq), Some(pq)) if tq.exceeds(pq) => Some(p.to_string()),
+            (Some(_), _) => Some(t.to_string()),
+            (None, _) => Some(p.to_string()),
         },
-        (t, p) => t.or(p),
+        (Some(t), None) => Some(t.to_string()),
+        (None, p) => p.map(str::to_string),
     }
 }
 
 /// An egress peer per CIDR with the closed addresses in its `except`; a CIDR that is all closed
 /// (or is no CIDR) gives none, so a profile listing a metadata address opens nothing.
-fn ip_blocks<'a>(cidrs: impl IntoIterator<Item = &'a str>) -> Vec<Value> {
+fn ip_blocks<'a>(cidrs: impl IntoIterator<Item = &'a str>) -> Vec<NetworkPolicyPeer> {
     cidrs
         .into_iter()
         .filter_map(|c| {
             let cidr = Cidr::parse(c)?;
             let except = closed_addresses::egress_block(&cidr)?;
-            let mut block = json!({"cidr": cidr.to_string()});
-            if !except.is_empty() {
-                block["except"] = json!(except.iter().map(Cidr::to_string).collect::<Vec<_>>());
-            }
-            Some(json!({"ipBlock": block}))
+            Some(NetworkPolicyPeer {
+                ip_block: Some(IPBlock {
+                    cidr: cidr.to_string(),
+                    except: (!except.is_empty())
+                        .then(|| except.iter().map(Cidr::to_string).collect()),
+                }),
+                ..Default::default()
+            })
         })
         .collect()
 }
@@ -175,30 +229,28 @@ pub fn resource_quota(
         .map(|(k, v)| (k.clone(), v.0.clone()))
         .collect();
     if let Some(cpu) = &tc.spec.resources.cpu {
-        hard.insert("requests.cpu".into(), cpu.clone());
+        hard.insert("requests.cpu".into(), cpu.to_string());
     }
     if let Some(memory) = &tc.spec.resources.memory {
-        hard.insert("requests.memory".into(), memory.clone());
+        hard.insert("requests.memory".into(), memory.to_string());
     }
     if let Some(storage) = storage_cap(
-        tc.spec.resources.storage.as_deref(),
+        tc.spec.resources.storage.as_ref(),
         hard.get(REQUESTS_STORAGE).map(String::as_str),
     ) {
-        hard.insert(REQUESTS_STORAGE.into(), storage.to_string());
+        hard.insert(REQUESTS_STORAGE.into(), storage);
     }
     if hard.is_empty() {
         return Ok(None);
     }
-    typed(
-        "the ResourceQuota",
-        json!({
-            "apiVersion": "v1",
-            "kind": "ResourceQuota",
-            "metadata": owned_metadata(tc, names::resource_quota(&tenant))?,
-            "spec": {"hard": hard},
+    Ok(Some(ResourceQuota {
+        metadata: owned_metadata(tc, names::resource_quota(&tenant))?,
+        spec: Some(ResourceQuotaSpec {
+            hard: Some(hard.into_iter().map(|(k, v)| (k, Quantity(v))).collect()),
+            ..Default::default()
         }),
-    )
-    .map(Some)
+        status: None,
+    }))
 }
 
 /// The LimitRange with the profile's container defaults, when it has any.
@@ -211,27 +263,31 @@ pub fn limit_range(
         return Ok(None);
     }
     let (tenant, _) = identity(tc)?;
-    let mut item = json!({"type": "Container"});
-    if !limits.default.is_empty() {
-        item["default"] = json!(limits.default);
-    }
-    if !limits.default_request.is_empty() {
-        item["defaultRequest"] = json!(limits.default_request);
-    }
-    typed(
-        "the LimitRange",
-        json!({
-            "apiVersion": "v1",
-            "kind": "LimitRange",
-            "metadata": owned_metadata(tc, names::limit_range(&tenant))?,
-            "spec": {"limits": [item]},
+    let quantities = |values: &BTreeMap<String, QuantityString>| {
+        (!values.is_empty()).then(|| {
+            values
+                .iter()
+                .map(|(k, v)| (k.clone(), Quantity(v.0.clone())))
+                .collect()
+        })
+    };
+    Ok(Some(LimitRange {
+        metadata: owned_metadata(tc, names::limit_range(&tenant))?,
+        spec: Some(LimitRangeSpec {
+            limits: vec![LimitRangeItem {
+                type_: "Container".into(),
+                default: quantities(&limits.default),
+                default_request: quantities(&limits.default_request),
+                ..Default::default()
+            }],
         }),
-    )
-    .map(Some)
+    }))
 }
 
 #[cfg(test)]
 mod tests {
+    use serde_json::{Value, json};
+
     use super::*;
     use crate::build::tests::{profile, tenant};
 
@@ -443,7 +499,7 @@ mod tests {
     fn quota_counts_storage_never_above_the_profiles_cap() {
         let storage = |own: Option<&str>, profile_cap: Option<&str>| {
             let mut tc = tenant();
-            tc.spec.resources.storage = own.map(str::to_string);
+            tc.spec.resources.storage = own.map(ParsedQuantity::from);
             let mut p = profile();
             p.spec.resource_quota.hard.remove(REQUESTS_STORAGE);
             if let Some(cap) = profile_cap {

@@ -1,14 +1,17 @@
 //! Build: pure functions from a TenantCluster and its policies to the objects that should exist.
 //! Nothing here does I/O, so every decision is unit-tested.
 
-pub mod control_plane;
 pub mod isolation;
+pub mod k3s;
 pub mod kubeconfig;
+mod meta;
+pub mod pod;
+pub mod services;
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
-use kube::Resource;
+pub use meta::owner_reference;
+pub(crate) use meta::{identity, owned_metadata};
+
 use serde::de::DeserializeOwned;
-use tenantplane_api::TenantCluster;
 
 use crate::Error;
 
@@ -41,37 +44,10 @@ impl Default for BuildOptions {
     }
 }
 
-/// The owner reference that lets the garbage collector remove an object with its tenant.
-pub fn owner_reference(tc: &TenantCluster) -> Result<OwnerReference, Error> {
-    tc.controller_owner_ref(&())
-        .ok_or_else(|| Error::Build("the TenantCluster has no name or uid yet".into()))
-}
-
-/// Metadata of an object the tenant owns: its name, the tenant's namespace and labels, and the
-/// owner reference that lets the garbage collector remove it with the tenant.
-pub(crate) fn owned_metadata(tc: &TenantCluster, name: String) -> Result<serde_json::Value, Error> {
-    let (tenant, ns) = identity(tc)?;
-    Ok(serde_json::json!({
-        "name": name,
-        "namespace": ns,
-        "labels": crate::names::labels(&tenant),
-        "ownerReferences": [owner_reference(tc)?],
-    }))
-}
-
-/// Deserialize a JSON literal into a typed object; a mismatch is a bug, reported, not a panic.
+/// Deserialize a JSON literal into a typed object (only the kubeconfig Secret is still built
+/// this way); a mismatch is a bug, reported, not a panic.
 pub(crate) fn typed<T: DeserializeOwned>(what: &str, value: serde_json::Value) -> Result<T, Error> {
     serde_json::from_value(value).map_err(|e| Error::Build(format!("building {what}: {e}")))
-}
-
-/// The TenantCluster's name and namespace, which the API server always sets.
-pub(crate) fn identity(tc: &TenantCluster) -> Result<(String, String), Error> {
-    match (tc.metadata.name.clone(), tc.metadata.namespace.clone()) {
-        (Some(name), Some(ns)) => Ok((name, ns)),
-        _ => Err(Error::Build(
-            "the TenantCluster has no name or namespace".into(),
-        )),
-    }
 }
 
 #[cfg(test)]
@@ -117,8 +93,8 @@ mod properties {
     use super::tests::{profile, tenant};
     use super::*;
 
-    fn addressing() -> control_plane::Addressing {
-        control_plane::Addressing {
+    fn addressing() -> k3s::Addressing {
+        k3s::Addressing {
             api_ip: "10.96.0.10".into(),
             service_cidr: "10.96.0.0/12".into(),
         }
@@ -145,15 +121,15 @@ mod properties {
             tc.spec.mode = mode;
             tc.spec.networking.egress_policy = egress;
             tc.spec.kubernetes_version = format!("v{major}.{minor}.{patch}");
-            tc.spec.resources.cpu = cpu;
-            tc.spec.resources.memory = memory;
+            tc.spec.resources.cpu = cpu.map(Into::into);
+            tc.spec.resources.memory = memory.map(Into::into);
             let mut p = profile();
             p.spec.network_policy.enabled = net;
             p.spec.network_policy.allowed_egress_cidrs = cidrs;
             p.spec.resource_quota.enforce = quota;
             let options = BuildOptions::default();
-            prop_assert!(control_plane::desired_statefulset(&tc, &addressing(), &options).is_ok());
-            prop_assert!(control_plane::desired_service(&tc).is_ok());
+            prop_assert!(k3s::desired_statefulset(&tc, &addressing(), &options).is_ok());
+            prop_assert!(services::desired_service(&tc).is_ok());
             prop_assert_eq!(isolation::network_policies(&tc, &p, &options).unwrap().len(), if net { 2 } else { 0 });
             prop_assert!(isolation::resource_quota(&tc, &p).is_ok());
             prop_assert!(isolation::limit_range(&tc, &p).is_ok());
@@ -167,7 +143,7 @@ mod properties {
         fn unnamed_tenants_are_errors(drop_name in any::<bool>()) {
             let mut tc = tenant();
             if drop_name { tc.metadata.name = None } else { tc.metadata.namespace = None }
-            prop_assert!(control_plane::desired_statefulset(&tc, &addressing(), &BuildOptions::default()).is_err());
+            prop_assert!(k3s::desired_statefulset(&tc, &addressing(), &BuildOptions::default()).is_err());
             prop_assert!(isolation::network_policies(&tc, &profile(), &BuildOptions::default()).is_err());
         }
     }

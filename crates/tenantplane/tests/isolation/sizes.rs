@@ -94,7 +94,7 @@ async fn claims_are_capped_one_by_one_and_counted_by_the_quota() {
     let raised = set_storage("1Pi").await;
     quota_storage_becomes(&host, &ns.name, "200Gi").await;
     assert_eq!(
-        raised.spec.resources.storage.as_deref(),
+        raised.spec.resources.storage.as_ref().map(|s| s.as_str()),
         Some("1Pi"),
         "the field is kept"
     );

@@ -1,12 +1,22 @@
-//! The tenant's control plane: k3s as an agentless server in a StatefulSet, its headless Service
-//! and its PKI Secret. This is the one place that knows what a k3s control plane looks like.
+//! The tenant's control plane: k3s as an agentless server in a StatefulSet, and the PKI Secret it
+//! mounts. This is the one place that knows what a k3s control plane looks like; its Services are
+//! in [`super::services`].
 
-use k8s_openapi::api::apps::v1::StatefulSet;
-use k8s_openapi::api::core::v1::{Secret, Service};
-use serde_json::json;
+use k8s_openapi::api::apps::v1::{
+    StatefulSet, StatefulSetPersistentVolumeClaimRetentionPolicy, StatefulSetSpec,
+};
+use k8s_openapi::api::core::v1::{
+    Container, ContainerPort, EnvVar, PersistentVolumeClaim, PersistentVolumeClaimSpec, PodSpec,
+    PodTemplateSpec, Probe, Secret, SecretVolumeSource, SecurityContext, Volume, VolumeMount,
+    VolumeResourceRequirements,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use tenantplane_api::TenantCluster;
 
-use super::{BuildOptions, identity, owned_metadata, typed};
+use super::BuildOptions;
+use super::meta::{identity, match_labels, owned_metadata};
+use super::pod::{self, CapAndNeed, ProbeTiming};
 use crate::tenant_pki::TenantPki;
 use crate::{Error, names};
 
@@ -87,59 +97,19 @@ pub fn k3s_args(
     args
 }
 
-/// The Service that gives the tenant API server its in-cluster name and a cluster IP. Synced
-/// pods dial the IP (a tenant's DNS cannot resolve host names), on 6443 and on 443, where the
-/// tenant's own `kubernetes` Service points them.
-pub fn desired_service(tc: &TenantCluster) -> Result<Service, Error> {
-    let (tenant, _) = identity(tc)?;
-    typed(
-        "the control-plane Service",
-        json!({
-            "apiVersion": "v1",
-            "kind": "Service",
-            "metadata": owned_metadata(tc, names::service(&tenant))?,
-            "spec": {
-                "type": "ClusterIP",
-                "publishNotReadyAddresses": false,
-                "selector": names::control_plane_selector(&tenant),
-                "ports": [
-                    {"name": "https", "port": names::API_PORT, "targetPort": names::API_PORT, "protocol": "TCP"},
-                    {"name": "kubernetes", "port": 443, "targetPort": names::API_PORT, "protocol": "TCP"},
-                ],
-            },
-        }),
-    )
-}
-
-/// The StatefulSet's governing Service: headless, and publishing pods before they are Ready, so
-/// each control-plane pod has its DNS name (`<tenant>-0.<tenant>-headless`) while it starts.
-pub fn desired_headless_service(tc: &TenantCluster) -> Result<Service, Error> {
-    let (tenant, _) = identity(tc)?;
-    typed(
-        "the headless control-plane Service",
-        json!({
-            "apiVersion": "v1",
-            "kind": "Service",
-            "metadata": owned_metadata(tc, names::headless_service(&tenant))?,
-            "spec": {
-                "clusterIP": "None",
-                "publishNotReadyAddresses": true,
-                "selector": names::control_plane_selector(&tenant),
-                "ports": [
-                    {"name": "https", "port": names::API_PORT, "targetPort": names::API_PORT, "protocol": "TCP"},
-                ],
-            },
-        }),
-    )
-}
-
 /// k3s's own kubectl asking its API server for a health endpoint; k3s turns anonymous access
 /// off, so an HTTP probe without credentials would get 401.
-fn health_probe(path: &str) -> serde_json::Value {
-    json!({"exec": {"command": [
-        "/bin/k3s", "kubectl", "--kubeconfig", format!("{DATA_DIR}/kubeconfig.yaml"),
-        "get", "--raw", path,
-    ]}})
+fn health_probe(path: &str, timing: ProbeTiming) -> Probe {
+    let command = [
+        "/bin/k3s",
+        "kubectl",
+        "--kubeconfig",
+        &format!("{DATA_DIR}/kubeconfig.yaml"),
+        "get",
+        "--raw",
+        path,
+    ];
+    pod::exec_probe(command.map(str::to_string).to_vec(), timing)
 }
 
 /// Startup: k3s has 5 minutes to answer `/livez` (a first start generates its state); until then
@@ -150,24 +120,31 @@ pub const STARTUP_FAILURE_THRESHOLD: i32 = 60;
 pub const LIVENESS_PERIOD_SECONDS: i32 = 10;
 pub const LIVENESS_FAILURE_THRESHOLD: i32 = 6;
 
-fn probes() -> (serde_json::Value, serde_json::Value, serde_json::Value) {
-    let with = |mut probe: serde_json::Value, timing: serde_json::Value| {
-        if let (Some(p), Some(t)) = (probe.as_object_mut(), timing.as_object()) {
-            p.extend(t.clone());
-        }
-        probe
-    };
-    let startup = with(
-        health_probe("/livez"),
-        json!({"periodSeconds": STARTUP_PERIOD_SECONDS, "timeoutSeconds": 5, "failureThreshold": STARTUP_FAILURE_THRESHOLD}),
+/// The startup, liveness and readiness probes of k3s.
+fn probes() -> (Probe, Probe, Probe) {
+    let startup = health_probe(
+        "/livez",
+        ProbeTiming {
+            period_seconds: STARTUP_PERIOD_SECONDS,
+            timeout_seconds: 5,
+            failure_threshold: STARTUP_FAILURE_THRESHOLD,
+        },
     );
-    let liveness = with(
-        health_probe("/livez"),
-        json!({"periodSeconds": LIVENESS_PERIOD_SECONDS, "timeoutSeconds": 10, "failureThreshold": LIVENESS_FAILURE_THRESHOLD}),
+    let liveness = health_probe(
+        "/livez",
+        ProbeTiming {
+            period_seconds: LIVENESS_PERIOD_SECONDS,
+            timeout_seconds: 10,
+            failure_threshold: LIVENESS_FAILURE_THRESHOLD,
+        },
     );
-    let readiness = with(
-        health_probe("/readyz"),
-        json!({"periodSeconds": 5, "timeoutSeconds": 5, "failureThreshold": 3}),
+    let readiness = health_probe(
+        "/readyz",
+        ProbeTiming {
+            period_seconds: 5,
+            timeout_seconds: 5,
+            failure_threshold: 3,
+        },
     );
     (startup, liveness, readiness)
 }
@@ -175,17 +152,6 @@ fn probes() -> (serde_json::Value, serde_json::Value, serde_json::Value) {
 /// What the control plane requests of the tenant's quota (an agentless k3s server's need).
 pub const CONTROL_PLANE_CPU_REQUEST: &str = "250m";
 pub const CONTROL_PLANE_MEMORY_REQUEST: &str = "512Mi";
-
-/// The smaller of two quantities; `a` when either does not parse (admission checks it).
-fn smaller_quantity<'a>(a: &'a str, b: &'a str) -> &'a str {
-    match (
-        crate::apply::parse_quantity(a),
-        crate::apply::parse_quantity(b),
-    ) {
-        (Some(x), Some(y)) if y < x => b,
-        _ => a,
-    }
-}
 
 /// The StatefulSet running k3s. It passes Pod Security `restricted`: non-root, no privilege
 /// escalation, no capabilities, RuntimeDefault seccomp, no service-account token.
@@ -203,129 +169,167 @@ pub fn desired_statefulset(
     }
     // The caps limit the control plane; it requests only what an agentless k3s needs, so the
     // rest of the tenant's quota is left for its workloads.
-    let mut resources = serde_json::Map::new();
-    let mut limits = serde_json::Map::new();
-    let mut requests = serde_json::Map::new();
-    for (key, cap, need) in [
-        ("cpu", &tc.spec.resources.cpu, CONTROL_PLANE_CPU_REQUEST),
-        (
-            "memory",
-            &tc.spec.resources.memory,
-            CONTROL_PLANE_MEMORY_REQUEST,
-        ),
-    ] {
-        if let Some(cap) = cap {
-            limits.insert(key.into(), json!(cap));
-            requests.insert(key.into(), json!(smaller_quantity(cap, need)));
-        }
+    let resources = pod::capped_resources([
+        CapAndNeed {
+            resource: "cpu",
+            cap: tc.spec.resources.cpu.as_ref(),
+            need: CONTROL_PLANE_CPU_REQUEST.into(),
+        },
+        CapAndNeed {
+            resource: "memory",
+            cap: tc.spec.resources.memory.as_ref(),
+            need: CONTROL_PLANE_MEMORY_REQUEST.into(),
+        },
+    ]);
+    let (startup, liveness, readiness) = probes();
+    let k3s = Container {
+        name: "k3s".into(),
+        image: Some(image.clone()),
+        command: Some(vec!["/bin/k3s".into()]),
+        args: Some(k3s_args(&tenant, &ns, addressing, options)),
+        ports: Some(vec![ContainerPort {
+            name: Some("https".into()),
+            container_port: names::API_PORT,
+            protocol: Some("TCP".into()),
+            ..Default::default()
+        }]),
+        startup_probe: Some(startup),
+        liveness_probe: Some(liveness),
+        readiness_probe: Some(readiness),
+        resources: Some(resources),
+        security_context: Some(security_context()),
+        volume_mounts: Some(vec![data_mount()]),
+        ..Default::default()
+    };
+    let pki_volume = Volume {
+        name: "pki".into(),
+        secret: Some(SecretVolumeSource {
+            secret_name: Some(names::pki_secret(&tenant)),
+            default_mode: Some(0o400),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    Ok(StatefulSet {
+        metadata: owned_metadata(tc, names::statefulset(&tenant))?,
+        spec: Some(StatefulSetSpec {
+            service_name: Some(names::headless_service(&tenant)),
+            replicas: Some(tc.spec.control_plane.replicas),
+            pod_management_policy: Some("Parallel".into()),
+            // The datastore goes with the tenant (the finalizer deletes it too, for claims made
+            // before this policy); scaling down keeps it.
+            persistent_volume_claim_retention_policy: Some(
+                StatefulSetPersistentVolumeClaimRetentionPolicy {
+                    when_deleted: Some("Delete".into()),
+                    when_scaled: Some("Retain".into()),
+                },
+            ),
+            selector: match_labels(names::control_plane_selector(&tenant)),
+            template: PodTemplateSpec {
+                metadata: Some(ObjectMeta {
+                    labels: Some(pod_labels),
+                    ..Default::default()
+                }),
+                spec: Some(PodSpec {
+                    automount_service_account_token: Some(false),
+                    enable_service_links: Some(false),
+                    security_context: Some(pod::restricted_pod(RUN_AS_USER)),
+                    init_containers: Some(vec![pki_init_container(image, options)]),
+                    containers: vec![k3s],
+                    volumes: Some(vec![pki_volume]),
+                    ..Default::default()
+                }),
+            },
+            volume_claim_templates: Some(vec![data_claim_template()]),
+            ..Default::default()
+        }),
+        status: None,
+    })
+}
+
+/// Both containers' security context: `restricted`, as k3s's user.
+fn security_context() -> SecurityContext {
+    SecurityContext {
+        // Said outright: k3s writes outside its data volume.
+        read_only_root_filesystem: Some(false),
+        ..pod::restricted_container(RUN_AS_USER)
     }
-    if !limits.is_empty() {
-        resources.insert("requests".into(), json!(requests));
-        resources.insert("limits".into(), json!(limits));
+}
+
+/// The datastore volume, at k3s's data directory.
+fn data_mount() -> VolumeMount {
+    VolumeMount {
+        name: names::DATA_VOLUME.into(),
+        mount_path: DATA_DIR.into(),
+        ..Default::default()
     }
-    let security = json!({
-        "runAsNonRoot": true,
-        "runAsUser": RUN_AS_USER,
-        "runAsGroup": RUN_AS_USER,
-        "allowPrivilegeEscalation": false,
-        "readOnlyRootFilesystem": false,
-        "capabilities": {"drop": ["ALL"]},
-        "seccompProfile": {"type": "RuntimeDefault"},
-    });
+}
+
+/// The init container that copies the PKI Secret into k3s's TLS folder (and writes the kubelet
+/// CA there, when the operator serves a kubelet endpoint).
+fn pki_init_container(image: String, options: &BuildOptions) -> Container {
     let tls_dir = format!("{DATA_DIR}/server/tls");
     let mut copy_pki =
         format!("mkdir -p {tls_dir} && cp {PKI_MOUNT}/* {tls_dir}/ && chmod 600 {tls_dir}/*.key");
-    let mut init_env = None;
+    let mut env = None;
     if let Some(kubelet) = &options.kubelet {
         // The CA is public; the pod spec carries it, so it needs no object of its own.
         copy_pki.push_str(&format!(
             " && printf '%s\\n' \"${KUBELET_CA_ENV}\" > {tls_dir}/{KUBELET_CA_FILE}"
         ));
-        init_env = Some(json!([{"name": KUBELET_CA_ENV, "value": kubelet.ca_pem}]));
+        env = Some(vec![EnvVar {
+            name: KUBELET_CA_ENV.into(),
+            value: Some(kubelet.ca_pem.clone()),
+            value_from: None,
+        }]);
     }
-    let mut init = json!({
-        "name": "pki",
-        "image": image,
-        "command": ["/bin/sh", "-c", copy_pki],
-        "securityContext": security,
-        "volumeMounts": [
-            {"name": "pki", "mountPath": PKI_MOUNT, "readOnly": true},
-            {"name": names::DATA_VOLUME, "mountPath": DATA_DIR},
-        ],
-    });
-    let (startup, liveness, readiness) = probes();
-    if let Some(env) = init_env {
-        init["env"] = env;
-    }
-    typed(
-        "the control-plane StatefulSet",
-        json!({
-            "apiVersion": "apps/v1",
-            "kind": "StatefulSet",
-            "metadata": owned_metadata(tc, names::statefulset(&tenant))?,
-            "spec": {
-                "serviceName": names::headless_service(&tenant),
-                "replicas": tc.spec.control_plane.replicas,
-                "podManagementPolicy": "Parallel",
-                // The datastore goes with the tenant (the finalizer deletes it too, for claims
-                // made before this policy); scaling down keeps it.
-                "persistentVolumeClaimRetentionPolicy": {"whenDeleted": "Delete", "whenScaled": "Retain"},
-                "selector": {"matchLabels": names::control_plane_selector(&tenant)},
-                "template": {
-                    "metadata": {"labels": pod_labels},
-                    "spec": {
-                        "automountServiceAccountToken": false,
-                        "enableServiceLinks": false,
-                        "securityContext": {
-                            "runAsNonRoot": true,
-                            "runAsUser": RUN_AS_USER,
-                            "runAsGroup": RUN_AS_USER,
-                            "fsGroup": RUN_AS_USER,
-                            "seccompProfile": {"type": "RuntimeDefault"},
-                        },
-                        "initContainers": [init],
-                        "containers": [{
-                            "name": "k3s",
-                            "image": image,
-                            "command": ["/bin/k3s"],
-                            "args": k3s_args(&tenant, &ns, addressing, options),
-                            "ports": [{"name": "https", "containerPort": names::API_PORT, "protocol": "TCP"}],
-                            "startupProbe": startup,
-                            "livenessProbe": liveness,
-                            "readinessProbe": readiness,
-                            "resources": resources,
-                            "securityContext": security,
-                            "volumeMounts": [{"name": names::DATA_VOLUME, "mountPath": DATA_DIR}],
-                        }],
-                        "volumes": [{"name": "pki", "secret": {"secretName": names::pki_secret(&tenant), "defaultMode": 0o400}}],
-                    },
-                },
-                "volumeClaimTemplates": [{
-                    "metadata": {"name": names::DATA_VOLUME},
-                    "spec": {
-                        "accessModes": ["ReadWriteOnce"],
-                        "resources": {"requests": {"storage": DATA_VOLUME_SIZE}},
-                    },
-                }],
+    Container {
+        name: "pki".into(),
+        image: Some(image),
+        command: Some(vec!["/bin/sh".into(), "-c".into(), copy_pki]),
+        env,
+        security_context: Some(security_context()),
+        volume_mounts: Some(vec![
+            VolumeMount {
+                name: "pki".into(),
+                mount_path: PKI_MOUNT.into(),
+                read_only: Some(true),
+                ..Default::default()
             },
+            data_mount(),
+        ]),
+        ..Default::default()
+    }
+}
+
+/// The claim of each control-plane pod for its sqlite datastore.
+fn data_claim_template() -> PersistentVolumeClaim {
+    PersistentVolumeClaim {
+        metadata: ObjectMeta {
+            name: Some(names::DATA_VOLUME.into()),
+            ..Default::default()
+        },
+        spec: Some(PersistentVolumeClaimSpec {
+            access_modes: Some(vec!["ReadWriteOnce".into()]),
+            resources: Some(VolumeResourceRequirements {
+                requests: Some([("storage".into(), Quantity(DATA_VOLUME_SIZE.into()))].into()),
+                limits: None,
+            }),
+            ..Default::default()
         }),
-    )
+        status: None,
+    }
 }
 
 /// The PKI Secret for a freshly generated PKI. Created once, never overwritten.
 pub fn pki_secret(tc: &TenantCluster, pki: &TenantPki) -> Result<Secret, Error> {
     let (tenant, _) = identity(tc)?;
-    let mut secret: Secret = typed(
-        "the PKI Secret",
-        json!({
-            "apiVersion": "v1",
-            "kind": "Secret",
-            "metadata": owned_metadata(tc, names::pki_secret(&tenant))?,
-            "type": "Opaque",
-        }),
-    )?;
-    secret.data = Some(pki.to_secret_data());
-    Ok(secret)
+    Ok(Secret {
+        metadata: owned_metadata(tc, names::pki_secret(&tenant))?,
+        type_: Some("Opaque".into()),
+        data: Some(pki.to_secret_data()),
+        ..Default::default()
+    })
 }
 
 #[cfg(test)]
@@ -484,6 +488,7 @@ mod tests {
 
     #[test]
     fn a_headless_service_governs_the_statefulset_and_its_claim_goes_with_it() {
+        use crate::build::services::{desired_headless_service, desired_service};
         let headless = desired_headless_service(&tenant()).unwrap();
         assert_eq!(headless.metadata.name.as_deref(), Some("dev-headless"));
         let spec = headless.spec.unwrap();
