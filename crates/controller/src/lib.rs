@@ -9,6 +9,7 @@ pub mod cache;
 pub mod connector;
 mod control_plane;
 mod credentials;
+pub mod kubeconfig;
 pub mod kubelet;
 pub mod leader;
 pub mod metrics;

@@ -3,6 +3,7 @@
 use std::path::Path;
 
 use kube::config::{KubeConfigOptions, Kubeconfig};
+use tenantplane_controller::kubeconfig as typed;
 
 use crate::{Error, Result};
 
@@ -18,9 +19,14 @@ pub fn render(
         cert_pem: cert_pem.to_string(),
         key_pem: key_pem.to_string(),
     };
-    Ok(tenantplane_controller::build::kubeconfig::render(
-        name, server, ca_pem, &client,
-    ))
+    typed::to_text(&typed::for_certificate(name, server, ca_pem, &client))
+        .map_err(|e| Error::Client(e.to_string()))
+}
+
+/// A kubeconfig named `name` for `server`, trusting `ca_pem`, authenticated by `token`.
+pub fn render_token(name: &str, server: &str, ca_pem: &str, token: &str) -> Result<String> {
+    typed::to_text(&typed::for_token(name, server, ca_pem, token))
+        .map_err(|e| Error::Client(e.to_string()))
 }
 
 /// A client for the kubeconfig at `path`, bound to the calling tokio runtime.

@@ -14,7 +14,6 @@
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
-use base64::Engine as _;
 use k8s_openapi::api::core::v1::{ConfigMap, Container, Pod, PodSpec, Secret};
 use kube::{Api, Client, ResourceExt};
 use tenantplane_syncer::addons::COREDNS_IMAGE;
@@ -23,7 +22,7 @@ use crate::binaries::Binaries;
 use crate::control_plane::free_port;
 use crate::local_runtime::LocalRuntime;
 use crate::process::{self, Handle};
-use crate::{Error, Result};
+use crate::{Error, Result, kubeconfig};
 
 /// Where a kubelet mounts a pod's service-account token.
 const TOKEN_PATH: &str = "/var/run/secrets/kubernetes.io/serviceaccount/token";
@@ -222,20 +221,6 @@ pub(crate) fn local_corefile(
     Ok(out)
 }
 
-/// A kubeconfig for the tenant API at `server`, trusting `ca_pem`, authenticated by `token`.
-fn token_kubeconfig(server: &str, ca_pem: &str, token: &str) -> Result<String> {
-    let ca = base64::engine::general_purpose::STANDARD.encode(ca_pem);
-    serde_yaml::to_string(&serde_json::json!({
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [{"name": "tenant", "cluster": {"server": server, "certificate-authority-data": ca}}],
-        "users": [{"name": "tenant", "user": {"token": token}}],
-        "contexts": [{"name": "tenant", "context": {"cluster": "tenant", "user": "tenant"}}],
-        "current-context": "tenant",
-    }))
-    .map_err(|e| Error::Io(e.to_string()))
-}
-
 /// The text of `source` in namespace `ns` on the host.
 async fn read_source(client: &Client, ns: &str, source: &FileSource) -> Result<String> {
     let missing = |what: &str, name: &str, key: &str| {
@@ -304,7 +289,7 @@ pub(crate) async fn launch(
     let kubeconfig = pod_dir.join("kubeconfig");
     std::fs::write(
         &kubeconfig,
-        token_kubeconfig(&api.server, &api.ca_pem, token.trim())?,
+        kubeconfig::render_token("tenant", &api.server, &api.ca_pem, token.trim())?,
     )?;
     let ports = LocalPorts {
         dns: free_port()?,
