@@ -333,7 +333,8 @@ async fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            // The one place a command's error meets the person: its whole chain, no debug dump.
+            eprintln!("error: {}", tenantplane_controller::error_chain(e.as_ref()));
             ExitCode::FAILURE
         }
     }

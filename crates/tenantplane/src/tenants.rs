@@ -280,7 +280,7 @@ async fn wait_ready(
                 if let Some(fatal) = fatal_watch_error(&e) {
                     bail!(fatal);
                 }
-                watch_error = Some(e.to_string());
+                watch_error = Some(tenantplane_controller::error_chain(&e));
                 continue;
             }
             Some(Ok(None)) => bail!(

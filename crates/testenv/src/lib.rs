@@ -48,7 +48,8 @@ pub enum Error {
     Io(String),
     #[error(transparent)]
     Pki(#[from] tenantplane_pki::Error),
-    #[error(transparent)]
+    /// Said as the API server said it, not as kube's debug dump.
+    #[error("{}", tenantplane_controller::api_message(.0))]
     Kube(#[from] kube::Error),
 }
 

@@ -379,7 +379,7 @@ impl LocalRuntime {
                 }
             }
             Err(e) => {
-                let reason = e.to_string();
+                let reason = tenantplane_controller::error_chain(&e);
                 let changed = pending.get(&uid).is_none_or(|(_, last)| *last != reason);
                 if changed {
                     eprintln!(

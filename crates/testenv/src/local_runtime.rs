@@ -28,8 +28,8 @@ use kube::api::{Api, DeleteParams, Preconditions};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
 use tenantplane_controller::build::control_plane::{KUBELET_CA_ENV, KUBELET_CA_FILE};
-use tenantplane_controller::names;
 use tenantplane_controller::tenant_pki::{self, TenantPki};
+use tenantplane_controller::{error_chain, names};
 use tenantplane_pki::Leaf;
 
 use crate::binaries::Binaries;
@@ -207,7 +207,7 @@ pub fn start(
                             }
                         }
                         Some((_, Ok(_))) => {}
-                        Some((runs, Err(e))) => eprintln!("local runtime: watch error ({runs:?} pods): {e}"),
+                        Some((runs, Err(e))) => eprintln!("local runtime: watch error ({} pods): {}", runs.what(), error_chain(&e)),
                         None => break,
                     }
                 }
@@ -232,6 +232,15 @@ pub fn start(
 enum Runs {
     ControlPlane,
     Dns,
+}
+
+impl Runs {
+    fn what(self) -> &'static str {
+        match self {
+            Runs::ControlPlane => "control-plane",
+            Runs::Dns => "CoreDNS",
+        }
+    }
 }
 
 /// Stops every tenant process when the runtime's task ends.
@@ -315,7 +324,7 @@ impl LocalRuntime {
             }
             Err(e) => {
                 // Tried again every tick, as a kubelet would; said again when the reason changes.
-                let reason = e.to_string();
+                let reason = error_chain(&e);
                 if pending.get(&uid).is_none_or(|(_, last)| *last != reason) {
                     eprintln!("local runtime: cannot start {ns}/{name} yet: {reason}");
                 }
@@ -559,7 +568,12 @@ impl LocalRuntime {
                     probes::set_pod_ready(client, &t.namespace, &t.pod, t.port, ready, t.restarts)
                         .await
                 {
-                    eprintln!("local runtime: updating pod {}/{}: {e}", t.namespace, t.pod);
+                    eprintln!(
+                        "local runtime: updating pod {}/{}: {}",
+                        t.namespace,
+                        t.pod,
+                        error_chain(&e)
+                    );
                     continue;
                 }
                 if let Ok(mut all) = self.tenants.lock()
@@ -596,7 +610,12 @@ impl LocalRuntime {
             match LaunchSpec::read(&t.dir) {
                 Ok(spec) => spec,
                 Err(e) => {
-                    eprintln!("local runtime: restarting {}/{}: {e}", t.namespace, t.pod);
+                    eprintln!(
+                        "local runtime: restarting {}/{}: {}",
+                        t.namespace,
+                        t.pod,
+                        error_chain(&e)
+                    );
                     return;
                 }
             }
@@ -618,7 +637,12 @@ impl LocalRuntime {
                 }
             }
             (Some(t), Err(e)) => {
-                eprintln!("local runtime: restarting {}/{}: {e}", t.namespace, t.pod)
+                eprintln!(
+                    "local runtime: restarting {}/{}: {}",
+                    t.namespace,
+                    t.pod,
+                    error_chain(&e)
+                )
             }
             (None, Err(_)) => {}
         }

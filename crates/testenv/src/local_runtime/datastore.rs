@@ -162,7 +162,10 @@ pub(super) async fn prune(
     let claims: HashSet<String> = match api.list_metadata(&ListParams::default()).await {
         Ok(list) => list.items.iter().filter_map(|c| c.uid()).collect(),
         Err(e) => {
-            eprintln!("local runtime: listing claims to prune data folders: {e}");
+            eprintln!(
+                "local runtime: listing claims to prune data folders: {}",
+                tenantplane_controller::api_message(&e)
+            );
             return;
         }
     };
