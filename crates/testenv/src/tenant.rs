@@ -43,7 +43,7 @@ pub async fn start_kubelet(
     let ca = kubelet::load_or_create_ca(&host, ca_namespace)
         .await
         .map_err(|e| e.to_string())?;
-    let port = crate::control_plane::free_port().map_err(|e| e.to_string())?;
+    let port = crate::process::free_port().map_err(|e| e.to_string())?;
     let settings = kubelet::Settings {
         listen: ([127, 0, 0, 1], port).into(),
         endpoint: kubelet::KubeletEndpoint {

@@ -12,7 +12,7 @@ use kube::{Client, ResourceExt};
 use tenantplane_controller::names::DATA_VOLUME;
 
 use super::LocalRuntime;
-use crate::control_plane::tail;
+use crate::process::tail;
 use crate::process::{self, Handle};
 use crate::{Error, Result};
 
