@@ -6,7 +6,8 @@
 FROM rust:1.95-bookworm AS build
 WORKDIR /src
 COPY . .
-RUN cargo build --release --locked -p tenantplane
+# Without the `dev` feature: the operator image does not link the local dev cluster.
+RUN cargo build --release --locked -p tenantplane --no-default-features
 
 FROM debian:bookworm-slim
 RUN apt-get update \

@@ -9,6 +9,8 @@ pub mod cache;
 pub mod connector;
 mod control_plane;
 mod credentials;
+pub mod error_text;
+pub mod kubeconfig;
 pub mod kubelet;
 pub mod leader;
 pub mod metrics;
@@ -24,6 +26,7 @@ pub mod tenant_pki;
 
 pub use build::BuildOptions;
 pub use connector::Connector;
+pub use error_text::{api_message, error_chain};
 pub use reconcile::{CertificateOptions, ControllerOptions, run};
 pub use telemetry::Telemetry;
 /// The syncer, its own crate; re-exported for the binary and the tests.
@@ -78,14 +81,6 @@ impl Error {
             Error::Pki(_) => "PkiError",
             Error::Apply(_) => "ApplyError",
         }
-    }
-}
-
-/// What the API server said, without the debug dump: `message (Reason, code)`.
-pub fn api_message(error: &kube::Error) -> String {
-    match error {
-        kube::Error::Api(e) => format!("{} ({}, {})", e.message, e.reason, e.code),
-        other => other.to_string(),
     }
 }
 

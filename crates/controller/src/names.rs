@@ -118,14 +118,65 @@ pub fn selector(labels: &BTreeMap<String, String>) -> String {
         .join(",")
 }
 
-/// A whole number of seconds as a person reads it: `30d`, `12h`, `90m` or `45s`.
-pub fn human_duration(secs: i64) -> String {
-    match secs {
-        s if s != 0 && s % 86_400 == 0 => format!("{}d", s / 86_400),
-        s if s != 0 && s % 3_600 == 0 => format!("{}h", s / 3_600),
-        s if s != 0 && s % 60 == 0 => format!("{}m", s / 60),
-        s => format!("{s}s"),
+/// A whole number of seconds as a person reads it, as kubectl's `duration.HumanDuration` shapes
+/// ages: `45s`, `5m12s`, `3h25m`, `2d4h`, `30d`, `3y1d`. The CLI's ages use it too, so both
+/// speak alike.
+pub fn human_duration(seconds: i64) -> String {
+    if seconds < -1 {
+        return "<invalid>".to_string();
     }
+    if seconds < 0 {
+        return "0s".to_string();
+    }
+    if seconds < 120 {
+        return format!("{seconds}s");
+    }
+    let minutes = seconds / 60;
+    if minutes < 10 {
+        let s = seconds % 60;
+        return if s == 0 {
+            format!("{minutes}m")
+        } else {
+            format!("{minutes}m{s}s")
+        };
+    }
+    if minutes < 180 {
+        return format!("{minutes}m");
+    }
+    let hours = seconds / 3600;
+    if hours < 8 {
+        let m = minutes % 60;
+        return if m == 0 {
+            format!("{hours}h")
+        } else {
+            format!("{hours}h{m}m")
+        };
+    }
+    if hours < 48 {
+        return format!("{hours}h");
+    }
+    let days = hours / 24;
+    if hours < 24 * 8 {
+        let h = hours % 24;
+        return if h == 0 {
+            format!("{days}d")
+        } else {
+            format!("{days}d{h}h")
+        };
+    }
+    if hours < 24 * 365 * 2 {
+        return format!("{days}d");
+    }
+    let years = days / 365;
+    if hours < 24 * 365 * 8 {
+        let d = days % 365;
+        return if d == 0 {
+            format!("{years}y")
+        } else {
+            format!("{years}y{d}d")
+        };
+    }
+    format!("{years}y")
 }
 
 #[cfg(test)]
@@ -145,11 +196,35 @@ mod tests {
     }
 
     #[test]
-    fn durations_read_in_their_largest_whole_unit() {
+    fn durations_in_messages_read_as_kubectl_ages_do() {
         assert_eq!(human_duration(30 * 86_400), "30d");
-        assert_eq!(human_duration(7_200), "2h");
+        // Under three hours reads in minutes, as kubectl's ages do.
+        assert_eq!(human_duration(7_200), "120m");
         assert_eq!(human_duration(90), "90s");
         assert_eq!(human_duration(120), "2m");
         assert_eq!(human_duration(0), "0s");
+    }
+
+    #[test]
+    fn ages_read_like_kubectl() {
+        let cases = [
+            (0, "0s"),
+            (59, "59s"),
+            (119, "119s"),
+            (120, "2m"),
+            (312, "5m12s"),
+            (600, "10m"),
+            (179 * 60, "179m"),
+            (3 * 3600, "3h"),
+            (3 * 3600 + 25 * 60, "3h25m"),
+            (30 * 3600, "30h"),
+            (52 * 3600, "2d4h"),
+            (10 * 86400, "10d"),
+            (3 * 365 * 86400 + 86400, "3y1d"),
+            (9 * 365 * 86400, "9y"),
+        ];
+        for (seconds, want) in cases {
+            assert_eq!(human_duration(seconds), want, "{seconds}s");
+        }
     }
 }

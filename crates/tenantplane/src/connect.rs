@@ -10,14 +10,13 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::{Context, anyhow, bail};
-use serde_yaml::Value;
 use tenantplane_api::{TenantCluster, conditions};
-use tenantplane_controller::names;
+use tenantplane_controller::{kubeconfig, names};
 use tokio::net::TcpListener;
 
 use crate::forward::{self, Target};
 use crate::host::program;
-use crate::kubeconfig_cmd::{self, parse};
+use crate::kubeconfig_cmd;
 
 /// What `connect` was asked for.
 #[derive(Clone, Debug)]
@@ -232,24 +231,18 @@ fn leave_context(file: &Path, context: &str, previous: Option<&str>) -> String {
 /// `https://127.0.0.1:<port>`, and `tls-server-name` the host of the server it named (which the
 /// serving certificate carries), so TLS still checks the tenant's certificate.
 pub fn through_local_port(text: &str, port: u16, context_name: &str) -> anyhow::Result<String> {
-    let mut doc = parse(&kubeconfig_cmd::rename(text, context_name)?)?;
-    let Some(cluster) = doc
-        .get_mut("clusters")
-        .and_then(Value::as_sequence_mut)
-        .and_then(|list| list.first_mut())
-        .and_then(|entry| entry.get_mut("cluster"))
-        .and_then(Value::as_mapping_mut)
-    else {
+    let mut doc = kubeconfig::from_text(&kubeconfig_cmd::rename(text, context_name)?)?;
+    let Some(cluster) = doc.clusters.first_mut().and_then(|c| c.cluster.as_mut()) else {
         bail!("the tenant's kubeconfig has no cluster");
     };
     let server = cluster
-        .get("server")
-        .and_then(Value::as_str)
+        .server
+        .as_deref()
         .ok_or_else(|| anyhow!("the tenant's kubeconfig names no server"))?;
     let host = server_host(server)?;
-    cluster.insert("server".into(), format!("https://127.0.0.1:{port}").into());
-    cluster.insert("tls-server-name".into(), host.into());
-    Ok(serde_yaml::to_string(&doc)?)
+    cluster.server = Some(format!("https://127.0.0.1:{port}"));
+    cluster.tls_server_name = Some(host);
+    Ok(kubeconfig::to_text(&doc)?)
 }
 
 /// `https://dev.team.svc:6443` → `dev.team.svc`; `https://[fd00::1]:6443` → `fd00::1`.
@@ -268,14 +261,10 @@ fn server_host(server: &str) -> anyhow::Result<String> {
 
 /// `text` with `current-context: context_name`, and the current context it had.
 pub fn switch_context(text: &str, context_name: &str) -> anyhow::Result<(String, Option<String>)> {
-    let mut doc = parse(text)?;
-    let previous = doc
-        .get("current-context")
-        .and_then(Value::as_str)
-        .filter(|c| !c.is_empty())
-        .map(String::from);
-    doc.insert("current-context".into(), context_name.into());
-    Ok((serde_yaml::to_string(&doc)?, previous))
+    let mut doc = kubeconfig::from_text(text)?;
+    let previous = doc.current_context.take().filter(|c| !c.is_empty());
+    doc.current_context = Some(context_name.into());
+    Ok((kubeconfig::to_text(&doc)?, previous))
 }
 
 /// `text` with its current context back to `previous` (unset when `None`), if it is still
@@ -285,20 +274,18 @@ pub fn restore_context(
     context_name: &str,
     previous: Option<&str>,
 ) -> anyhow::Result<Option<String>> {
-    let mut doc = parse(text)?;
-    if doc.get("current-context").and_then(Value::as_str) != Some(context_name) {
+    let mut doc = kubeconfig::from_text(text)?;
+    if doc.current_context.as_deref() != Some(context_name) {
         return Ok(None);
     }
-    match previous {
-        Some(previous) => doc.insert("current-context".into(), previous.into()),
-        None => doc.remove("current-context"),
-    };
-    Ok(Some(serde_yaml::to_string(&doc)?))
+    doc.current_context = previous.map(String::from);
+    Ok(Some(kubeconfig::to_text(&doc)?))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_yaml::Value;
 
     /// As the operator stores it: the in-cluster Service address.
     const STORED: &str = "apiVersion: v1

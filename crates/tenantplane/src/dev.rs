@@ -171,7 +171,10 @@ async fn wait_until_ready(client: &kube::Client, started: Instant) -> anyhow::Re
     while Instant::now() < deadline {
         let tc = match tokio::time::timeout(Duration::from_secs(10), updates.next()).await {
             Ok(Some(Ok(tc))) => tc,
-            Ok(Some(Err(e))) => anyhow::bail!("watching TenantCluster {TENANT}: {e}"),
+            Ok(Some(Err(e))) => anyhow::bail!(
+                "watching TenantCluster {TENANT}: {}",
+                tenantplane_controller::error_chain(&e)
+            ),
             Ok(None) => anyhow::bail!("the watch on TenantCluster {TENANT} ended"),
             Err(_) => {
                 say(started, &format!("still waiting; {last}"));

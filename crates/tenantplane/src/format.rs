@@ -51,64 +51,8 @@ pub fn age(time: Option<&Time>) -> String {
     human_duration(seconds)
 }
 
-/// kubectl's `duration.HumanDuration`, from whole seconds.
-pub fn human_duration(seconds: i64) -> String {
-    if seconds < -1 {
-        return "<invalid>".to_string();
-    }
-    if seconds < 0 {
-        return "0s".to_string();
-    }
-    if seconds < 120 {
-        return format!("{seconds}s");
-    }
-    let minutes = seconds / 60;
-    if minutes < 10 {
-        let s = seconds % 60;
-        return if s == 0 {
-            format!("{minutes}m")
-        } else {
-            format!("{minutes}m{s}s")
-        };
-    }
-    if minutes < 180 {
-        return format!("{minutes}m");
-    }
-    let hours = seconds / 3600;
-    if hours < 8 {
-        let m = minutes % 60;
-        return if m == 0 {
-            format!("{hours}h")
-        } else {
-            format!("{hours}h{m}m")
-        };
-    }
-    if hours < 48 {
-        return format!("{hours}h");
-    }
-    let days = hours / 24;
-    if hours < 24 * 8 {
-        let h = hours % 24;
-        return if h == 0 {
-            format!("{days}d")
-        } else {
-            format!("{days}d{h}h")
-        };
-    }
-    if hours < 24 * 365 * 2 {
-        return format!("{days}d");
-    }
-    let years = days / 365;
-    if hours < 24 * 365 * 8 {
-        let d = days % 365;
-        return if d == 0 {
-            format!("{years}y")
-        } else {
-            format!("{years}y{d}d")
-        };
-    }
-    format!("{years}y")
-}
+/// kubectl's `duration.HumanDuration`; one for the operator's messages and the CLI.
+pub use tenantplane_controller::names::human_duration;
 
 /// A duration as kubectl's `--timeout` takes it: `90s`, `5m`, `1h30m`, `1.5m`; a bare `0` is
 /// zero.
@@ -173,29 +117,6 @@ pub fn show_duration(duration: Duration) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn ages_read_like_kubectl() {
-        let cases = [
-            (0, "0s"),
-            (59, "59s"),
-            (119, "119s"),
-            (120, "2m"),
-            (312, "5m12s"),
-            (600, "10m"),
-            (179 * 60, "179m"),
-            (3 * 3600, "3h"),
-            (3 * 3600 + 25 * 60, "3h25m"),
-            (30 * 3600, "30h"),
-            (52 * 3600, "2d4h"),
-            (10 * 86400, "10d"),
-            (3 * 365 * 86400 + 86400, "3y1d"),
-            (9 * 365 * 86400, "9y"),
-        ];
-        for (seconds, want) in cases {
-            assert_eq!(human_duration(seconds), want, "{seconds}s");
-        }
-    }
 
     #[test]
     fn timeouts_parse_like_kubectl() {

@@ -104,7 +104,10 @@ impl Target {
         let pod = match self.pod().await {
             Ok(pod) => pod,
             Err(e) => {
-                eprintln!("connection from {peer}: cannot find the tenant's API server: {e:#}");
+                eprintln!(
+                    "connection from {peer}: cannot find the tenant's API server: {}",
+                    tenantplane_controller::error_chain(e.as_ref())
+                );
                 return;
             }
         };

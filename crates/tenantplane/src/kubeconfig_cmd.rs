@@ -6,13 +6,12 @@
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use anyhow::{Context, anyhow, bail};
+use anyhow::{Context, anyhow};
 use k8s_openapi::api::core::v1::{Pod, Secret};
 use kube::api::Api;
 use kube::{Client, ResourceExt};
-use serde_yaml::{Mapping, Value};
 use tenantplane_api::{TenantCluster, conditions};
-use tenantplane_controller::names;
+use tenantplane_controller::{kubeconfig, names};
 
 use crate::host::{self, explain, program};
 
@@ -29,7 +28,14 @@ pub async fn run(client: &Client, namespace: &str, name: &str) -> anyhow::Result
         .as_ref()
         .and_then(|p| p.annotations().get(names::ANNOTATION_LOCAL_ENDPOINT))
     {
-        text = text.replace(&names::endpoint(name, namespace), local);
+        let endpoint = names::endpoint(name, namespace);
+        let mut doc = kubeconfig::from_text(&text).context("reading the tenant's kubeconfig")?;
+        for cluster in doc.clusters.iter_mut().filter_map(|c| c.cluster.as_mut()) {
+            if cluster.server.as_deref() == Some(endpoint.as_str()) {
+                cluster.server = Some(local.clone());
+            }
+        }
+        text = kubeconfig::to_text(&doc)?;
     }
     Ok(text)
 }
@@ -89,57 +95,15 @@ async fn no_secret(client: &Client, namespace: &str, name: &str) -> anyhow::Erro
     }
 }
 
-pub fn parse(text: &str) -> anyhow::Result<Mapping> {
-    match serde_yaml::from_str::<Value>(text)? {
-        Value::Mapping(m) => Ok(m),
-        Value::Null => Ok(Mapping::new()),
-        _ => bail!("not a kubeconfig: the document is not a mapping"),
-    }
-}
-
-fn entries<'a>(doc: &'a Mapping, key: &str) -> &'a [Value] {
-    doc.get(key)
-        .and_then(Value::as_sequence)
-        .map(Vec::as_slice)
-        .unwrap_or(&[])
-}
-
-fn entry_name(entry: &Value) -> Option<&str> {
-    entry.get("name").and_then(Value::as_str)
-}
-
-/// The tenant's cluster, user and context, all named `context_name` (the stored kubeconfig has
-/// exactly one of each).
-fn tenant_entries(text: &str, context_name: &str) -> anyhow::Result<[Value; 3]> {
-    let doc = parse(text).context("reading the tenant's kubeconfig")?;
-    let first = |key: &str| {
-        entries(&doc, key)
-            .first()
-            .cloned()
-            .ok_or_else(|| anyhow!("the tenant's kubeconfig has no {key}"))
-    };
-    let (mut cluster, mut user, mut context) =
-        (first("clusters")?, first("users")?, first("contexts")?);
-    for entry in [&mut cluster, &mut user, &mut context] {
-        entry["name"] = Value::from(context_name);
-    }
-    let Some(inner) = context.get_mut("context").and_then(Value::as_mapping_mut) else {
-        bail!("the tenant's kubeconfig has a context without `context`");
-    };
-    inner.insert("cluster".into(), Value::from(context_name));
-    inner.insert("user".into(), Value::from(context_name));
-    Ok([cluster, user, context])
-}
-
 /// The tenant's kubeconfig with its cluster, user and context renamed.
 pub fn rename(text: &str, context_name: &str) -> anyhow::Result<String> {
-    let [cluster, user, context] = tenant_entries(text, context_name)?;
-    let mut doc = parse(text)?;
-    doc.insert("clusters".into(), Value::Sequence(vec![cluster]));
-    doc.insert("users".into(), Value::Sequence(vec![user]));
-    doc.insert("contexts".into(), Value::Sequence(vec![context]));
-    doc.insert("current-context".into(), Value::from(context_name));
-    Ok(serde_yaml::to_string(&doc)?)
+    let mut doc = kubeconfig::from_text(text).context("reading the tenant's kubeconfig")?;
+    let (cluster, user, context) = kubeconfig::first_entries_named(&doc, context_name)?;
+    doc.clusters = vec![cluster];
+    doc.auth_infos = vec![user];
+    doc.contexts = vec![context];
+    doc.current_context = Some(context_name.into());
+    Ok(kubeconfig::to_text(&doc)?)
 }
 
 /// What a merge did to each of cluster, user and context.
@@ -154,48 +118,36 @@ pub struct Merged {
 /// context put in under `context_name`: entries of the same names are replaced in place, every
 /// other entry and field is kept, and the current context is left alone.
 pub fn merge(existing: &str, tenant: &str, context_name: &str) -> anyhow::Result<Merged> {
-    let new = tenant_entries(tenant, context_name)?;
-    let mut doc = parse(existing)?;
-    if doc.is_empty() {
-        doc.insert("apiVersion".into(), "v1".into());
-        doc.insert("kind".into(), "Config".into());
+    let tenant = kubeconfig::from_text(tenant).context("reading the tenant's kubeconfig")?;
+    let (cluster, user, context) = kubeconfig::first_entries_named(&tenant, context_name)?;
+    let mut doc = kubeconfig::from_text(existing)?;
+    if kubeconfig::is_empty(&doc) {
+        doc.api_version = Some("v1".into());
+        doc.kind = Some("Config".into());
     }
-    let mut changes = Vec::new();
-    for ((key, kind), entry) in [
-        ("clusters", "cluster"),
-        ("users", "user"),
-        ("contexts", "context"),
-    ]
-    .into_iter()
-    .zip(new)
-    {
-        let list = doc
-            .entry(key.into())
-            .or_insert_with(|| Value::Sequence(vec![]));
-        if list.is_null() {
-            *list = Value::Sequence(vec![]);
-        }
-        let Some(list) = list.as_sequence_mut() else {
-            bail!("not a kubeconfig: `{key}` is not a list");
-        };
-        match list
-            .iter()
-            .position(|e| entry_name(e) == Some(context_name))
-        {
-            Some(i) => {
-                list[i] = entry;
-                changes.push((kind, true));
-            }
-            None => {
-                list.push(entry);
-                changes.push((kind, false));
-            }
-        }
-    }
+    let changes = vec![
+        ("cluster", put(&mut doc.clusters, cluster, |c| &c.name)),
+        ("user", put(&mut doc.auth_infos, user, |u| &u.name)),
+        ("context", put(&mut doc.contexts, context, |c| &c.name)),
+    ];
     Ok(Merged {
-        text: serde_yaml::to_string(&doc)?,
+        text: kubeconfig::to_text(&doc)?,
         changes,
     })
+}
+
+/// `entry` in place of the one of the same name in `list`, or appended; whether it replaced one.
+fn put<T>(list: &mut Vec<T>, entry: T, name: impl Fn(&T) -> &String) -> bool {
+    match list.iter().position(|e| name(e) == name(&entry)) {
+        Some(i) => {
+            list[i] = entry;
+            true
+        }
+        None => {
+            list.push(entry);
+            false
+        }
+    }
 }
 
 /// Where `--merge` writes: the first file of `KUBECONFIG`, else `~/.kube/config`.
@@ -343,6 +295,7 @@ pub fn describe_changes(merged: &Merged, context_name: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_yaml::Value;
 
     const TENANT: &str = "apiVersion: v1
 kind: Config

@@ -2,6 +2,7 @@
 //! the operator, and the local dev cluster.
 
 mod connect;
+#[cfg(feature = "dev")]
 mod dev;
 mod format;
 mod forward;
@@ -207,6 +208,7 @@ enum Command {
     },
     /// Run the local dev cluster: a real control plane, the operator, the local runtime and the
     /// example tenant, until Ctrl-C.
+    #[cfg(feature = "dev")]
     Dev {
         /// Where the cluster's data, logs and kubeconfig go.
         #[arg(long, default_value = ".tenantplane/dev")]
@@ -331,7 +333,8 @@ async fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            // The one place a command's error meets the person: its whole chain, no debug dump.
+            eprintln!("error: {}", tenantplane_controller::error_chain(e.as_ref()));
             ExitCode::FAILURE
         }
     }
@@ -387,6 +390,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             };
             operator::run(&cli.host, &operator, operator_namespace, options).await?;
         }
+        #[cfg(feature = "dev")]
         Command::Dev { state_dir } => dev::run(state_dir).await?,
     }
     Ok(())

@@ -1,13 +1,7 @@
 //! Applying YAML manifests (CRDs, policies, examples) through the API with server-side apply.
 
-use anyhow::{Context, bail};
-use kube::api::{Api, DynamicObject, Patch, PatchParams};
-use kube::core::GroupVersionKind;
-use kube::discovery::{Scope, pinned_kind};
-use kube::{Client, ResourceExt};
-use serde::Deserialize;
-
 /// The policies the seed example refers to, as shipped in `deploy/policies/`.
+#[cfg(feature = "dev")]
 pub const DEFAULT_POLICIES: &[&str] = &[
     include_str!("../../../deploy/policies/isolationprofile-restricted.yaml"),
     include_str!("../../../deploy/policies/syncpolicy-default.yaml"),
@@ -16,8 +10,16 @@ pub const DEFAULT_POLICIES: &[&str] = &[
 /// The seed example, as shipped in `examples/`.
 pub const EXAMPLE_TENANT: &str = include_str!("../../../examples/tenantcluster-dev.yaml");
 
-/// Apply every document of a YAML stream; returns `kind/name` of each.
-pub async fn apply(client: &Client, yaml: &str) -> anyhow::Result<Vec<String>> {
+/// Apply every document of a YAML stream; returns `kind/name` of each (the dev cluster's
+/// setup).
+#[cfg(feature = "dev")]
+pub async fn apply(client: &kube::Client, yaml: &str) -> anyhow::Result<Vec<String>> {
+    use anyhow::{Context, bail};
+    use kube::ResourceExt;
+    use kube::api::{Api, DynamicObject, Patch, PatchParams};
+    use kube::core::GroupVersionKind;
+    use kube::discovery::{Scope, pinned_kind};
+    use serde::Deserialize;
     let mut applied = Vec::new();
     for doc in serde_yaml::Deserializer::from_str(yaml) {
         let value = serde_yaml::Value::deserialize(doc)?;

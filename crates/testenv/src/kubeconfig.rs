@@ -3,6 +3,8 @@
 use std::path::Path;
 
 use kube::config::{KubeConfigOptions, Kubeconfig};
+use tenantplane_controller::error_chain;
+use tenantplane_controller::kubeconfig as typed;
 
 use crate::{Error, Result};
 
@@ -18,22 +20,27 @@ pub fn render(
         cert_pem: cert_pem.to_string(),
         key_pem: key_pem.to_string(),
     };
-    Ok(tenantplane_controller::build::kubeconfig::render(
-        name, server, ca_pem, &client,
-    ))
+    typed::to_text(&typed::for_certificate(name, server, ca_pem, &client))
+        .map_err(|e| Error::Client(error_chain(&e)))
+}
+
+/// A kubeconfig named `name` for `server`, trusting `ca_pem`, authenticated by `token`.
+pub fn render_token(name: &str, server: &str, ca_pem: &str, token: &str) -> Result<String> {
+    typed::to_text(&typed::for_token(name, server, ca_pem, token))
+        .map_err(|e| Error::Client(error_chain(&e)))
 }
 
 /// A client for the kubeconfig at `path`, bound to the calling tokio runtime.
 pub async fn client(path: &Path) -> Result<kube::Client> {
-    kube::Client::try_from(config(path).await?).map_err(|e| Error::Client(e.to_string()))
+    kube::Client::try_from(config(path).await?).map_err(|e| Error::Client(error_chain(&e)))
 }
 
 /// The client configuration of the kubeconfig at `path`.
 pub async fn config(path: &Path) -> Result<kube::Config> {
-    let kubeconfig = Kubeconfig::read_from(path).map_err(|e| Error::Client(e.to_string()))?;
+    let kubeconfig = Kubeconfig::read_from(path).map_err(|e| Error::Client(error_chain(&e)))?;
     kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
         .await
-        .map_err(|e| Error::Client(e.to_string()))
+        .map_err(|e| Error::Client(error_chain(&e)))
 }
 
 /// Requests a client sent, split into reads (GET, including lists and watches) and writes.
@@ -62,10 +69,10 @@ pub async fn counting_client(
     path: &Path,
     counter: std::sync::Arc<RequestCounter>,
 ) -> Result<kube::Client> {
-    let kubeconfig = Kubeconfig::read_from(path).map_err(|e| Error::Client(e.to_string()))?;
+    let kubeconfig = Kubeconfig::read_from(path).map_err(|e| Error::Client(error_chain(&e)))?;
     let config = kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
         .await
-        .map_err(|e| Error::Client(e.to_string()))?;
+        .map_err(|e| Error::Client(error_chain(&e)))?;
     counting(config, counter)
 }
 
@@ -85,7 +92,7 @@ pub fn counting(
         req
     });
     Ok(kube::client::ClientBuilder::try_from(config)
-        .map_err(|e| Error::Client(e.to_string()))?
+        .map_err(|e| Error::Client(error_chain(&e)))?
         .with_layer(&count)
         .build())
 }
@@ -107,7 +114,7 @@ pub fn token_config(server: &str, ca_pem: &str, token: &str) -> Result<kube::Con
 /// bound to.
 pub fn token_client(server: &str, ca_pem: &str, token: &str) -> Result<kube::Client> {
     kube::Client::try_from(token_config(server, ca_pem, token)?)
-        .map_err(|e| Error::Client(e.to_string()))
+        .map_err(|e| Error::Client(error_chain(&e)))
 }
 
 /// The DER bytes of every certificate in a PEM bundle.

@@ -14,16 +14,13 @@
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
-use base64::Engine as _;
 use k8s_openapi::api::core::v1::{ConfigMap, Container, Pod, PodSpec, Secret};
 use kube::{Api, Client, ResourceExt};
 use tenantplane_syncer::addons::COREDNS_IMAGE;
 
 use crate::binaries::Binaries;
-use crate::control_plane::free_port;
-use crate::local_runtime::LocalRuntime;
-use crate::process::{self, Handle};
-use crate::{Error, Result};
+use crate::process::{self, Handle, free_port};
+use crate::{Error, Result, kubeconfig};
 
 /// Where a kubelet mounts a pod's service-account token.
 const TOKEN_PATH: &str = "/var/run/secrets/kubernetes.io/serviceaccount/token";
@@ -222,20 +219,6 @@ pub(crate) fn local_corefile(
     Ok(out)
 }
 
-/// A kubeconfig for the tenant API at `server`, trusting `ca_pem`, authenticated by `token`.
-fn token_kubeconfig(server: &str, ca_pem: &str, token: &str) -> Result<String> {
-    let ca = base64::engine::general_purpose::STANDARD.encode(ca_pem);
-    serde_yaml::to_string(&serde_json::json!({
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [{"name": "tenant", "cluster": {"server": server, "certificate-authority-data": ca}}],
-        "users": [{"name": "tenant", "user": {"token": token}}],
-        "contexts": [{"name": "tenant", "context": {"cluster": "tenant", "user": "tenant"}}],
-        "current-context": "tenant",
-    }))
-    .map_err(|e| Error::Io(e.to_string()))
-}
-
 /// The text of `source` in namespace `ns` on the host.
 async fn read_source(client: &Client, ns: &str, source: &FileSource) -> Result<String> {
     let missing = |what: &str, name: &str, key: &str| {
@@ -304,7 +287,7 @@ pub(crate) async fn launch(
     let kubeconfig = pod_dir.join("kubeconfig");
     std::fs::write(
         &kubeconfig,
-        token_kubeconfig(&api.server, &api.ca_pem, token.trim())?,
+        kubeconfig::render_token("tenant", &api.server, &api.ca_pem, token.trim())?,
     )?;
     let ports = LocalPorts {
         dns: free_port()?,
@@ -331,119 +314,6 @@ pub(crate) async fn launch(
         handle,
         log,
     })
-}
-
-/// The runtime's side: which CoreDNS pods run, and starting and stopping them.
-impl LocalRuntime {
-    /// Where the CoreDNS of tenant `tenant` in host namespace `namespace` answers, while it runs.
-    pub fn dns_address(&self, namespace: &str, tenant: &str) -> Option<SocketAddr> {
-        let dns = self.dns.lock().ok()?;
-        dns.values()
-            .find(|d| d.namespace == namespace && d.tenant == tenant)
-            .filter(|d| process::exited(&d.handle).is_none())
-            .map(|d| d.address)
-    }
-
-    /// What that CoreDNS has written so far (for a failing test's message).
-    pub fn dns_log(&self, namespace: &str, tenant: &str) -> String {
-        let path = self.dns.lock().ok().and_then(|dns| {
-            dns.values()
-                .find(|d| d.namespace == namespace && d.tenant == tenant)
-                .map(|d| d.log.clone())
-        });
-        path.and_then(|p| std::fs::read_to_string(p).ok())
-            .unwrap_or_else(|| "(no CoreDNS runs for it)".into())
-    }
-
-    /// As a kubelet for a tenant's CoreDNS copy: start it once it is scheduled, stop it when it
-    /// is being deleted.
-    pub(crate) async fn on_dns_pod(
-        &self,
-        client: &Client,
-        binaries: &Binaries,
-        dir: &Path,
-        pod: Pod,
-    ) {
-        if !is_dns_pod(&pod) {
-            return;
-        }
-        let uid = pod.uid().unwrap_or_default();
-        if pod.metadata.deletion_timestamp.is_some() {
-            self.stop_dns(&uid);
-            return;
-        }
-        let scheduled = pod.spec.as_ref().is_some_and(|s| s.node_name.is_some());
-        let known = self
-            .dns
-            .lock()
-            .map(|d| d.contains_key(&uid))
-            .unwrap_or(true);
-        if !scheduled || known {
-            return;
-        }
-        let result = self.launch_dns(client, binaries, dir, &pod).await;
-        let mut pending = match self.pending_dns.lock() {
-            Ok(p) => p,
-            Err(_) => return,
-        };
-        match result {
-            Ok(server) => {
-                pending.remove(&uid);
-                if let Ok(mut dns) = self.dns.lock() {
-                    dns.insert(uid, server);
-                }
-            }
-            Err(e) => {
-                let reason = e.to_string();
-                let changed = pending.get(&uid).is_none_or(|(_, last)| *last != reason);
-                if changed {
-                    eprintln!(
-                        "local runtime: CoreDNS {}/{} not started yet: {reason}",
-                        pod.namespace().unwrap_or_default(),
-                        pod.name_any()
-                    );
-                }
-                pending.insert(uid, (pod, reason));
-            }
-        }
-    }
-
-    async fn launch_dns(
-        &self,
-        client: &Client,
-        binaries: &Binaries,
-        dir: &Path,
-        pod: &Pod,
-    ) -> Result<DnsServer> {
-        let ns = pod.namespace().unwrap_or_default();
-        let tenant = pod
-            .annotations()
-            .get(tenantplane_syncer::naming::ANNOTATION_TENANT)
-            .cloned()
-            .unwrap_or_default();
-        let api = self.ready_api(&ns, &tenant)?;
-        launch(client, binaries, dir, pod, &tenant, &api).await
-    }
-
-    pub(crate) async fn retry_dns(&self, client: &Client, binaries: &Binaries, dir: &Path) {
-        let pods: Vec<Pod> = match self.pending_dns.lock() {
-            Ok(p) => p.values().map(|(pod, _)| pod.clone()).collect(),
-            Err(_) => return,
-        };
-        for pod in pods {
-            self.on_dns_pod(client, binaries, dir, pod).await;
-        }
-    }
-
-    pub(crate) fn stop_dns(&self, uid: &str) {
-        if let Ok(mut pending) = self.pending_dns.lock() {
-            pending.remove(uid);
-        }
-        let server = self.dns.lock().ok().and_then(|mut d| d.remove(uid));
-        if let Some(d) = server {
-            process::stop(&d.handle);
-        }
-    }
 }
 
 #[cfg(test)]

@@ -15,6 +15,8 @@
 //! It runs each tenant's CoreDNS pod too ([`crate::local_dns`]), so the tenant's DNS answers.
 
 mod datastore;
+mod dns_pods;
+mod health;
 mod launch;
 
 use std::collections::HashMap;
@@ -28,17 +30,17 @@ use kube::api::{Api, DeleteParams, Preconditions};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
 use tenantplane_controller::build::k3s::{KUBELET_CA_ENV, KUBELET_CA_FILE};
-use tenantplane_controller::names;
 use tenantplane_controller::tenant_pki::{self, TenantPki};
+use tenantplane_controller::{error_chain, names};
 use tenantplane_pki::Leaf;
 
+use crate::apiserver::{ApiServerConfig, FrontProxy};
 use crate::binaries::Binaries;
-use crate::control_plane::{ApiServerConfig, FrontProxy, free_port};
 use crate::local_dns::{DnsServer, TenantApi};
 use crate::probes;
-use crate::process::{self, Handle};
+use crate::process::{self, Handle, free_port};
 use crate::{Error, Result, kubeconfig};
-use launch::{LaunchSpec, spawn_processes};
+use launch::spawn_processes;
 
 /// How long the runtime waits before restarting a tenant whose processes died (a kubelet backs off
 /// similarly).
@@ -207,7 +209,7 @@ pub fn start(
                             }
                         }
                         Some((_, Ok(_))) => {}
-                        Some((runs, Err(e))) => eprintln!("local runtime: watch error ({runs:?} pods): {e}"),
+                        Some((runs, Err(e))) => eprintln!("local runtime: watch error ({} pods): {}", runs.what(), error_chain(&e)),
                         None => break,
                     }
                 }
@@ -232,6 +234,15 @@ pub fn start(
 enum Runs {
     ControlPlane,
     Dns,
+}
+
+impl Runs {
+    fn what(self) -> &'static str {
+        match self {
+            Runs::ControlPlane => "control-plane",
+            Runs::Dns => "CoreDNS",
+        }
+    }
 }
 
 /// Stops every tenant process when the runtime's task ends.
@@ -315,7 +326,7 @@ impl LocalRuntime {
             }
             Err(e) => {
                 // Tried again every tick, as a kubelet would; said again when the reason changes.
-                let reason = e.to_string();
+                let reason = error_chain(&e);
                 if pending.get(&uid).is_none_or(|(_, last)| *last != reason) {
                     eprintln!("local runtime: cannot start {ns}/{name} yet: {reason}");
                 }
@@ -461,7 +472,7 @@ impl LocalRuntime {
         let service_cidr = args_value(pod, "--service-cidr=")
             .first()
             .map(|s| s.to_string())
-            .unwrap_or_else(|| crate::control_plane::SERVICE_CIDR.to_string());
+            .unwrap_or_else(|| crate::apiserver::SERVICE_CIDR.to_string());
         let controllers = args_value(pod, "--kube-controller-manager-arg=controllers=")
             .first()
             .map(|s| s.to_string())
@@ -524,136 +535,4 @@ impl LocalRuntime {
             }
         }
     }
-
-    /// As a kubelet's probes would: Ready when /readyz answers, not Ready when it does not; dead
-    /// processes are restarted after a back-off.
-    async fn check_health(&self, client: &Client, binaries: &Binaries) {
-        let snapshot: Vec<HealthView> = match self.tenants.lock() {
-            Ok(t) => t
-                .values()
-                .map(|t| HealthView {
-                    uid: t.uid.clone(),
-                    namespace: t.namespace.clone(),
-                    pod: t.pod.clone(),
-                    port: t.port,
-                    dir: t.dir.clone(),
-                    ready: t.ready,
-                    dead: t.processes.is_empty()
-                        || t.processes.iter().any(|h| process::exited(h).is_some()),
-                    restarts: t.restarts,
-                })
-                .collect(),
-            Err(_) => return,
-        };
-        for t in snapshot {
-            let ready = !t.dead && probes::answers(&t.dir, "/readyz").await;
-            let alive = ready || (!t.dead && probes::answers(&t.dir, "/livez").await);
-            if !t.dead && self.failed_liveness(&t.uid, alive) {
-                eprintln!(
-                    "local runtime: {}/{} failed its liveness probe; restarting it",
-                    t.namespace, t.pod
-                );
-            }
-            if ready != t.ready {
-                if let Err(e) =
-                    probes::set_pod_ready(client, &t.namespace, &t.pod, t.port, ready, t.restarts)
-                        .await
-                {
-                    eprintln!("local runtime: updating pod {}/{}: {e}", t.namespace, t.pod);
-                    continue;
-                }
-                if let Ok(mut all) = self.tenants.lock()
-                    && let Some(entry) = all.get_mut(&t.uid)
-                {
-                    entry.ready = ready;
-                }
-            }
-            if t.dead {
-                self.restart_after_backoff(&t.uid, binaries).await;
-            }
-        }
-    }
-
-    /// Restart dead processes once they have been dead for [`RESTART_BACKOFF`]; the health tick
-    /// calls this again until then, so the watch loop never waits.
-    async fn restart_after_backoff(&self, uid: &str, binaries: &Binaries) {
-        let spec = {
-            let Ok(mut tenants) = self.tenants.lock() else {
-                return;
-            };
-            let Some(t) = tenants.get_mut(uid) else {
-                return;
-            };
-            let died_at = *t.died_at.get_or_insert_with(std::time::Instant::now);
-            if died_at.elapsed() < RESTART_BACKOFF {
-                return;
-            }
-            t.died_at = None;
-            // In k3s these are one process: when one part dies, the rest goes with it.
-            for h in t.processes.drain(..).rev() {
-                kill(&h);
-            }
-            match LaunchSpec::read(&t.dir) {
-                Ok(spec) => spec,
-                Err(e) => {
-                    eprintln!("local runtime: restarting {}/{}: {e}", t.namespace, t.pod);
-                    return;
-                }
-            }
-        };
-        // Without the lock while kine opens its database; the tenant may be gone after.
-        let started = spec.spawn(binaries).await;
-        let Ok(mut tenants) = self.tenants.lock() else {
-            return;
-        };
-        match (tenants.get_mut(uid), started) {
-            (Some(t), Ok(processes)) => {
-                t.processes = processes;
-                t.restarts += 1;
-                t.liveness = probes::Liveness::started(std::time::Instant::now());
-            }
-            (None, Ok(processes)) => {
-                for h in processes.iter().rev() {
-                    process::stop(h);
-                }
-            }
-            (Some(t), Err(e)) => {
-                eprintln!("local runtime: restarting {}/{}: {e}", t.namespace, t.pod)
-            }
-            (None, Err(_)) => {}
-        }
-    }
-}
-
-impl LocalRuntime {
-    /// Record a liveness probe; when the pod's window has passed without an answer, kill the
-    /// processes (the next tick finds them dead and restarts them), as a kubelet would.
-    fn failed_liveness(&self, uid: &str, alive: bool) -> bool {
-        let Ok(mut tenants) = self.tenants.lock() else {
-            return false;
-        };
-        let Some(t) = tenants.get_mut(uid) else {
-            return false;
-        };
-        let windows = t.windows;
-        if !t
-            .liveness
-            .observe(alive, std::time::Instant::now(), windows)
-        {
-            return false;
-        }
-        for h in t.processes.drain(..).rev() {
-            kill(&h);
-        }
-        true
-    }
-}
-
-/// Kill one of our processes at once, as a crash would, and reap it.
-fn kill(h: &Handle) {
-    // SAFETY: signalling a child process we started (and have not reaped yet).
-    unsafe {
-        libc::kill(h.pid as libc::pid_t, libc::SIGKILL);
-    }
-    process::stop(h);
 }

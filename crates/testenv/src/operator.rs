@@ -73,23 +73,12 @@ pub fn client() -> kube::Client {
 pub fn kubeconfig_file() -> &'static std::path::Path {
     static FILE: OnceLock<std::path::PathBuf> = OnceLock::new();
     FILE.get_or_init(|| {
-        use base64::Engine;
         let plane = shared();
         let ca = plane.ca_pem().expect("the control plane's CA");
-        let doc = serde_json::json!({
-            "apiVersion": "v1",
-            "kind": "Config",
-            "clusters": [{"name": "testenv", "cluster": {
-                "server": plane.server(),
-                "certificate-authority-data": base64::engine::general_purpose::STANDARD.encode(ca),
-            }}],
-            "users": [{"name": SERVICE_ACCOUNT, "user": {"token": token()}}],
-            "contexts": [{"name": SERVICE_ACCOUNT, "context": {"cluster": "testenv", "user": SERVICE_ACCOUNT}}],
-            "current-context": SERVICE_ACCOUNT,
-        });
+        let text = kubeconfig::render_token(SERVICE_ACCOUNT, plane.server(), &ca, token())
+            .expect("the operator's kubeconfig");
         let path = plane.dir().join("operator.kubeconfig");
-        std::fs::write(&path, serde_yaml::to_string(&doc).expect("YAML"))
-            .expect("writing the operator's kubeconfig");
+        std::fs::write(&path, text).expect("writing the operator's kubeconfig");
         path
     })
 }

@@ -163,3 +163,36 @@ fn wait_or_kill(child: &mut Child, grace: Duration) {
     let _ = child.kill();
     let _ = child.wait();
 }
+
+/// A free loopback port below the kernel's ephemeral range, so an outgoing connection cannot take
+/// it between our check and the component's bind.
+pub fn free_port() -> crate::Result<u16> {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let seed = std::process::id().wrapping_mul(7919)
+        ^ std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.subsec_nanos())
+            .unwrap_or(0);
+    for _ in 0..1000 {
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let port = 20000 + (seed.wrapping_add(n.wrapping_mul(2654435761)) % 12000) as u16;
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return Ok(port);
+        }
+    }
+    Err(crate::Error::Io(
+        "no free loopback port between 20000 and 32000".into(),
+    ))
+}
+
+/// The last `lines` lines of a file, or a note that it could not be read.
+pub fn tail(path: &Path, lines: usize) -> String {
+    match std::fs::read_to_string(path) {
+        Ok(text) => {
+            let all: Vec<&str> = text.lines().collect();
+            all[all.len().saturating_sub(lines)..].join("\n")
+        }
+        Err(e) => format!("(cannot read {}: {e})", path.display()),
+    }
+}

@@ -7,7 +7,7 @@ use k8s_openapi::api::core::v1::{Pod, Secret};
 use kube::Client;
 use kube::api::Api;
 use tenantplane_controller::kubelet::{self, KubeletOptions};
-use tenantplane_controller::{BuildOptions, Connector, ControllerOptions, names};
+use tenantplane_controller::{BuildOptions, Connector, ControllerOptions, api_message, names};
 
 /// The operator's options for the local runtime on the test control plane: the local connector,
 /// control-plane pods labelled for the runtime; the service range is asked of the host.
@@ -38,11 +38,12 @@ pub async fn start_kubelet(
     scope: Option<String>,
 ) -> Result<KubeletOptions, String> {
     config.read_timeout = None;
-    let host = Client::try_from(config).map_err(|e| format!("a host client: {e}"))?;
+    let host =
+        Client::try_from(config).map_err(|e| format!("a host client: {}", api_message(&e)))?;
     let ca = kubelet::load_or_create_ca(&host, ca_namespace)
         .await
         .map_err(|e| e.to_string())?;
-    let port = crate::control_plane::free_port().map_err(|e| e.to_string())?;
+    let port = crate::process::free_port().map_err(|e| e.to_string())?;
     let settings = kubelet::Settings {
         listen: ([127, 0, 0, 1], port).into(),
         endpoint: kubelet::KubeletEndpoint {
@@ -68,7 +69,7 @@ pub async fn tenant_client(host: &Client, ns: &str, name: &str) -> Result<Client
     let secret = Api::<Secret>::namespaced(host.clone(), ns)
         .get(&secret_name)
         .await
-        .map_err(|e| format!("reading Secret {ns}/{secret_name}: {e}"))?;
+        .map_err(|e| format!("reading Secret {ns}/{secret_name}: {}", api_message(&e)))?;
     let kubeconfig = secret
         .data
         .as_ref()
@@ -84,7 +85,7 @@ pub async fn tenant_client(host: &Client, ns: &str, name: &str) -> Result<Client
     let pod = Api::<Pod>::namespaced(host.clone(), ns)
         .get(&pod_name)
         .await
-        .map_err(|e| format!("reading pod {ns}/{pod_name}: {e}"))?;
+        .map_err(|e| format!("reading pod {ns}/{pod_name}: {}", api_message(&e)))?;
     let server = Connector::Local.server(name, ns, &pod)?;
     Connector::Local
         .client(&kubeconfig, name, ns, &server)

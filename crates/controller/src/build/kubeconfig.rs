@@ -3,8 +3,6 @@
 
 use std::collections::BTreeMap;
 
-use base64::Engine;
-use base64::engine::general_purpose::STANDARD;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
 use serde_json::json;
@@ -13,25 +11,15 @@ use tenantplane_pki::KeyAndCert;
 
 use super::{identity, owned_metadata, typed};
 use crate::tenant_pki::{ADMIN_GROUP, TenantPki};
-use crate::{Error, names};
+use crate::{Error, kubeconfig, names};
 
 /// A kubeconfig for `server` with the tenant's server CA and a client certificate.
 pub fn render(context: &str, server: &str, ca_pem: &str, client: &KeyAndCert) -> String {
-    let doc = json!({
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [{"name": context, "cluster": {
-            "server": server,
-            "certificate-authority-data": STANDARD.encode(ca_pem),
-        }}],
-        "users": [{"name": context, "user": {
-            "client-certificate-data": STANDARD.encode(&client.cert_pem),
-            "client-key-data": STANDARD.encode(&client.key_pem),
-        }}],
-        "contexts": [{"name": context, "context": {"cluster": context, "user": context}}],
-        "current-context": context,
-    });
-    serde_yaml::to_string(&doc).unwrap_or_default()
+    // Serializing a typed kubeconfig of strings cannot fail.
+    kubeconfig::to_text(&kubeconfig::for_certificate(
+        context, server, ca_pem, client,
+    ))
+    .unwrap_or_default()
 }
 
 /// The kubeconfig Secret for a freshly issued admin certificate.
@@ -70,44 +58,11 @@ pub fn kubeconfig_secret(
 }
 
 /// The parts of a kubeconfig the operator relies on.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ParsedKubeconfig {
-    pub server: String,
-    pub ca_pem: String,
-    pub client: KeyAndCert,
-}
+pub type ParsedKubeconfig = kubeconfig::Credentials;
 
 /// Read back a kubeconfig written by [`render`].
 pub fn parse(text: &str) -> Result<ParsedKubeconfig, String> {
-    let doc: serde_json::Value =
-        serde_yaml::from_str(text).map_err(|e| format!("not YAML: {e}"))?;
-    let field = |path: &[&str]| -> Result<String, String> {
-        let mut v = &doc;
-        for p in path {
-            v = match p.parse::<usize>() {
-                Ok(i) => &v[i],
-                Err(_) => &v[*p],
-            };
-        }
-        v.as_str()
-            .map(str::to_string)
-            .ok_or_else(|| format!("{} is missing", path.join(".")))
-    };
-    let decode = |path: &[&str]| -> Result<String, String> {
-        let b64 = field(path)?;
-        let bytes = STANDARD
-            .decode(b64.trim())
-            .map_err(|_| format!("{} is not base64", path.join(".")))?;
-        String::from_utf8(bytes).map_err(|_| format!("{} is not PEM text", path.join(".")))
-    };
-    Ok(ParsedKubeconfig {
-        server: field(&["clusters", "0", "cluster", "server"])?,
-        ca_pem: decode(&["clusters", "0", "cluster", "certificate-authority-data"])?,
-        client: KeyAndCert {
-            cert_pem: decode(&["users", "0", "user", "client-certificate-data"])?,
-            key_pem: decode(&["users", "0", "user", "client-key-data"])?,
-        },
-    })
+    kubeconfig::credentials(text).map_err(|e| e.to_string())
 }
 
 /// The kubeconfig text stored in a Secret under key `value`.

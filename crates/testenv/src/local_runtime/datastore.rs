@@ -12,7 +12,7 @@ use kube::{Client, ResourceExt};
 use tenantplane_controller::names::DATA_VOLUME;
 
 use super::LocalRuntime;
-use crate::control_plane::tail;
+use crate::process::tail;
 use crate::process::{self, Handle};
 use crate::{Error, Result};
 
@@ -162,7 +162,10 @@ pub(super) async fn prune(
     let claims: HashSet<String> = match api.list_metadata(&ListParams::default()).await {
         Ok(list) => list.items.iter().filter_map(|c| c.uid()).collect(),
         Err(e) => {
-            eprintln!("local runtime: listing claims to prune data folders: {e}");
+            eprintln!(
+                "local runtime: listing claims to prune data folders: {}",
+                tenantplane_controller::api_message(&e)
+            );
             return;
         }
     };

@@ -6,8 +6,9 @@ use std::path::{Path, PathBuf};
 use tenantplane_controller::tenant_pki;
 
 use super::datastore::{self, Volume};
+use crate::apiserver::{ApiServerConfig, apiserver_args};
 use crate::binaries::Binaries;
-use crate::control_plane::{ApiServerConfig, apiserver_args, free_port};
+use crate::process::free_port;
 use crate::process::{self, Handle};
 use crate::{Error, Result};
 

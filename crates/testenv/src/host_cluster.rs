@@ -1,18 +1,23 @@
-//! The test control plane: etcd, kube-apiserver, kube-controller-manager, kube-scheduler and kwok,
-//! real binaries on free loopback ports with a PKI of their own.
+//! The host cluster of the tests and the dev cluster: etcd, kube-apiserver,
+//! kube-controller-manager, kube-scheduler and kwok, real binaries on free loopback ports with a
+//! PKI of their own ([`pki`]).
+
+mod pki;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use tenantplane_pki::{CertificateAuthority, Leaf};
+use tenantplane_pki::Leaf;
 
+pub use crate::apiserver::SERVICE_CIDR;
+use crate::apiserver::{
+    AUDIT_LOG, AUDIT_POLICY, ApiServerConfig, FrontProxy, apiserver_args, flags,
+};
 use crate::binaries::Binaries;
-use crate::process::{self, Handle};
+use crate::process::{self, Handle, free_port, tail};
 use crate::{Error, Result, kubeconfig};
-
-/// The host cluster's service CIDR. Tenants must use the same one (DESIGN.md).
-pub const SERVICE_CIDR: &str = "10.96.0.0/16";
+use pki::{write, write_pki};
 
 /// The simulated node that kwok keeps Ready and whose pods it drives to Running.
 pub const KWOK_NODE: &str = "kwok-node-0";
@@ -83,91 +88,6 @@ pub struct Options {
     pub progress: bool,
 }
 
-/// A free loopback port below the kernel's ephemeral range, so an outgoing connection cannot take
-/// it between our check and the component's bind.
-pub fn free_port() -> Result<u16> {
-    use std::sync::atomic::{AtomicU32, Ordering};
-    static NEXT: AtomicU32 = AtomicU32::new(0);
-    let seed = std::process::id().wrapping_mul(7919)
-        ^ std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.subsec_nanos())
-            .unwrap_or(0);
-    for _ in 0..1000 {
-        let n = NEXT.fetch_add(1, Ordering::Relaxed);
-        let port = 20000 + (seed.wrapping_add(n.wrapping_mul(2654435761)) % 12000) as u16;
-        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
-            return Ok(port);
-        }
-    }
-    Err(Error::Io(
-        "no free loopback port between 20000 and 32000".into(),
-    ))
-}
-
-fn write(path: &Path, contents: &str) -> Result<()> {
-    std::fs::write(path, contents)
-        .map_err(|e| Error::Io(format!("writing {}: {e}", path.display())))
-}
-
-fn args(list: &[(&str, String)]) -> Vec<String> {
-    list.iter().map(|(k, v)| format!("--{k}={v}")).collect()
-}
-
-/// The files of a control plane's PKI, as the components read them.
-struct Pki {
-    ca_crt: PathBuf,
-    ca_key: PathBuf,
-    serving_crt: PathBuf,
-    serving_key: PathBuf,
-    sa_key: PathBuf,
-    sa_pub: PathBuf,
-    front_proxy_ca: PathBuf,
-    front_proxy_crt: PathBuf,
-    front_proxy_key: PathBuf,
-}
-
-fn write_pki(dir: &Path) -> Result<(Pki, CertificateAuthority)> {
-    let ca = CertificateAuthority::generate("tenantplane-testenv-ca")?;
-    let serving = ca.issue(&Leaf::server(
-        "kube-apiserver",
-        &[
-            "127.0.0.1",
-            "localhost",
-            "kubernetes",
-            "kubernetes.default",
-            "kubernetes.default.svc",
-            "10.96.0.1",
-        ],
-    ))?;
-    let pki = Pki {
-        ca_crt: dir.join("ca.crt"),
-        ca_key: dir.join("ca.key"),
-        serving_crt: dir.join("apiserver.crt"),
-        serving_key: dir.join("apiserver.key"),
-        sa_key: dir.join("service-account.key"),
-        sa_pub: dir.join("service-account.pub"),
-        front_proxy_ca: dir.join("front-proxy-ca.crt"),
-        front_proxy_crt: dir.join("front-proxy-client.crt"),
-        front_proxy_key: dir.join("front-proxy-client.key"),
-    };
-    // The aggregation layer's CA: without it the controller manager and scheduler log a missing
-    // request-header CA bundle forever.
-    let front_proxy_ca = CertificateAuthority::generate("tenantplane-testenv-front-proxy-ca")?;
-    let front_proxy = front_proxy_ca.issue(&Leaf::client("front-proxy-client", &[]))?;
-    write(&pki.front_proxy_ca, front_proxy_ca.cert_pem())?;
-    write(&pki.front_proxy_crt, &front_proxy.cert_pem)?;
-    write(&pki.front_proxy_key, &front_proxy.key_pem)?;
-    write(&pki.ca_crt, ca.cert_pem())?;
-    write(&pki.ca_key, ca.key_pem())?;
-    write(&pki.serving_crt, &serving.cert_pem)?;
-    write(&pki.serving_key, &serving.key_pem)?;
-    let sa = tenantplane_pki::signing_key()?;
-    write(&pki.sa_key, &sa.private_pem)?;
-    write(&pki.sa_pub, &sa.public_pem)?;
-    Ok((pki, ca))
-}
-
 impl ControlPlane {
     /// Start every component and wait until the API server is ready, the simulated node is Ready
     /// and the `default` namespace has its service account.
@@ -231,7 +151,7 @@ impl ControlPlane {
         let etcd_url = format!("http://127.0.0.1:{etcd_client}");
         plane.spawn(
             "etcd",
-            args(&[
+            flags(&[
                 ("name", "testenv".into()),
                 ("data-dir", dir.join("etcd").display().to_string()),
                 ("listen-client-urls", etcd_url.clone()),
@@ -249,7 +169,7 @@ impl ControlPlane {
         say("starting kube-apiserver");
         // Writes are audited, so a test can tell who wrote what (by user agent).
         write(&dir.join("audit-policy.yaml"), AUDIT_POLICY)?;
-        let audit = args(&[
+        let audit = flags(&[
             (
                 "audit-policy-file",
                 dir.join("audit-policy.yaml").display().to_string(),
@@ -321,10 +241,10 @@ impl ControlPlane {
             // Real volume provisioning for PVCs (the tenants' sqlite volumes), as a test cluster.
             ("enable-hostpath-provisioner", "true".into()),
         ]);
-        plane.spawn("kube-controller-manager", args(&kcm), &[])?;
+        plane.spawn("kube-controller-manager", flags(&kcm), &[])?;
         plane.spawn(
             "kube-scheduler",
-            args(&client_args("scheduler-certs")?),
+            flags(&client_args("scheduler-certs")?),
             &[],
         )?;
 
@@ -353,7 +273,7 @@ impl ControlPlane {
         // The node's address is loopback so the API server's calls to "its kubelet" stay on this
         // machine; pod IPs come from a CIDR that nothing here ever connects to.
         let kwok_port = free_port()?;
-        let mut kwok_args = args(&[
+        let mut kwok_args = flags(&[
             ("kubeconfig", kc.clone()),
             ("manage-all-nodes", "false".into()),
             (
@@ -594,103 +514,8 @@ impl ControlPlane {
     }
 }
 
-const AUDIT_LOG: &str = "logs/audit.log";
-
-/// Metadata of every write, once its response is sent; reads are not recorded.
-pub const AUDIT_POLICY: &str = r#"apiVersion: audit.k8s.io/v1
-kind: Policy
-omitStages: [RequestReceived, ResponseStarted]
-rules:
-  - level: Metadata
-    verbs: [create, update, patch, delete, deletecollection]
-  - level: None
-"#;
-
-/// What a kube-apiserver needs; the local runtime starts tenant API servers with the same flags.
-#[derive(Clone, Debug)]
-pub struct ApiServerConfig {
-    pub etcd: String,
-    pub etcd_prefix: String,
-    pub port: u16,
-    pub cert_dir: PathBuf,
-    pub ca_crt: PathBuf,
-    pub serving_crt: PathBuf,
-    pub serving_key: PathBuf,
-    pub sa_key: PathBuf,
-    pub sa_pub: PathBuf,
-    pub front_proxy: Option<FrontProxy>,
-}
-
-/// The request-header (aggregation) CA and the API server's client certificate under it.
-#[derive(Clone, Debug)]
-pub struct FrontProxy {
-    pub ca: PathBuf,
-    pub client_crt: PathBuf,
-    pub client_key: PathBuf,
-}
-
-/// Flags for a kube-apiserver on loopback, authenticating clients by certificate and signing
-/// service-account tokens.
-pub fn apiserver_args(c: &ApiServerConfig) -> Vec<String> {
-    let mut list = args(&[
-        ("etcd-servers", c.etcd.clone()),
-        ("etcd-prefix", c.etcd_prefix.clone()),
-        ("bind-address", "127.0.0.1".into()),
-        ("advertise-address", "127.0.0.1".into()),
-        ("secure-port", c.port.to_string()),
-        ("cert-dir", c.cert_dir.display().to_string()),
-        ("tls-cert-file", c.serving_crt.display().to_string()),
-        ("tls-private-key-file", c.serving_key.display().to_string()),
-        ("client-ca-file", c.ca_crt.display().to_string()),
-        (
-            "service-account-issuer",
-            "https://kubernetes.default.svc.cluster.local".into(),
-        ),
-        ("service-account-key-file", c.sa_pub.display().to_string()),
-        (
-            "service-account-signing-key-file",
-            c.sa_key.display().to_string(),
-        ),
-        ("service-cluster-ip-range", SERVICE_CIDR.into()),
-        ("authorization-mode", "Node,RBAC".into()),
-        ("allow-privileged", "true".into()),
-        ("profiling", "false".into()),
-        // Endpoints may not hold loopback addresses, and ours is 127.0.0.1.
-        ("endpoint-reconciler-type", "none".into()),
-    ]);
-    if let Some(fp) = &c.front_proxy {
-        list.extend(args(&[
-            ("requestheader-client-ca-file", fp.ca.display().to_string()),
-            ("requestheader-allowed-names", "front-proxy-client".into()),
-            ("requestheader-username-headers", "X-Remote-User".into()),
-            ("requestheader-group-headers", "X-Remote-Group".into()),
-            (
-                "requestheader-extra-headers-prefix",
-                "X-Remote-Extra-".into(),
-            ),
-            (
-                "proxy-client-cert-file",
-                fp.client_crt.display().to_string(),
-            ),
-            ("proxy-client-key-file", fp.client_key.display().to_string()),
-        ]));
-    }
-    list
-}
-
 impl Drop for ControlPlane {
     fn drop(&mut self) {
         self.stop();
-    }
-}
-
-/// The last `lines` lines of a file, or a note that it could not be read.
-pub fn tail(path: &Path, lines: usize) -> String {
-    match std::fs::read_to_string(path) {
-        Ok(text) => {
-            let all: Vec<&str> = text.lines().collect();
-            all[all.len().saturating_sub(lines)..].join("\n")
-        }
-        Err(e) => format!("(cannot read {}: {e})", path.display()),
     }
 }

@@ -1,0 +1,98 @@
+//! A kube-apiserver's flags and audit policy: the host cluster and the local runtime's tenant API
+//! servers start theirs the same way.
+
+use std::path::PathBuf;
+
+/// The host cluster's service CIDR, which every API server here serves. Tenants must use the
+/// same one (DESIGN.md).
+pub const SERVICE_CIDR: &str = "10.96.0.0/16";
+
+/// Where the host API server writes its audit log, under its folder.
+pub(crate) const AUDIT_LOG: &str = "logs/audit.log";
+
+/// Metadata of every write, once its response is sent; reads are not recorded.
+pub const AUDIT_POLICY: &str = r#"apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: [RequestReceived, ResponseStarted]
+rules:
+  - level: Metadata
+    verbs: [create, update, patch, delete, deletecollection]
+  - level: None
+"#;
+
+/// What a kube-apiserver needs; the local runtime starts tenant API servers with the same flags.
+#[derive(Clone, Debug)]
+pub struct ApiServerConfig {
+    pub etcd: String,
+    pub etcd_prefix: String,
+    pub port: u16,
+    pub cert_dir: PathBuf,
+    pub ca_crt: PathBuf,
+    pub serving_crt: PathBuf,
+    pub serving_key: PathBuf,
+    pub sa_key: PathBuf,
+    pub sa_pub: PathBuf,
+    pub front_proxy: Option<FrontProxy>,
+}
+
+/// The request-header (aggregation) CA and the API server's client certificate under it.
+#[derive(Clone, Debug)]
+pub struct FrontProxy {
+    pub ca: PathBuf,
+    pub client_crt: PathBuf,
+    pub client_key: PathBuf,
+}
+
+/// Flags for a kube-apiserver on loopback, authenticating clients by certificate and signing
+/// service-account tokens.
+pub fn apiserver_args(c: &ApiServerConfig) -> Vec<String> {
+    let mut list = flags(&[
+        ("etcd-servers", c.etcd.clone()),
+        ("etcd-prefix", c.etcd_prefix.clone()),
+        ("bind-address", "127.0.0.1".into()),
+        ("advertise-address", "127.0.0.1".into()),
+        ("secure-port", c.port.to_string()),
+        ("cert-dir", c.cert_dir.display().to_string()),
+        ("tls-cert-file", c.serving_crt.display().to_string()),
+        ("tls-private-key-file", c.serving_key.display().to_string()),
+        ("client-ca-file", c.ca_crt.display().to_string()),
+        (
+            "service-account-issuer",
+            "https://kubernetes.default.svc.cluster.local".into(),
+        ),
+        ("service-account-key-file", c.sa_pub.display().to_string()),
+        (
+            "service-account-signing-key-file",
+            c.sa_key.display().to_string(),
+        ),
+        ("service-cluster-ip-range", SERVICE_CIDR.into()),
+        ("authorization-mode", "Node,RBAC".into()),
+        ("allow-privileged", "true".into()),
+        ("profiling", "false".into()),
+        // Endpoints may not hold loopback addresses, and ours is 127.0.0.1.
+        ("endpoint-reconciler-type", "none".into()),
+    ]);
+    if let Some(fp) = &c.front_proxy {
+        list.extend(flags(&[
+            ("requestheader-client-ca-file", fp.ca.display().to_string()),
+            ("requestheader-allowed-names", "front-proxy-client".into()),
+            ("requestheader-username-headers", "X-Remote-User".into()),
+            ("requestheader-group-headers", "X-Remote-Group".into()),
+            (
+                "requestheader-extra-headers-prefix",
+                "X-Remote-Extra-".into(),
+            ),
+            (
+                "proxy-client-cert-file",
+                fp.client_crt.display().to_string(),
+            ),
+            ("proxy-client-key-file", fp.client_key.display().to_string()),
+        ]));
+    }
+    list
+}
+
+/// `--key=value` flags.
+pub(crate) fn flags(list: &[(&str, String)]) -> Vec<String> {
+    list.iter().map(|(k, v)| format!("--{k}={v}")).collect()
+}
