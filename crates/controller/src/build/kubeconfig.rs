@@ -5,11 +5,10 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
-use serde_json::json;
 use tenantplane_api::TenantCluster;
 use tenantplane_pki::KeyAndCert;
 
-use super::{identity, owned_metadata, typed};
+use super::{identity, owned_metadata};
 use crate::tenant_pki::{ADMIN_GROUP, TenantPki};
 use crate::{Error, kubeconfig, names};
 
@@ -29,15 +28,11 @@ pub fn kubeconfig_secret(
     client: &KeyAndCert,
 ) -> Result<Secret, Error> {
     let (tenant, ns) = identity(tc)?;
-    let mut secret: Secret = typed(
-        "the kubeconfig Secret",
-        json!({
-            "apiVersion": "v1",
-            "kind": "Secret",
-            "metadata": owned_metadata(tc, names::kubeconfig_secret(&tenant))?,
-            "type": "cluster.x-k8s.io/secret",
-        }),
-    )?;
+    let mut secret = Secret {
+        metadata: owned_metadata(tc, names::kubeconfig_secret(&tenant))?,
+        type_: Some("cluster.x-k8s.io/secret".into()),
+        ..Default::default()
+    };
     let value = render(
         &tenant,
         &names::endpoint(&tenant, &ns),

@@ -11,10 +11,6 @@ pub mod services;
 pub use meta::owner_reference;
 pub(crate) use meta::{identity, owned_metadata};
 
-use serde::de::DeserializeOwned;
-
-use crate::Error;
-
 /// How the operator is set up, as far as desired objects depend on it.
 #[derive(Clone, Debug)]
 pub struct BuildOptions {
@@ -42,12 +38,6 @@ impl Default for BuildOptions {
             kubelet: None,
         }
     }
-}
-
-/// Deserialize a JSON literal into a typed object (only the kubeconfig Secret is still built
-/// this way); a mismatch is a bug, reported, not a panic.
-pub(crate) fn typed<T: DeserializeOwned>(what: &str, value: serde_json::Value) -> Result<T, Error> {
-    serde_json::from_value(value).map_err(|e| Error::Build(format!("building {what}: {e}")))
 }
 
 #[cfg(test)]
