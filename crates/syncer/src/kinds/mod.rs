@@ -17,18 +17,10 @@ pub mod events;
 pub mod ingresses;
 pub mod nodes;
 pub mod persistentvolumeclaims;
-pub mod pod_references;
-pub mod pod_review;
-pub mod pod_status;
-pub mod pod_translate;
 pub mod pods;
-pub mod runtime_classes;
 pub mod secrets;
-pub mod service_address;
 pub mod serviceaccounts;
 pub mod services;
-pub mod tokens;
-pub mod virtual_node;
 
 /// A kind as the engine runs it.
 pub struct Entry {

@@ -95,7 +95,7 @@ pub(crate) async fn too_large_for(cx: &Tenant, p: &Pod) -> Vec<String> {
         return vec![];
     };
     let ns = p.namespace().unwrap_or_default();
-    let r = crate::kinds::pod_references::references(p);
+    let r = crate::kinds::pods::references::references(p);
     let to_host = &cx.policy.to_host;
     let mut out = Vec::new();
     if to_host.config_maps.enabled {
@@ -139,7 +139,7 @@ pub(crate) fn wake_users(
     cx: &Tenant,
     meta: &ObjectMeta,
     bytes: usize,
-    uses: impl Fn(&crate::kinds::pod_references::References) -> bool,
+    uses: impl Fn(&crate::kinds::pods::references::References) -> bool,
 ) {
     let Some(cap) = allow::DataCap::of(&cx.tr.allow) else {
         return;
@@ -157,7 +157,7 @@ pub(crate) fn wake_users(
     for p in cx.tenant_list::<Pod>() {
         if p.namespace().as_deref() == Some(ns)
             && cx.host_copy::<Pod>(ns, &p.name_any()).is_some() == over
-            && uses(&crate::kinds::pod_references::references(&p))
+            && uses(&crate::kinds::pods::references::references(&p))
         {
             cx.queue.add(Key::for_object::<pods::Pods>(&*p));
         }

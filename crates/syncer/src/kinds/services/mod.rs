@@ -15,11 +15,14 @@ use crate::error::{Error, Result};
 use crate::host::Scope;
 use crate::kind::{Key, Kind};
 use crate::kinds::endpoints::EndpointsKind;
-use crate::kinds::service_address::{OwnAddress, own_address, squatted};
 use crate::naming::SYNCER_MANAGER;
 use crate::tell::{self, Review};
 use crate::tenant::Tenant;
 use crate::translate::Translator;
+
+pub mod address;
+
+use address::{OwnAddress, own_address, squatted};
 
 pub struct Services;
 

@@ -1,6 +1,6 @@
 //! The pure translation of a pod down (the host copy of a tenant pod, confined to its tenant),
-//! and what it needs of the host. What a pod uses is in `pod_references`, what comes up (its
-//! status) in `pod_status`.
+//! and what it needs of the host. What a pod uses is in `references`, what comes up (its
+//! status) in `status`.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -8,15 +8,15 @@ use k8s_openapi::api::core::v1::{KeyToPath, Pod, Service, VolumeProjection};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::ResourceExt;
 
+use super::tokens::token_secret_name;
 use crate::allow;
 use crate::kinds::services::{service_env, tenant_api_env};
-use crate::kinds::tokens::token_secret_name;
 use crate::naming;
 use crate::translate::Translator;
 
-pub use crate::kinds::pod_references::{References, references};
-use crate::kinds::pod_review::placement;
-pub use crate::kinds::pod_review::review;
+pub use super::references::{References, references};
+use super::review::placement;
+pub use super::review::review;
 
 /// The host metadata of a tenant pod's copy: the marks, and the service account it runs as.
 pub fn pod_meta(tr: &Translator, pod: &Pod) -> kube::api::ObjectMeta {

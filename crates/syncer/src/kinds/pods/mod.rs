@@ -1,4 +1,4 @@
-//! Pods: the host runs a copy of each tenant pod, confined to its tenant (see `pod_translate`);
+//! Pods: the host runs a copy of each tenant pod, confined to its tenant (see `translate`);
 //! the tenant pod is bound to the virtual node of the copy and shows the copy's status; deletes
 //! flow both ways, as between a kubelet and its API server. The ConfigMaps, Secrets and claims a
 //! pod uses follow it down.
@@ -24,17 +24,21 @@ use crate::kinds::configmaps::ConfigMaps;
 use crate::kinds::endpoints::EndpointsKind;
 use crate::kinds::nodes::{self, node_key};
 use crate::kinds::persistentvolumeclaims::Claims;
-use crate::kinds::pod_review;
-use crate::kinds::pod_status;
-use crate::kinds::pod_translate::{self, References, images, pod_meta, references};
-use crate::kinds::runtime_classes;
 use crate::kinds::secrets::Secrets;
 use crate::kinds::services::is_tenant_api;
-use crate::kinds::tokens;
 use crate::naming::{ANNOTATION_APPLIED_HASH, SYNCER_MANAGER};
 use crate::tell;
 use crate::tenant::Tenant;
 use crate::tenant_terms::{self, Terms};
+
+pub mod references;
+pub mod review;
+pub mod runtime_classes;
+pub mod status;
+pub mod tokens;
+pub mod translate;
+
+use translate::{References, images, pod_meta, references};
 
 pub struct Pods;
 
@@ -173,7 +177,7 @@ async fn converge_pod(cx: &Tenant, ns: &str, name: &str) -> Result<()> {
         return Ok(());
     }
     let t = runtime_classes::for_host(cx, t, h.as_deref()).await?;
-    let mut review = pod_review::review(&cx.tr, &t);
+    let mut review = review::review(&cx.tr, &t);
     // A copy could not run without the data it uses, which is not copied when too large.
     review
         .refused
@@ -212,8 +216,8 @@ async fn converge_pod(cx: &Tenant, ns: &str, name: &str) -> Result<()> {
     }
     bind(cx, &t, &h).await?;
     let node = h.spec.as_ref().and_then(|s| s.node_name.clone());
-    let wanted = pod_status::pod_status_up(&h, &terms_for(cx, &t, node), cx.tr.kubelet.as_ref());
-    if h.status.is_some() && pod_status::pod_status_differs(t.status.as_ref(), &wanted) {
+    let wanted = status::pod_status_up(&h, &terms_for(cx, &t, node), cx.tr.kubelet.as_ref());
+    if h.status.is_some() && status::pod_status_differs(t.status.as_ref(), &wanted) {
         let t_ip = t.status.as_ref().and_then(|s| s.pod_ip.as_ref());
         if t_ip != wanted.pod_ip.as_ref() {
             // A new address of our own: Endpoints written by hand may name it now.
@@ -341,7 +345,7 @@ async fn create_host_pod(cx: &Tenant, t: &Pod) -> Result<()> {
         })
         .collect();
     let service_refs: Vec<&Service> = services.iter().map(|s| &**s).collect();
-    let desired = pod_translate::pod(&cx.tr, t, &service_refs, tenant_dns(cx).as_deref());
+    let desired = translate::pod(&cx.tr, t, &service_refs, tenant_dns(cx).as_deref());
     let hash = hash_of(&changeable(&desired));
     let (mut body, _) = converge::stamped(&desired)?;
     body["metadata"]["annotations"][ANNOTATION_APPLIED_HASH] = json!(hash);

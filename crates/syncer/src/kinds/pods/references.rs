@@ -6,7 +6,7 @@ use std::collections::BTreeSet;
 use k8s_openapi::api::core::v1::{Pod, SecretVolumeSource};
 use kube::ResourceExt;
 
-use crate::kinds::pod_translate::ephemeral_claim;
+use super::translate::ephemeral_claim;
 
 /// The ConfigMaps, Secrets and claims a pod uses, by tenant name.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -89,8 +89,8 @@ pub fn references(pod: &Pod) -> References {
 
 #[cfg(test)]
 mod tests {
+    use crate::kinds::pods::tokens::token_sources;
     use super::*;
-    use crate::kinds::tokens::token_sources;
     use serde_json::json;
 
     fn pod() -> Pod {

@@ -12,11 +12,11 @@ use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use kube::api::{ObjectMeta, PostParams};
 
+use super::Pods;
+use super::translate::pod_meta;
 use crate::converge::{self, Target};
 use crate::error::{Error, Result};
 use crate::kind::Key;
-use crate::kinds::pod_translate::pod_meta;
-use crate::kinds::pods::Pods;
 use crate::naming::{self, SYNCER_MANAGER};
 use crate::tenant::Tenant;
 

@@ -13,9 +13,12 @@ use crate::converge::delete_if_present;
 use crate::error::Result;
 use crate::host::Scope;
 use crate::kind::{Key, Kind, shown_watch_config};
-use crate::kinds::virtual_node::{labels_patch, node_differs, virtual_node};
 use crate::naming::{self, SYNCER_MANAGER};
 use crate::tenant::Tenant;
+
+pub mod virtual_node;
+
+use virtual_node::{labels_patch, node_differs, virtual_node};
 
 pub struct Nodes;
 
