@@ -12,6 +12,7 @@
 
 pub mod addons;
 pub mod allow;
+pub mod backoff;
 pub mod converge;
 pub mod copy;
 pub mod error;

@@ -14,6 +14,7 @@ use tokio::sync::watch;
 use tracing::warn;
 
 use crate::SyncerSpec;
+use crate::backoff;
 use crate::host::HostWatches;
 use crate::kind::Kind;
 use crate::kinds;
@@ -27,6 +28,9 @@ use crate::wiring::Setup;
 const WORKERS: usize = 32;
 /// Everything is looked at again this often, whatever the watches said.
 const RESYNC: Duration = Duration::from_secs(300);
+/// A stopped engine is started again after this, doubled each time in a row up to the last.
+const RESTART_FIRST: Duration = Duration::from_secs(1);
+const RESTART_MAX: Duration = Duration::from_secs(60);
 
 /// Run the tenant's syncer; when it stops (a panic, a bad policy) restart it after a growing
 /// back-off, reporting why in the health the controller reads.
@@ -38,7 +42,7 @@ pub(crate) async fn supervise(
     reporter: Verdicts,
     stop: watch::Receiver<bool>,
 ) {
-    let mut backoff = Duration::from_secs(1);
+    let mut failures = 0u32;
     loop {
         // The engine runs in its own task so that a panic is caught here; the guard stops it
         // when this task is aborted (the syncer stopped or replaced).
@@ -58,14 +62,15 @@ pub(crate) async fn supervise(
             Err(e) if e.is_panic() => format!("it panicked: {e}"),
             Err(_) => return,
         };
-        warn!(tenant = %spec.tenant, namespace = %spec.host_namespace, error = %why, "syncer stopped; restarting after {backoff:?}");
+        failures = failures.saturating_add(1);
+        let wait = backoff::delay(failures, RESTART_FIRST, RESTART_MAX);
+        warn!(tenant = %spec.tenant, namespace = %spec.host_namespace, error = %why, "syncer stopped; restarting after {wait:?}");
         reporter.health.send_modify(|h| {
             h.crashed = Some(why);
             h.ready = false;
         });
         (reporter.notify)();
-        tokio::time::sleep(backoff).await;
-        backoff = (backoff * 2).min(Duration::from_secs(60));
+        tokio::time::sleep(wait).await;
     }
 }
 

@@ -89,8 +89,8 @@ pub fn references(pod: &Pod) -> References {
 
 #[cfg(test)]
 mod tests {
-    use crate::kinds::pods::tokens::token_sources;
     use super::*;
+    use crate::kinds::pods::tokens::token_sources;
     use serde_json::json;
 
     fn pod() -> Pod {
