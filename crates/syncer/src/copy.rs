@@ -156,13 +156,25 @@ where
 
 /// The [`Kind`] of a copy-down kind: the shared watch of host copies (always, so copies left
 /// from an earlier policy go) and [`converge_copy`], then `then` with both sides when both exist.
+/// `to_host.<field> as "<name>"`: its switch in the SyncPolicy, as Rust and as a person name it.
 /// Items after `;` go into the impl (a narrower tenant watch, more keys).
 #[macro_export]
 macro_rules! copy_down_kind {
-    ($kind:ty, $object:ty, $name:literal $(, then = $then:path)? $(; $($extra:item)*)?) => {
+    ($kind:ty, $object:ty, $name:literal, to_host.$field:ident as $setting:literal $(, then = $then:path)? $(; $($extra:item)*)?) => {
         impl $crate::kind::Kind for $kind {
             const NAME: &'static str = $name;
             type Object = $object;
+            const SETTING: &'static str = concat!("toHost.", $setting);
+
+            fn enabled(policy: &tenantplane_api::SyncPolicySpec) -> bool {
+                policy.to_host.$field.enabled
+            }
+
+            fn selector(
+                policy: &tenantplane_api::SyncPolicySpec,
+            ) -> Option<&k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector> {
+                policy.to_host.$field.selector.as_ref()
+            }
 
             $($($extra)*)?
 

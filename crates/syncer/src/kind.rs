@@ -2,7 +2,8 @@
 //! which keys a change maps to, and its converge step. The engine knows kinds only through it.
 
 use futures::future::BoxFuture;
-use kube::api::Api;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use kube::api::{Api, ObjectMeta};
 use kube::runtime::watcher;
 use kube::{Client, Resource, ResourceExt};
 use serde::Serialize;
@@ -79,6 +80,23 @@ pub trait Kind: Sized + Send + Sync + 'static {
     /// The kind, as keys, messages and metrics name it.
     const NAME: &'static str;
     type Object: Object;
+    /// Where the kind's switch sits in the SyncPolicy, as a person writes it (`toHost.pods`).
+    const SETTING: &'static str;
+
+    /// Does the kind sync at all under `policy` (its `enabled` switch)?
+    fn enabled(policy: &SyncPolicySpec) -> bool;
+
+    /// The policy's label selector for the kind, if it has one: only the tenant objects it
+    /// selects sync.
+    fn selector(_policy: &SyncPolicySpec) -> Option<&LabelSelector> {
+        None
+    }
+
+    /// Does the policy sync tenant object `meta` of this kind: the kind is enabled and its
+    /// selector (if any) selects the object?
+    fn synced(cx: &Tenant, meta: &ObjectMeta) -> bool {
+        Self::enabled(&cx.policy) && cx.selected(Self::NAME, meta)
+    }
 
     /// The tenant-side watch under `policy`; `None`: the tenant side is not watched.
     fn tenant_watch(_policy: &SyncPolicySpec) -> Option<watcher::Config> {

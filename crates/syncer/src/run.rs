@@ -16,7 +16,6 @@ use tracing::warn;
 use crate::SyncerSpec;
 use crate::backoff;
 use crate::host::HostWatches;
-use crate::kind::Kind;
 use crate::kinds;
 use crate::naming::{SYNCER_MANAGER, TenantRef};
 use crate::queue::WorkQueue;
@@ -86,52 +85,18 @@ impl<T> Drop for AbortOnDrop<T> {
 /// The policy's label selectors, by the kind they select.
 fn selectors(
     policy: &SyncPolicySpec,
+    entries: &[kinds::Entry],
 ) -> std::result::Result<BTreeMap<&'static str, Selector>, String> {
-    let to = &policy.to_host;
-    let all = [
-        (kinds::pods::Pods::NAME, "pods", &to.pods.selector),
-        (
-            kinds::services::Services::NAME,
-            "services",
-            &to.services.selector,
-        ),
-        (
-            kinds::endpoints::EndpointsKind::NAME,
-            "endpoints",
-            &to.endpoints.selector,
-        ),
-        (
-            kinds::configmaps::ConfigMaps::NAME,
-            "configMaps",
-            &to.config_maps.selector,
-        ),
-        (
-            kinds::secrets::Secrets::NAME,
-            "secrets",
-            &to.secrets.selector,
-        ),
-        (
-            kinds::persistentvolumeclaims::Claims::NAME,
-            "persistentVolumeClaims",
-            &to.persistent_volume_claims.selector,
-        ),
-        (
-            kinds::serviceaccounts::ServiceAccounts::NAME,
-            "serviceAccounts",
-            &to.service_accounts.selector,
-        ),
-        (
-            kinds::ingresses::Ingresses::NAME,
-            "ingresses",
-            &to.ingresses.selector,
-        ),
-    ];
     let mut out = BTreeMap::new();
-    for (kind, field, selector) in all {
-        if let Some(s) = selector {
-            let s = Selector::try_from(s.clone())
-                .map_err(|e| format!("the SyncPolicy's toHost.{field}.selector is invalid: {e}"))?;
-            out.insert(kind, s);
+    for entry in entries {
+        if let Some(s) = (entry.selector)(policy) {
+            let s = Selector::try_from(s.clone()).map_err(|e| {
+                format!(
+                    "the SyncPolicy's {}.selector is invalid: {e}",
+                    entry.setting
+                )
+            })?;
+            out.insert(entry.name, s);
         }
     }
     Ok(out)
@@ -154,7 +119,8 @@ async fn run(
     // Failures of an earlier run name objects that may be gone; this run finds them again.
     reporter.health.send_modify(|h| h.errors.clear());
     let policy = spec.policy.clone();
-    let selectors = selectors(&policy)?;
+    let entries = kinds::all();
+    let selectors = selectors(&policy, &entries)?;
     let tenant_ref = TenantRef {
         name: spec.tenant.clone(),
         owner: spec.owner.clone(),
@@ -162,7 +128,6 @@ async fn run(
     crate::identity::ensure(&host, &tenant_ref, &spec.host_namespace).await?;
     let queue = WorkQueue::new();
     let (relists, mut relisted) = futures::channel::mpsc::unbounded();
-    let entries = kinds::all();
     let mut setup = Setup {
         policy: &policy,
         tenant: tenant.clone(),
@@ -285,4 +250,48 @@ async fn run(
         () = start => {}
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement};
+
+    #[test]
+    fn every_selector_of_the_policy_is_read_and_a_bad_one_names_its_setting() {
+        let mut policy = SyncPolicySpec::default();
+        let pick = LabelSelector {
+            match_labels: Some([("app".to_string(), "web".to_string())].into()),
+            ..Default::default()
+        };
+        let to = &mut policy.to_host;
+        for s in [
+            &mut to.pods.selector,
+            &mut to.services.selector,
+            &mut to.endpoints.selector,
+            &mut to.config_maps.selector,
+            &mut to.secrets.selector,
+            &mut to.persistent_volume_claims.selector,
+            &mut to.service_accounts.selector,
+            &mut to.ingresses.selector,
+        ] {
+            *s = Some(pick.clone());
+        }
+        let read = selectors(&policy, &kinds::all()).unwrap();
+        assert_eq!(read.len(), 8, "{:?}", read.keys());
+
+        policy.to_host.config_maps.selector = Some(LabelSelector {
+            match_expressions: Some(vec![LabelSelectorRequirement {
+                key: "app".into(),
+                operator: "Near".into(),
+                values: None,
+            }]),
+            ..Default::default()
+        });
+        let e = selectors(&policy, &kinds::all()).unwrap_err();
+        assert!(
+            e.starts_with("the SyncPolicy's toHost.configMaps.selector is invalid"),
+            "{e}"
+        );
+    }
 }

@@ -13,14 +13,13 @@ use crate::translate::Translator;
 
 pub struct ConfigMaps;
 
-copy_down_kind!(ConfigMaps, ConfigMap, "ConfigMap");
+copy_down_kind!(ConfigMaps, ConfigMap, "ConfigMap", to_host.config_maps as "configMaps");
 
 impl CopyDown for ConfigMaps {
     fn wanted(cx: &Tenant, cm: &ConfigMap) -> bool {
         let setting = &cx.policy.to_host.config_maps;
         let (ns, name) = (cm.namespace().unwrap_or_default(), cm.name_any());
-        setting.enabled
-            && cx.selected(Self::NAME, &cm.metadata)
+        Self::synced(cx, &cm.metadata)
             && (setting.all || pods::referenced(cx, &ns, |r| r.config_maps.contains(&name)))
     }
 

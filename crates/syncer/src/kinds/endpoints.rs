@@ -17,20 +17,16 @@ use crate::translate::Translator;
 
 pub struct EndpointsKind;
 
-copy_down_kind!(EndpointsKind, Endpoints, "Endpoints");
+copy_down_kind!(EndpointsKind, Endpoints, "Endpoints", to_host.endpoints as "endpoints");
 
 impl CopyDown for EndpointsKind {
     fn wanted(cx: &Tenant, ep: &Endpoints) -> bool {
         let (ns, name) = (ep.namespace().unwrap_or_default(), ep.name_any());
         let selectorless = cx.tenant_get::<Service>(&ns, &name).is_some_and(|s| {
             s.spec.as_ref().is_none_or(|sp| sp.selector.is_none())
-                && cx.policy.to_host.services.enabled
-                && cx.selected(Services::NAME, &s.metadata)
+                && Services::synced(cx, &s.metadata)
         });
-        selectorless
-            && cx.policy.to_host.endpoints.enabled
-            && cx.selected(Self::NAME, &ep.metadata)
-            && !(ns == "default" && name == "kubernetes")
+        selectorless && Self::synced(cx, &ep.metadata) && !(ns == "default" && name == "kubernetes")
     }
 
     /// Without the tenant's caches no address is known to be its own: only the profile's CIDRs.

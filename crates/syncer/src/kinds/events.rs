@@ -28,6 +28,11 @@ pub struct Events;
 impl Kind for Events {
     const NAME: &'static str = "Event";
     type Object = CoreEvent;
+    const SETTING: &'static str = "fromHost.events";
+
+    fn enabled(policy: &SyncPolicySpec) -> bool {
+        policy.from_host.events.enabled
+    }
 
     fn tenant_watch(_: &SyncPolicySpec) -> Option<watcher::Config> {
         Some(shown_watch_config())
@@ -39,7 +44,7 @@ impl Kind for Events {
     }
 
     fn host_scope(policy: &SyncPolicySpec) -> Option<Scope> {
-        policy.from_host.events.enabled.then_some(Scope::Namespaced)
+        Self::enabled(policy).then_some(Scope::Namespaced)
     }
 
     fn host_api(client: Client, namespace: Option<&str>) -> Api<CoreEvent> {

@@ -24,9 +24,9 @@ use crate::translate::Translator;
 
 pub struct Ingresses;
 
-copy_down_kind!(Ingresses, Ingress, "Ingress", then = after_copy;
+copy_down_kind!(Ingresses, Ingress, "Ingress", to_host.ingresses as "ingresses", then = after_copy;
     fn tenant_watch(p: &SyncPolicySpec) -> Option<watcher::Config> {
-        p.to_host.ingresses.enabled.then(tenant_watch_config)
+        Self::enabled(p).then(tenant_watch_config)
     }
 
     fn tenant_keys(i: &Ingress) -> Vec<Key> {
@@ -38,7 +38,7 @@ copy_down_kind!(Ingresses, Ingress, "Ingress", then = after_copy;
 
 impl CopyDown for Ingresses {
     fn wanted(cx: &Tenant, i: &Ingress) -> bool {
-        cx.policy.to_host.ingresses.enabled && cx.selected(Self::NAME, &i.metadata)
+        Self::synced(cx, &i.metadata)
     }
 
     fn review(tr: &Translator, ingress: &Ingress) -> Review {
@@ -100,14 +100,13 @@ pub fn tls_keys(i: &Ingress) -> Vec<Key> {
 /// Is Secret `ns/name` the TLS certificate of an Ingress the profile admits and the host took?
 /// A refused Ingress pulls nothing onto the host.
 pub fn uses_tls_secret(cx: &Tenant, ns: &str, name: &str) -> bool {
-    cx.policy.to_host.ingresses.enabled
-        && cx.tenant_list::<Ingress>().iter().any(|i| {
-            i.namespace().as_deref() == Some(ns)
-                && cx.selected(Ingresses::NAME, &i.metadata)
-                && tls_secrets(i).any(|s| s == name)
-                && Ingresses::review(&cx.tr, i).refused.is_empty()
-                && cx.host_copy::<Ingress>(ns, &i.name_any()).is_some()
-        })
+    cx.tenant_list::<Ingress>().iter().any(|i| {
+        i.namespace().as_deref() == Some(ns)
+            && Ingresses::synced(cx, &i.metadata)
+            && tls_secrets(i).any(|s| s == name)
+            && Ingresses::review(&cx.tr, i).refused.is_empty()
+            && cx.host_copy::<Ingress>(ns, &i.name_any()).is_some()
+    })
 }
 
 fn tls_secrets(i: &Ingress) -> impl Iterator<Item = &str> {

@@ -4,6 +4,8 @@
 use futures::future::BoxFuture;
 use k8s_openapi::api::networking::v1::IngressClass;
 use k8s_openapi::api::storage::v1::StorageClass;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use tenantplane_api::SyncPolicySpec;
 
 use crate::error::Result;
 use crate::kind::{Key, Kind};
@@ -25,6 +27,9 @@ pub mod services;
 /// A kind as the engine runs it.
 pub struct Entry {
     pub name: &'static str,
+    /// Where its switch sits in the SyncPolicy (`toHost.pods`).
+    pub setting: &'static str,
+    pub selector: fn(&SyncPolicySpec) -> Option<&LabelSelector>,
     pub converge: for<'a> fn(&'a Tenant, &'a Key) -> BoxFuture<'a, Result<()>>,
     pub everything: fn(&Tenant) -> Vec<Key>,
     pub wire: fn(&mut Setup<'_>),
@@ -33,13 +38,16 @@ pub struct Entry {
 fn entry<S: Kind>() -> Entry {
     Entry {
         name: S::NAME,
+        setting: S::SETTING,
+        selector: S::selector,
         converge: S::converge,
         everything: S::everything,
         wire: |setup| setup.wire::<S>(),
     }
 }
 
-/// Every kind the syncer knows.
+/// Every kind the syncer knows: the one list. A kind's switch and selector in the SyncPolicy,
+/// its watches and its converge step all come from its [`Kind`] implementation.
 pub fn all() -> Vec<Entry> {
     vec![
         entry::<pods::Pods>(),

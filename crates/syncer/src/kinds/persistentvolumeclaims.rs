@@ -22,6 +22,7 @@ copy_down_kind!(
     Claims,
     PersistentVolumeClaim,
     "PersistentVolumeClaim",
+    to_host.persistent_volume_claims as "persistentVolumeClaims",
     then = status_up
 );
 
@@ -49,7 +50,7 @@ impl CopyDown for Claims {
     }
 
     fn wanted(cx: &Tenant, c: &PersistentVolumeClaim) -> bool {
-        cx.policy.to_host.persistent_volume_claims.enabled && cx.selected(Self::NAME, &c.metadata)
+        Self::synced(cx, &c.metadata)
     }
 
     fn translate(tr: &Translator, pvc: &PersistentVolumeClaim) -> PersistentVolumeClaim {

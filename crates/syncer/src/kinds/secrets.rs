@@ -20,7 +20,7 @@ use crate::translate::Translator;
 
 pub struct Secrets;
 
-copy_down_kind!(Secrets, Secret, "Secret";
+copy_down_kind!(Secrets, Secret, "Secret", to_host.secrets as "secrets";
     fn host_keys(s: &Secret, tenant: &str) -> Vec<Key> {
         host_keys(s, tenant)
     }
@@ -32,8 +32,7 @@ impl CopyDown for Secrets {
     fn wanted(cx: &Tenant, s: &Secret) -> bool {
         let setting = &cx.policy.to_host.secrets;
         let (ns, name) = (s.namespace().unwrap_or_default(), s.name_any());
-        setting.enabled
-            && cx.selected(Self::NAME, &s.metadata)
+        Self::synced(cx, &s.metadata)
             && s.type_.as_deref() != Some(TOKEN_TYPE)
             && (setting.all
                 || pods::referenced(cx, &ns, |r| r.secrets.contains(&name))
@@ -96,9 +95,8 @@ pub(crate) async fn too_large_for(cx: &Tenant, p: &Pod) -> Vec<String> {
     };
     let ns = p.namespace().unwrap_or_default();
     let r = crate::kinds::pods::references::references(p);
-    let to_host = &cx.policy.to_host;
     let mut out = Vec::new();
-    if to_host.config_maps.enabled {
+    if ConfigMaps::enabled(&cx.policy) {
         for cm in r
             .config_maps
             .iter()
@@ -113,7 +111,7 @@ pub(crate) async fn too_large_for(cx: &Tenant, p: &Pod) -> Vec<String> {
             }
         }
     }
-    if to_host.secrets.enabled {
+    if Secrets::enabled(&cx.policy) {
         for s in r
             .secrets
             .iter()

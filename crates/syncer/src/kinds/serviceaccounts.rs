@@ -14,15 +14,15 @@ use crate::translate::Translator;
 
 pub struct ServiceAccounts;
 
-copy_down_kind!(ServiceAccounts, ServiceAccount, "ServiceAccount";
+copy_down_kind!(ServiceAccounts, ServiceAccount, "ServiceAccount", to_host.service_accounts as "serviceAccounts";
     fn tenant_watch(p: &SyncPolicySpec) -> Option<watcher::Config> {
-        p.to_host.service_accounts.enabled.then(tenant_watch_config)
+        Self::enabled(p).then(tenant_watch_config)
     }
 );
 
 impl CopyDown for ServiceAccounts {
     fn wanted(cx: &Tenant, sa: &ServiceAccount) -> bool {
-        cx.policy.to_host.service_accounts.enabled && cx.selected(Self::NAME, &sa.metadata)
+        Self::synced(cx, &sa.metadata)
     }
 
     fn translate(tr: &Translator, sa: &ServiceAccount) -> ServiceAccount {

@@ -25,13 +25,18 @@ pub struct Nodes;
 impl Kind for Nodes {
     const NAME: &'static str = "Node";
     type Object = Node;
+    const SETTING: &'static str = "fromHost.nodes";
+
+    fn enabled(policy: &SyncPolicySpec) -> bool {
+        policy.from_host.nodes.enabled
+    }
 
     fn tenant_watch(_: &SyncPolicySpec) -> Option<kube::runtime::watcher::Config> {
         Some(shown_watch_config())
     }
 
     fn host_scope(policy: &SyncPolicySpec) -> Option<Scope> {
-        policy.from_host.nodes.enabled.then_some(Scope::Cluster)
+        Self::enabled(policy).then_some(Scope::Cluster)
     }
 
     fn host_api(client: Client, _: Option<&str>) -> Api<Node> {
@@ -128,7 +133,10 @@ fn node_of(p: &Pod) -> Option<&str> {
 /// Binding) does not make it one: its copy goes where the host scheduler puts it.
 pub fn shown(cx: &Tenant, name: &str) -> bool {
     let nodes = &cx.policy.from_host.nodes;
-    let Some(host) = cx.host_get::<Node>(false, name).filter(|_| nodes.enabled) else {
+    let Some(host) = cx
+        .host_get::<Node>(false, name)
+        .filter(|_| Nodes::enabled(&cx.policy))
+    else {
         return false;
     };
     cx.host_slice::<Pod>()

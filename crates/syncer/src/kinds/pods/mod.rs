@@ -9,6 +9,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::{
     Binding, ConfigMap, Endpoints, ObjectReference, Pod, Secret, Service,
 };
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{ObjectMeta, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
@@ -45,6 +46,15 @@ pub struct Pods;
 impl Kind for Pods {
     const NAME: &'static str = "Pod";
     type Object = Pod;
+    const SETTING: &'static str = "toHost.pods";
+
+    fn enabled(policy: &SyncPolicySpec) -> bool {
+        policy.to_host.pods.enabled
+    }
+
+    fn selector(policy: &SyncPolicySpec) -> Option<&LabelSelector> {
+        policy.to_host.pods.selector.as_ref()
+    }
 
     fn tenant_keys(p: &Pod) -> Vec<Key> {
         let ns = p.namespace().unwrap_or_default();
@@ -94,13 +104,12 @@ impl Kind for Pods {
 /// Only pods the host admitted count: a pod refused by the profile or the host pulls nothing
 /// onto the host.
 pub fn referenced(cx: &Tenant, ns: &str, pick: impl Fn(&References) -> bool) -> bool {
-    cx.policy.to_host.pods.enabled
-        && cx.tenant_list::<Pod>().iter().any(|p| {
-            p.namespace().as_deref() == Some(ns)
-                && cx.selected(Pods::NAME, &p.metadata)
-                && pick(&references(p))
-                && cx.host_copy::<Pod>(ns, &p.name_any()).is_some()
-        })
+    cx.tenant_list::<Pod>().iter().any(|p| {
+        p.namespace().as_deref() == Some(ns)
+            && Pods::synced(cx, &p.metadata)
+            && pick(&references(p))
+            && cx.host_copy::<Pod>(ns, &p.name_any()).is_some()
+    })
 }
 
 /// Once the host admitted a pod, what it uses follows: its ConfigMaps and Secrets that have no
@@ -127,12 +136,10 @@ async fn converge_pod(cx: &Tenant, ns: &str, name: &str) -> Result<()> {
     // Whatever changed of this pod (it went, is going, finished, got its address), Endpoints
     // written by hand hold only the addresses of pods that still have them.
     crate::kinds::endpoints::wake_stale(cx);
-    let t = cx
-        .tenant_get::<Pod>(ns, name)
-        .filter(|_| cx.policy.to_host.pods.enabled);
+    let t = cx.tenant_get::<Pod>(ns, name);
     let h = cx.host_copy::<Pod>(ns, name);
     let host_pods = cx.host_api::<Pod>();
-    let Some(t) = t.filter(|t| cx.selected(Pods::NAME, &t.metadata)) else {
+    let Some(t) = t.filter(|t| Pods::synced(cx, &t.metadata)) else {
         // Gone from the tenant (or not synced): the copy goes too.
         if let Some(h) = h {
             forget(cx, &h);
@@ -247,7 +254,7 @@ async fn converge_pod(cx: &Tenant, ns: &str, name: &str) -> Result<()> {
 async fn bind(cx: &Tenant, t: &Pod, h: &Pod) -> Result<()> {
     let bound = t.spec.as_ref().and_then(|s| s.node_name.clone());
     let host_node = h.spec.as_ref().and_then(|s| s.node_name.clone());
-    let (None, Some(node), true) = (bound, host_node, cx.policy.from_host.nodes.enabled) else {
+    let (None, Some(node), true) = (bound, host_node, nodes::Nodes::enabled(&cx.policy)) else {
         return Ok(());
     };
     if !nodes::ensure_virtual_node(cx, &node).await? {

@@ -4,9 +4,11 @@
 //! API server's host Service. Load-balancer addresses come back.
 
 use k8s_openapi::api::core::v1::{Endpoints, EnvVar, Service, ServicePort, ServiceSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::ResourceExt;
 use kube::api::{ObjectMeta, Patch, PatchParams, PostParams};
 use serde_json::json;
+use tenantplane_api::SyncPolicySpec;
 use tracing::debug;
 
 use crate::converge::delete_if_present;
@@ -29,6 +31,15 @@ pub struct Services;
 impl Kind for Services {
     const NAME: &'static str = "Service";
     type Object = Service;
+    const SETTING: &'static str = "toHost.services";
+
+    fn enabled(policy: &SyncPolicySpec) -> bool {
+        policy.to_host.services.enabled
+    }
+
+    fn selector(policy: &SyncPolicySpec) -> Option<&LabelSelector> {
+        policy.to_host.services.selector.as_ref()
+    }
 
     fn tenant_keys(s: &Service) -> Vec<Key> {
         let (ns, n) = (s.namespace().unwrap_or_default(), s.name_any());
@@ -38,7 +49,7 @@ impl Kind for Services {
         ]
     }
 
-    fn host_scope(policy: &tenantplane_api::SyncPolicySpec) -> Option<Scope> {
+    fn host_scope(policy: &SyncPolicySpec) -> Option<Scope> {
         crate::copy::copies(policy)
     }
 
@@ -68,10 +79,10 @@ async fn converge_service(cx: &Tenant, ns: &str, name: &str) -> Result<()> {
         take_cluster_ip(cx, &t, &ip, Some(vec![ip.clone()]), None).await?;
         return Ok(());
     }
-    let enabled = cx.policy.to_host.services.enabled;
+    let enabled = Services::enabled(&cx.policy);
     let t = cx
         .tenant_get::<Service>(ns, name)
-        .filter(|s| enabled && cx.selected(Services::NAME, &s.metadata));
+        .filter(|s| Services::synced(cx, &s.metadata));
     let h = cx.host_copy::<Service>(ns, name);
     let api = cx.host_api::<Service>();
     let Some(t) = t else {
