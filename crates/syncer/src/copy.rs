@@ -21,8 +21,8 @@ pub trait CopyDown: Kind<Object: Resource<Scope = k8s_openapi::NamespaceResource
     /// Should tenant object `obj` have a host copy now (policy, selector, references)?
     fn wanted(cx: &Tenant, obj: &Self::Object) -> bool;
 
-    /// The host copy of `obj`: pure.
-    fn translate(tr: &Translator, obj: &Self::Object) -> Self::Object;
+    /// The host copy of `obj`, named `host_name` (see [`Translator::host_name`]): pure.
+    fn translate(tr: &Translator, obj: &Self::Object, host_name: &str) -> Self::Object;
 
     /// What the host copy of `obj` leaves out, and why it may have none: pure. By default, the
     /// annotations the IsolationProfile does not allow on the kind.
@@ -33,13 +33,20 @@ pub trait CopyDown: Kind<Object: Resource<Scope = k8s_openapi::NamespaceResource
         }
     }
 
-    /// [`Self::translate`], for kinds whose copy depends on what else the tenant has.
-    fn translate_in(cx: &Tenant, obj: &Self::Object) -> Self::Object {
-        Self::translate(&cx.tr, obj)
+    /// [`Self::translate`], for kinds whose copy depends on what else the tenant has, or on
+    /// `live`, the copy as it is.
+    fn translate_in(
+        cx: &Tenant,
+        obj: &Self::Object,
+        host_name: &str,
+        _live: Option<&Self::Object>,
+    ) -> Self::Object {
+        Self::translate(&cx.tr, obj, host_name)
     }
 
-    /// [`Self::review`], for kinds whose copy depends on what else the tenant has.
-    fn review_in(cx: &Tenant, obj: &Self::Object) -> Review {
+    /// [`Self::review`], for kinds whose copy depends on what else the tenant has, or on
+    /// `live`, the copy as it is.
+    fn review_in(cx: &Tenant, obj: &Self::Object, _live: Option<&Self::Object>) -> Review {
         Self::review(&cx.tr, obj)
     }
 
@@ -92,19 +99,22 @@ pub fn step<S: CopyDown>(
 /// kinds that bring state back up.
 pub async fn converge_copy<S: CopyDown>(cx: &Tenant, key: &Key) -> Result<Pair<S::Object>> {
     let (ns, name) = (&key.namespace, &key.name);
+    // The one translation of the name in this converge: the lookup and the copy share it.
+    let host_name = cx.tr.host_name(ns, name);
     let t = cx.tenant_get::<S::Object>(ns, name);
     if let Some(t) = &t {
         S::wake_dependents(cx, t);
     }
     let t = t.filter(|t| S::wanted(cx, t));
-    let h = cx.host_copy::<S::Object>(ns, name);
+    let h = cx.host_copy::<S::Object>(&host_name, ns, name);
     if let Some(t) = t
         .as_deref()
         .filter(|t| t.meta().deletion_timestamp.is_none())
     {
-        tell::enforce(cx, t, h.as_deref(), &S::review_in(cx, t)).await?;
+        tell::enforce(cx, t, h.as_deref(), &S::review_in(cx, t, h.as_deref())).await?;
     }
-    match step::<S>(|t| S::translate_in(cx, t), t.as_deref(), h.as_deref()) {
+    let translate = |t: &S::Object| S::translate_in(cx, t, &host_name, h.as_deref());
+    match step::<S>(translate, t.as_deref(), h.as_deref()) {
         Step::Nothing => Ok(None),
         // Made again on the next pass, once the delete is seen.
         Step::Delete | Step::Replace => {
@@ -220,7 +230,7 @@ where
 mod tests {
     use super::*;
     use crate::kinds::secrets::Secrets;
-    use crate::translate::tests::translator;
+    use crate::translate::tests::{host_name_of, translator};
     use k8s_openapi::api::core::v1::Secret;
     use serde_json::json;
 
@@ -243,8 +253,9 @@ mod tests {
     fn the_driver_makes_deletes_replaces_or_applies_the_copy() {
         let tr = translator();
         let t = secret("Opaque", false);
-        let copy = Secrets::translate(&tr, &t);
-        let tr_of = |s: &Secret| Secrets::translate(&tr, s);
+        let host_name = host_name_of(&tr, &t.metadata);
+        let copy = Secrets::translate(&tr, &t, &host_name);
+        let tr_of = |s: &Secret| Secrets::translate(&tr, s, &host_name);
         assert_eq!(step::<Secrets>(tr_of, None, None), Step::Nothing);
         assert_eq!(step::<Secrets>(tr_of, None, Some(&copy)), Step::Delete);
         let going = secret("Opaque", true);

@@ -101,11 +101,25 @@ impl Tenant {
         self.host_store::<K>()?.get(ns, name)
     }
 
-    /// The host copy of tenant object `namespace/name`, if there is one and it is ours.
-    pub fn host_copy<K: Object>(&self, namespace: &str, name: &str) -> Option<Arc<K>> {
+    /// The host object `host_name`, if it is ours and the copy of tenant object
+    /// `namespace/name`. Names are not translated here: the caller has the host name.
+    pub fn host_copy<K: Object>(
+        &self,
+        host_name: &str,
+        namespace: &str,
+        name: &str,
+    ) -> Option<Arc<K>> {
         let ours = self.is_copy_of(namespace, name);
-        self.host_get::<K>(true, &self.tr.host_name(namespace, name))
+        self.host_get::<K>(true, host_name)
             .filter(|o| ours(o.meta()))
+    }
+
+    /// Has tenant object `namespace/name` a host copy of ours? For the objects whose verdict
+    /// follows another's (what a pod uses, the pods a Secret wakes), not the one converged: the
+    /// name is translated here for the question alone.
+    pub fn is_copied<K: Object>(&self, namespace: &str, name: &str) -> bool {
+        self.host_copy::<K>(&self.tr.host_name(namespace, name), namespace, name)
+            .is_some()
     }
 
     /// Does host metadata `meta` make an object this tenant's copy of `namespace/name`?

@@ -23,9 +23,9 @@ impl CopyDown for ConfigMaps {
             && (setting.all || pods::referenced(cx, &ns, |r| r.config_maps.contains(&name)))
     }
 
-    fn translate(tr: &Translator, cm: &ConfigMap) -> ConfigMap {
+    fn translate(tr: &Translator, cm: &ConfigMap, host_name: &str) -> ConfigMap {
         ConfigMap {
-            metadata: tr.host_meta(Self::NAME, &cm.metadata),
+            metadata: tr.host_meta(Self::NAME, &cm.metadata, host_name),
             data: cm.data.clone(),
             binary_data: cm.binary_data.clone(),
             immutable: None,
@@ -47,7 +47,7 @@ impl CopyDown for ConfigMaps {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::translate::tests::translator;
+    use crate::translate::tests::{host_name_of, translator};
     use serde_json::json;
 
     #[test]
@@ -60,7 +60,7 @@ mod tests {
                 "example.com/team": "web"}}
         }))
         .unwrap();
-        let host = ConfigMaps::translate(&tr, &cm);
+        let host = ConfigMaps::translate(&tr, &cm, &host_name_of(&tr, &cm.metadata));
         let a = host.metadata.annotations.unwrap();
         assert!(!a.contains_key("reflector.v1.k8s.emberstack.com/reflects"));
         assert_eq!(a["example.com/team"], "web");
@@ -108,7 +108,8 @@ mod tests {
             "data": {"a": "1"}, "immutable": true
         }))
         .unwrap();
-        let host = ConfigMaps::translate(&translator(), &cm);
+        let tr = translator();
+        let host = ConfigMaps::translate(&tr, &cm, &host_name_of(&tr, &cm.metadata));
         assert_eq!(host.metadata.name.as_deref(), Some("conf-x-default-x-dev"));
         assert_eq!(host.data.unwrap()["a"], "1");
         assert_eq!(

@@ -51,7 +51,7 @@ impl CopyDown for Ingresses {
         Review { refused, dropped }
     }
 
-    fn translate(tr: &Translator, ingress: &Ingress) -> Ingress {
+    fn translate(tr: &Translator, ingress: &Ingress, host_name: &str) -> Ingress {
         let ns = ingress.namespace().unwrap_or_default();
         let mut spec = ingress.spec.clone().unwrap_or_default();
         let backend = |b: &mut IngressBackend| {
@@ -73,7 +73,7 @@ impl CopyDown for Ingresses {
                 *name = tr.host_name(&ns, name);
             }
         }
-        let mut metadata = tr.host_meta(Self::NAME, &ingress.metadata);
+        let mut metadata = tr.host_meta(Self::NAME, &ingress.metadata, host_name);
         // An Ingress carrying them is refused; never copied even so.
         if let Some(a) = metadata.annotations.as_mut() {
             a.retain(|k, _| !crate::allow::never_copied(k));
@@ -105,7 +105,7 @@ pub fn uses_tls_secret(cx: &Tenant, ns: &str, name: &str) -> bool {
             && Ingresses::synced(cx, &i.metadata)
             && tls_secrets(i).any(|s| s == name)
             && Ingresses::review(&cx.tr, i).refused.is_empty()
-            && cx.host_copy::<Ingress>(ns, &i.name_any()).is_some()
+            && cx.is_copied::<Ingress>(ns, &i.name_any())
     })
 }
 
@@ -119,7 +119,7 @@ fn tls_secrets(i: &Ingress) -> impl Iterator<Item = &str> {
 /// Once the host has the copy: its TLS Secrets follow, and the host's address comes back.
 async fn after_copy(cx: &Tenant, t: &Arc<Ingress>, h: &Arc<Ingress>) -> Result<()> {
     let ns = t.namespace().unwrap_or_default();
-    for secret in tls_secrets(t).filter(|s| cx.host_copy::<Secret>(&ns, s).is_none()) {
+    for secret in tls_secrets(t).filter(|s| !cx.is_copied::<Secret>(&ns, s)) {
         cx.queue.add(Key::of::<Secrets>(ns.clone(), secret));
     }
     address_up(cx, t, h).await
@@ -145,7 +145,7 @@ async fn address_up(cx: &Tenant, t: &Arc<Ingress>, h: &Arc<Ingress>) -> Result<(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::translate::tests::translator;
+    use crate::translate::tests::{host_name_of, translator};
 
     #[test]
     fn an_admitted_annotation_that_calls_a_url_refuses_the_ingress() {
@@ -184,7 +184,8 @@ mod tests {
             }
         }))
         .unwrap();
-        let plain = Ingresses::translate(&translator(), &ingress);
+        let host_name = host_name_of(&translator(), &ingress.metadata);
+        let plain = Ingresses::translate(&translator(), &ingress, &host_name);
         let annotations = plain.metadata.annotations.unwrap();
         assert!(
             !annotations.keys().any(|k| k.starts_with("nginx.")),
@@ -192,7 +193,7 @@ mod tests {
         );
         let mut tr = translator();
         tr.allow.annotations.ingresses = vec!["nginx.ingress.kubernetes.io/*".into()];
-        let host = Ingresses::translate(&tr, &ingress);
+        let host = Ingresses::translate(&tr, &ingress, &host_name);
         let annotations = host.metadata.annotations.unwrap();
         assert!(annotations.contains_key("nginx.ingress.kubernetes.io/rewrite-target"));
         assert!(

@@ -39,14 +39,14 @@ impl CopyDown for Secrets {
                 || ingresses::uses_tls_secret(cx, &ns, &name))
     }
 
-    fn translate(tr: &Translator, secret: &Secret) -> Secret {
+    fn translate(tr: &Translator, secret: &Secret, host_name: &str) -> Secret {
         // A copied token Secret type would make the host's token controller act on it.
         let type_ = match secret.type_.as_deref() {
             Some(TOKEN_TYPE) | None => Some("Opaque".to_string()),
             other => other.map(String::from),
         };
         Secret {
-            metadata: tr.host_meta(Self::NAME, &secret.metadata),
+            metadata: tr.host_meta(Self::NAME, &secret.metadata, host_name),
             data: secret.data.clone(),
             string_data: None,
             type_,
@@ -154,7 +154,7 @@ pub(crate) fn wake_users(
     let ns = meta.namespace.as_deref().unwrap_or_default();
     for p in cx.tenant_list::<Pod>() {
         if p.namespace().as_deref() == Some(ns)
-            && cx.host_copy::<Pod>(ns, &p.name_any()).is_some() == over
+            && cx.is_copied::<Pod>(ns, &p.name_any()) == over
             && uses(&crate::kinds::pods::references::references(&p))
         {
             cx.queue.add(Key::for_object::<pods::Pods>(&*p));
@@ -186,7 +186,7 @@ fn host_keys(s: &Secret, tenant: &str) -> Vec<Key> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::translate::tests::translator;
+    use crate::translate::tests::{host_name_of, translator};
     use serde_json::json;
 
     #[test]
@@ -196,8 +196,11 @@ mod tests {
             "type": "kubernetes.io/service-account-token"
         }))
         .unwrap();
+        let tr = translator();
         assert_eq!(
-            Secrets::translate(&translator(), &s).type_.as_deref(),
+            Secrets::translate(&tr, &s, &host_name_of(&tr, &s.metadata))
+                .type_
+                .as_deref(),
             Some("Opaque")
         );
     }
@@ -217,7 +220,7 @@ mod tests {
                 "example.com/owner": "team-web"}}
         }))
         .unwrap();
-        let copy = Secrets::translate(&tr, &s);
+        let copy = Secrets::translate(&tr, &s, &host_name_of(&tr, &s.metadata));
         let kept: Vec<&String> = copy.metadata.annotations.as_ref().unwrap().keys().collect();
         for gone in [
             "replicator.v1.mittwald.de/replicate-from",
@@ -247,10 +250,10 @@ mod tests {
 
     #[test]
     fn a_host_token_secret_wakes_its_pod() {
-        let mut meta = translator().host_meta(
-            "Secret",
-            &serde_json::from_value(json!({"name": "web-0", "namespace": "default"})).unwrap(),
-        );
+        let tr = translator();
+        let tenant_meta =
+            serde_json::from_value(json!({"name": "web-0", "namespace": "default"})).unwrap();
+        let mut meta = tr.host_meta("Secret", &tenant_meta, &host_name_of(&tr, &tenant_meta));
         meta.annotations.get_or_insert_default().insert(
             naming::ANNOTATION_TOKEN_REFRESH.into(),
             "2026-01-01T00:00:00Z".into(),

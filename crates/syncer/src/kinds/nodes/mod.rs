@@ -153,9 +153,10 @@ async fn converge_node(cx: &Tenant, name: &str) -> Result<()> {
     // A tenant pod bound here whose copy still runs here keeps the Node, whatever the policy
     // says now: the tenant's pod garbage collector deletes pods bound to missing nodes.
     let runs_here = |t: &Pod| {
+        let (ns, n) = (t.namespace().unwrap_or_default(), t.name_any());
         node_of(t) == Some(name)
             && cx
-                .host_copy::<Pod>(&t.namespace().unwrap_or_default(), &t.name_any())
+                .host_copy::<Pod>(&cx.tr.host_name(&ns, &n), &ns, &n)
                 .is_some_and(|h| node_of(&h) == Some(name))
     };
     let in_use = cx.tenant_list::<Pod>().iter().any(|t| runs_here(t));

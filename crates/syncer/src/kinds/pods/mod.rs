@@ -108,7 +108,7 @@ pub fn referenced(cx: &Tenant, ns: &str, pick: impl Fn(&References) -> bool) -> 
         p.namespace().as_deref() == Some(ns)
             && Pods::synced(cx, &p.metadata)
             && pick(&references(p))
-            && cx.host_copy::<Pod>(ns, &p.name_any()).is_some()
+            && cx.is_copied::<Pod>(ns, &p.name_any())
     })
 }
 
@@ -120,12 +120,12 @@ fn wake_references(cx: &Tenant, t: &Pod) {
     let config_maps = r
         .config_maps
         .iter()
-        .filter(|n| cx.host_copy::<ConfigMap>(&ns, n).is_none())
+        .filter(|n| !cx.is_copied::<ConfigMap>(&ns, n))
         .map(|n| Key::of::<ConfigMaps>(ns.clone(), n.clone()));
     let secrets = r
         .secrets
         .iter()
-        .filter(|n| cx.host_copy::<Secret>(&ns, n).is_none())
+        .filter(|n| !cx.is_copied::<Secret>(&ns, n))
         .map(|n| Key::of::<Secrets>(ns.clone(), n.clone()));
     for key in config_maps.chain(secrets) {
         cx.queue.add(key);
@@ -137,7 +137,9 @@ async fn converge_pod(cx: &Tenant, ns: &str, name: &str) -> Result<()> {
     // written by hand hold only the addresses of pods that still have them.
     crate::kinds::endpoints::wake_stale(cx);
     let t = cx.tenant_get::<Pod>(ns, name);
-    let h = cx.host_copy::<Pod>(ns, name);
+    // The one translation of the name in this converge: the lookup and the copy share it.
+    let host_name = cx.tr.host_name(ns, name);
+    let h = cx.host_copy::<Pod>(&host_name, ns, name);
     let host_pods = cx.host_api::<Pod>();
     let Some(t) = t.filter(|t| Pods::synced(cx, &t.metadata)) else {
         // Gone from the tenant (or not synced): the copy goes too.
@@ -208,14 +210,14 @@ async fn converge_pod(cx: &Tenant, ns: &str, name: &str) -> Result<()> {
             mark_unschedulable(cx, &t, tell::NOT_ALLOWED, &refused.to_string()).await;
         }
         tell::enforce(cx, &*t, None, &review).await?;
-        return create_host_pod(cx, &t).await;
+        return create_host_pod(cx, &t, &host_name).await;
     };
     if review.refusal().is_some() {
         // Refused now (the profile changed, which restarts the syncer): no copy runs on.
         forget(cx, &h);
     }
     tell::enforce(cx, &*t, Some(&*h), &review).await?;
-    restore(cx, &t, &h).await?;
+    restore(cx, &t, &h, &host_name).await?;
     wake_references(cx, &t);
     tokens::ensure_tokens(cx, &t, &h).await?;
     if h.metadata.deletion_timestamp.is_some() {
@@ -316,7 +318,8 @@ fn forget(cx: &Tenant, h: &Pod) {
 /// The address of the tenant's DNS Service on the host, if it runs one: its host copy's (the
 /// tenant Service takes it over, but may not have yet).
 fn tenant_dns(cx: &Tenant) -> Option<String> {
-    cx.host_copy::<Service>("kube-system", "kube-dns")
+    let (ns, name) = ("kube-system", "kube-dns");
+    cx.host_copy::<Service>(&cx.tr.host_name(ns, name), ns, name)
         .and_then(|s| s.spec.as_ref()?.cluster_ip.clone())
         .filter(|ip| ip != "None" && !ip.is_empty())
 }
@@ -334,8 +337,8 @@ fn changeable(desired: &Pod) -> Value {
     })
 }
 
-/// Make the host copy of tenant pod `t`, which [`tell::enforce`] let through.
-async fn create_host_pod(cx: &Tenant, t: &Pod) -> Result<()> {
+/// Make the host copy, `host_name`, of tenant pod `t`, which [`tell::enforce`] let through.
+async fn create_host_pod(cx: &Tenant, t: &Pod, host_name: &str) -> Result<()> {
     let ns = t.namespace().unwrap_or_default();
     let services: Vec<Arc<Service>> = cx
         .tenant_list::<Service>()
@@ -347,12 +350,14 @@ async fn create_host_pod(cx: &Tenant, t: &Pod) -> Result<()> {
         // be someone else's on the host.
         .filter(|s| {
             let ip = |s: &Service| s.spec.as_ref().and_then(|s| s.cluster_ip.clone());
-            cx.host_copy::<Service>(&ns, &s.name_any())
+            let name = s.name_any();
+            cx.host_copy::<Service>(&cx.tr.host_name(&ns, &name), &ns, &name)
                 .is_some_and(|h| ip(&h) == ip(s))
         })
         .collect();
     let service_refs: Vec<&Service> = services.iter().map(|s| &**s).collect();
-    let desired = translate::pod(&cx.tr, t, &service_refs, tenant_dns(cx).as_deref());
+    let dns = tenant_dns(cx);
+    let desired = translate::pod(&cx.tr, t, host_name, &service_refs, dns.as_deref());
     let hash = hash_of(&changeable(&desired));
     let (mut body, _) = converge::stamped(&desired)?;
     body["metadata"]["annotations"][ANNOTATION_APPLIED_HASH] = json!(hash);
@@ -381,11 +386,11 @@ async fn create_host_pod(cx: &Tenant, t: &Pod) -> Result<()> {
 /// Put back what a hand edit on the host changed, and carry the tenant's edits down: labels,
 /// annotations, images. The rest of a pod's spec cannot change; the apply sends it as the host
 /// has it, so only these fields move (and a label the tenant removed is removed).
-async fn restore(cx: &Tenant, t: &Pod, h: &Pod) -> Result<()> {
+async fn restore(cx: &Tenant, t: &Pod, h: &Pod, host_name: &str) -> Result<()> {
     if h.metadata.deletion_timestamp.is_some() {
         return Ok(());
     }
-    let meta = pod_meta(&cx.tr, t);
+    let meta = pod_meta(&cx.tr, t, host_name);
     let wanted_images = images(t);
     let desired = Pod {
         metadata: meta.clone(),

@@ -122,7 +122,7 @@ pub async fn ensure_tokens(cx: &Tenant, t: &Pod, h: &Pod) -> Result<()> {
     let at = now
         .checked_add(Duration::from_secs((lifetime as u64) * 4 / 5))
         .unwrap_or(now);
-    let mut meta = pod_meta(&cx.tr, t);
+    let mut meta = pod_meta(&cx.tr, t, &h.name_any());
     meta.name = Some(secret_name.clone());
     meta.annotations
         .get_or_insert_with(BTreeMap::new)

@@ -18,9 +18,10 @@ pub use super::references::{References, references};
 use super::review::placement;
 pub use super::review::review;
 
-/// The host metadata of a tenant pod's copy: the marks, and the service account it runs as.
-pub fn pod_meta(tr: &Translator, pod: &Pod) -> kube::api::ObjectMeta {
-    let mut meta = tr.host_meta("Pod", &pod.metadata);
+/// The host metadata of a tenant pod's copy, named `host_name`: the marks, and the service
+/// account it runs as.
+pub fn pod_meta(tr: &Translator, pod: &Pod, host_name: &str) -> kube::api::ObjectMeta {
+    let mut meta = tr.host_meta("Pod", &pod.metadata, host_name);
     let spec = pod.spec.as_ref();
     let sa = spec
         .and_then(|s| s.service_account_name.clone().or(s.service_account.clone()))
@@ -47,10 +48,16 @@ pub fn images(pod: &Pod) -> Vec<(String, Option<String>)> {
 
 /// The host copy of a tenant pod. `services` are the tenant Services of the pod's namespace
 /// (for the service environment variables); `dns` the tenant's DNS service address, if any.
-pub fn pod(tr: &Translator, pod: &Pod, services: &[&Service], dns: Option<&str>) -> Pod {
+/// `host_name` names the copy (see [`Translator::host_name`]).
+pub fn pod(
+    tr: &Translator,
+    pod: &Pod,
+    host_name: &str,
+    services: &[&Service],
+    dns: Option<&str>,
+) -> Pod {
     let ns = pod.namespace().unwrap_or_default();
-    let host_name = tr.host_name(&ns, &pod.name_any());
-    let mut meta = pod_meta(tr, pod);
+    let meta = pod_meta(tr, pod, host_name);
     let mut spec = pod.spec.clone().unwrap_or_default();
     // Scheduling is the host's; the tenant's binding follows the host's. Only a priority class
     // the profile allows is asked for; the host's admission computes the rest.
@@ -152,7 +159,7 @@ pub fn pod(tr: &Translator, pod: &Pod, services: &[&Service], dns: Option<&str>)
         }
         if let Some(projected) = volume.projected.as_mut() {
             for source in projected.sources.iter_mut().flatten() {
-                rewrite_projection(tr, source, &ns, &host_name, &mut token_index);
+                rewrite_projection(tr, source, &ns, host_name, &mut token_index);
             }
         }
     }
@@ -274,7 +281,6 @@ pub fn pod(tr: &Translator, pod: &Pod, services: &[&Service], dns: Option<&str>)
             *k = tr.label_key(k);
         }
     }
-    meta.name = Some(host_name);
     Pod {
         metadata: meta,
         spec: Some(spec),
@@ -382,7 +388,12 @@ fn field_path(path: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::translate::tests::translator;
+    use crate::translate::tests::{host_name_of, translator};
+
+    /// The host copy of `p`, named as its converge names it.
+    fn copy_of(tr: &Translator, p: &Pod, dns: Option<&str>) -> Pod {
+        super::pod(tr, p, &host_name_of(tr, &p.metadata), &[], dns)
+    }
     use serde_json::json;
 
     fn pod() -> Pod {
@@ -420,7 +431,7 @@ mod tests {
     #[test]
     fn a_pod_is_confined_to_its_tenant_on_the_host() {
         let t = translator();
-        let host = super::pod(&t, &pod(), &[], None);
+        let host = copy_of(&t, &pod(), None);
         let meta = &host.metadata;
         assert_eq!(meta.name.as_deref(), Some("web-0-x-default-x-dev"));
         assert_eq!(meta.namespace.as_deref(), Some("team-dev"));
@@ -536,7 +547,7 @@ mod tests {
             }))
             .unwrap(),
         );
-        let host = super::pod(&translator(), &p, &[], None);
+        let host = copy_of(&translator(), &p, None);
         let affinity = host.spec.unwrap().affinity.unwrap();
         let anti = &affinity
             .pod_anti_affinity
@@ -577,13 +588,13 @@ mod tests {
 
     #[test]
     fn pods_resolve_names_with_the_tenant_dns_when_it_has_one() {
-        let host = super::pod(&translator(), &pod(), &[], Some("10.96.0.53"));
+        let host = copy_of(&translator(), &pod(), Some("10.96.0.53"));
         let spec = host.spec.unwrap();
         assert_eq!(spec.dns_policy.as_deref(), Some("None"));
         let dns = spec.dns_config.unwrap();
         assert_eq!(dns.nameservers.unwrap(), ["10.96.0.53"]);
         assert_eq!(dns.searches.unwrap()[0], "default.svc.cluster.local");
-        let without = super::pod(&translator(), &pod(), &[], None).spec.unwrap();
+        let without = copy_of(&translator(), &pod(), None).spec.unwrap();
         assert_eq!(
             without.dns_policy, None,
             "the host's DNS when the tenant runs none"
