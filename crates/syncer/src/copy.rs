@@ -10,7 +10,7 @@ use tenantplane_api::SyncPolicySpec;
 use crate::converge::{self, Target, delete_if_present};
 use crate::error::{Error, Result};
 use crate::host::Scope;
-use crate::kind::{Key, Kind, scoped_api};
+use crate::kind_trait::{Key, Kind, scoped_api};
 use crate::naming::SYNCER_MANAGER;
 use crate::tell::{self, Review};
 use crate::tenant::Tenant;
@@ -171,7 +171,7 @@ where
 #[macro_export]
 macro_rules! copy_down_kind {
     ($kind:ty, $object:ty, $name:literal, to_host.$field:ident as $setting:literal $(, then = $then:path)? $(; $($extra:item)*)?) => {
-        impl $crate::kind::Kind for $kind {
+        impl $crate::kind_trait::Kind for $kind {
             const NAME: &'static str = $name;
             type Object = $object;
             const SETTING: &'static str = concat!("toHost.", $setting);
@@ -198,7 +198,7 @@ macro_rules! copy_down_kind {
 
             fn converge<'a>(
                 cx: &'a $crate::tenant::Tenant,
-                key: &'a $crate::kind::Key,
+                key: &'a $crate::kind_trait::Key,
             ) -> futures::future::BoxFuture<'a, $crate::error::Result<()>> {
                 Box::pin(async move {
                     let _pair = $crate::copy::converge_copy::<Self>(cx, key).await?;

@@ -4,7 +4,7 @@
 //! deletes flow both ways; host copies edited by hand are restored and copies whose tenant
 //! object is gone are removed.
 //!
-//! - [`kinds`]: one module per resource kind behind [`kind::Kind`]; [`copy`] drives the kinds
+//! - [`kinds`]: one module per resource kind behind [`kind_trait::Kind`]; [`copy`] drives the kinds
 //!   whose copy is "translate, then converge".
 //! - [`tenant`]: one tenant's engine (watches, work queue, workers); [`host`]: the host watches
 //!   every tenant shares.
@@ -19,7 +19,7 @@ pub mod error;
 pub mod health;
 pub mod host;
 pub mod identity;
-pub mod kind;
+pub mod kind_trait;
 pub mod kinds;
 pub mod naming;
 pub mod queue;
@@ -49,7 +49,7 @@ use tracing::{Instrument, info, warn};
 
 pub use error::Error;
 pub use health::{Failure, Health, WATCH_FAILED, summary};
-pub use kind::Key;
+pub use kind_trait::Key;
 
 /// Where the syncers report what they did, for the operator's metrics.
 pub trait Observer: Send + Sync {

@@ -19,7 +19,7 @@ use tracing::debug;
 use crate::Observer;
 use crate::health::{Failure, Health, WATCH_FAILED};
 use crate::host::HostStore;
-use crate::kind::{Key, Object};
+use crate::kind_trait::{Key, Object};
 use crate::kinds::Entry;
 use crate::queue::WorkQueue;
 use crate::translate::Translator;

@@ -15,7 +15,7 @@ use tracing::debug;
 
 use crate::converge::hash_of;
 use crate::host::{HostStore, HostWatches, Subscriber, Subscription};
-use crate::kind::{Key, Kind, Object};
+use crate::kind_trait::{Key, Kind, Object};
 use crate::queue::WorkQueue;
 use crate::tenant::{TypeMap, Verdicts};
 

@@ -13,7 +13,7 @@ use tenantplane_api::SyncPolicySpec;
 use crate::converge::{self, Target, delete_if_present};
 use crate::error::Result;
 use crate::host::Scope;
-use crate::kind::{Key, Kind, Object, shown_watch_config};
+use crate::kind_trait::{Key, Kind, Object, shown_watch_config};
 use crate::naming::{self, SYNCER_MANAGER};
 use crate::tenant::Tenant;
 

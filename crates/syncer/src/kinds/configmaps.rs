@@ -5,7 +5,7 @@ use kube::ResourceExt;
 
 use crate::copy::CopyDown;
 use crate::copy_down_kind;
-use crate::kind::Kind;
+use crate::kind_trait::Kind;
 use crate::kinds::{pods, secrets};
 use crate::tell::Review;
 use crate::tenant::Tenant;

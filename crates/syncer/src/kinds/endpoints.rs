@@ -9,7 +9,7 @@ use kube::ResourceExt;
 use crate::allow;
 use crate::copy::CopyDown;
 use crate::copy_down_kind;
-use crate::kind::{Key, Kind};
+use crate::kind_trait::{Key, Kind};
 use crate::kinds::services::Services;
 use crate::tell::Review;
 use crate::tenant::Tenant;

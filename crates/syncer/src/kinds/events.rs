@@ -17,7 +17,7 @@ use tenantplane_api::SyncPolicySpec;
 
 use crate::error::Result;
 use crate::host::Scope;
-use crate::kind::{Key, Kind, scoped_api, shown_watch_config};
+use crate::kind_trait::{Key, Kind, scoped_api, shown_watch_config};
 use crate::kinds::nodes;
 use crate::naming;
 use crate::tenant::Tenant;

@@ -16,7 +16,7 @@ use crate::error::Result;
 use kube::runtime::watcher;
 use tenantplane_api::SyncPolicySpec;
 
-use crate::kind::{Key, Kind, tenant_watch_config};
+use crate::kind_trait::{Key, Kind, tenant_watch_config};
 use crate::kinds::secrets::Secrets;
 use crate::tell::Review;
 use crate::tenant::Tenant;

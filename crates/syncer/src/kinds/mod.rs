@@ -1,4 +1,4 @@
-//! One module per resource kind, each behind [`Kind`](crate::kind::Kind); [`all`] is the one
+//! One module per resource kind, each behind [`Kind`](crate::kind_trait::Kind); [`all`] is the one
 //! list of them the engine runs.
 
 use futures::future::BoxFuture;
@@ -8,7 +8,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use tenantplane_api::SyncPolicySpec;
 
 use crate::error::Result;
-use crate::kind::{Key, Kind};
+use crate::kind_trait::{Key, Kind};
 use crate::tenant::Tenant;
 use crate::wiring::Setup;
 

@@ -11,7 +11,7 @@ use crate::allow;
 use crate::copy::CopyDown;
 use crate::copy_down_kind;
 use crate::error::Result;
-use crate::kind::Kind;
+use crate::kind_trait::Kind;
 use crate::tell::Review;
 use crate::tenant::Tenant;
 use crate::translate::Translator;

@@ -10,7 +10,7 @@ use kube::api::ObjectMeta;
 use crate::allow;
 use crate::copy::CopyDown;
 use crate::copy_down_kind;
-use crate::kind::{Key, Kind};
+use crate::kind_trait::{Key, Kind};
 use crate::kinds::configmaps::ConfigMaps;
 use crate::kinds::{ingresses, pods};
 use crate::naming;

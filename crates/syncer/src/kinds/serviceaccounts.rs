@@ -8,7 +8,7 @@ use crate::copy_down_kind;
 use kube::runtime::watcher;
 use tenantplane_api::SyncPolicySpec;
 
-use crate::kind::{Kind, tenant_watch_config};
+use crate::kind_trait::{Kind, tenant_watch_config};
 use crate::tenant::Tenant;
 use crate::translate::Translator;
 

@@ -20,7 +20,7 @@ use tracing::warn;
 use crate::converge::{self, Target, delete_if_present, hash_of};
 use crate::error::{Error, Result};
 use crate::host::Scope;
-use crate::kind::{Key, Kind, scoped_api};
+use crate::kind_trait::{Key, Kind, scoped_api};
 use crate::kinds::configmaps::ConfigMaps;
 use crate::kinds::endpoints::EndpointsKind;
 use crate::kinds::nodes::{self, node_key};

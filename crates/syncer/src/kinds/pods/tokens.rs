@@ -16,7 +16,7 @@ use super::Pods;
 use super::translate::pod_meta;
 use crate::converge::{self, Target};
 use crate::error::{Error, Result};
-use crate::kind::Key;
+use crate::kind_trait::Key;
 use crate::naming::{self, SYNCER_MANAGER};
 use crate::tenant::Tenant;
 

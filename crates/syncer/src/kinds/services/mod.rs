@@ -15,7 +15,7 @@ use crate::converge::delete_if_present;
 use crate::copy::apply_copy;
 use crate::error::{Error, Result};
 use crate::host::Scope;
-use crate::kind::{Key, Kind};
+use crate::kind_trait::{Key, Kind};
 use crate::kinds::endpoints::EndpointsKind;
 use crate::naming::SYNCER_MANAGER;
 use crate::tell::{self, Review};
