@@ -10,7 +10,8 @@ use tenantplane_api::SyncPolicySpec;
 use crate::converge::{self, Target, delete_if_present};
 use crate::error::{Error, Result};
 use crate::host::Scope;
-use crate::kind_trait::{Key, Kind, scoped_api};
+use crate::key::Key;
+use crate::kind_trait::{Kind, scoped_api};
 use crate::naming::SYNCER_MANAGER;
 use crate::tell::{self, Review};
 use crate::tenant::Tenant;
@@ -198,7 +199,7 @@ macro_rules! copy_down_kind {
 
             fn converge<'a>(
                 cx: &'a $crate::tenant::Tenant,
-                key: &'a $crate::kind_trait::Key,
+                key: &'a $crate::key::Key,
             ) -> futures::future::BoxFuture<'a, $crate::error::Result<()>> {
                 Box::pin(async move {
                     let _pair = $crate::copy::converge_copy::<Self>(cx, key).await?;
@@ -224,59 +225,4 @@ where
     K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>,
 {
     scoped_api(client, namespace)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::kinds::secrets::Secrets;
-    use crate::translate::tests::{host_name_of, translator};
-    use k8s_openapi::api::core::v1::Secret;
-    use serde_json::json;
-
-    fn secret(type_: &str, deleting: bool) -> Secret {
-        let mut s: Secret = serde_json::from_value(json!({
-            "metadata": {"name": "creds", "namespace": "default", "uid": "s1"},
-            "type": type_, "data": {"a": "Yg=="}
-        }))
-        .unwrap();
-        if deleting {
-            s.metadata.deletion_timestamp =
-                Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
-                    k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
-                ));
-        }
-        s
-    }
-
-    #[test]
-    fn the_driver_makes_deletes_replaces_or_applies_the_copy() {
-        let tr = translator();
-        let t = secret("Opaque", false);
-        let host_name = host_name_of(&tr, &t.metadata);
-        let copy = Secrets::translate(&tr, &t, &host_name);
-        let tr_of = |s: &Secret| Secrets::translate(&tr, s, &host_name);
-        assert_eq!(step::<Secrets>(tr_of, None, None), Step::Nothing);
-        assert_eq!(step::<Secrets>(tr_of, None, Some(&copy)), Step::Delete);
-        let going = secret("Opaque", true);
-        assert_eq!(
-            step::<Secrets>(tr_of, Some(&going), Some(&copy)),
-            Step::Delete
-        );
-        assert_eq!(step::<Secrets>(tr_of, Some(&going), None), Step::Nothing);
-        assert_eq!(
-            step::<Secrets>(tr_of, Some(&t), None),
-            Step::Apply(copy.clone())
-        );
-        assert_eq!(
-            step::<Secrets>(tr_of, Some(&t), Some(&copy)),
-            Step::Apply(copy.clone())
-        );
-        // A type cannot change in place.
-        let tls = secret("kubernetes.io/tls", false);
-        assert_eq!(
-            step::<Secrets>(tr_of, Some(&tls), Some(&copy)),
-            Step::Replace
-        );
-    }
 }

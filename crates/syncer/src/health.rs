@@ -1,10 +1,20 @@
 //! What a syncer reports to the TenantCluster controller: whether it has read both sides, which
-//! objects fail and why, and the sentence `Synced` shows when all is well.
+//! objects fail and why, and the sentence `Synced` shows when all is well; and what it did, for
+//! the operator's metrics ([`Observer`]).
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use tenantplane_api::SyncPolicySpec;
 use tenantplane_api::text::{MAX_TEXT_BYTES, bounded, bounded_to};
+
+/// Where the syncers report what they did, for the operator's metrics.
+pub trait Observer: Send + Sync {
+    /// `kind` converged for a tenant, `lag` after it was queued.
+    fn synced(&self, namespace: &str, tenant: &str, kind: &'static str, lag: Duration);
+    /// `kind` failed for a tenant, with a reason.
+    fn sync_failed(&self, namespace: &str, tenant: &str, kind: &'static str, reason: &'static str);
+}
 
 /// What of [`MAX_TEXT_BYTES`] the first failure may take, leaving room for the count.
 const ROOM: usize = MAX_TEXT_BYTES - 40;

@@ -77,6 +77,13 @@ pub fn host_name_for(tenant: &str, namespace: &str, name: &str) -> String {
     format!("{prefix}-{}", hash(&[tenant, namespace, name]))
 }
 
+/// The host Secret holding a pod's tenant service-account tokens. A translated name never ends in
+/// `.token` (it ends with the tenant's name, which has no dot, or a hash), so this is no other
+/// object's name.
+pub fn token_secret_name(host_pod: &str) -> String {
+    format!("{host_pod}.token")
+}
+
 /// `value` as a label value: itself when it is one, else its hash.
 pub fn label_value(value: &str) -> String {
     let valid = value.len() <= MAX_NAME

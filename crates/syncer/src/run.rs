@@ -11,14 +11,16 @@ use kube::core::Selector;
 use kube::runtime::events::{self, Recorder};
 use tenantplane_api::SyncPolicySpec;
 use tokio::sync::watch;
-use tracing::warn;
+use tracing::{debug, warn};
 
-use crate::SyncerSpec;
 use crate::backoff;
+use crate::health::Failure;
 use crate::host::HostWatches;
+use crate::key::Key;
 use crate::kinds;
 use crate::naming::{SYNCER_MANAGER, TenantRef};
 use crate::queue::WorkQueue;
+use crate::spec::SyncerSpec;
 use crate::tenant::{Tenant, TypeMap, Verdicts};
 use crate::translate::Translator;
 use crate::wiring::Setup;
@@ -79,6 +81,60 @@ struct AbortOnDrop<T>(tokio::task::JoinHandle<T>);
 impl<T> Drop for AbortOnDrop<T> {
     fn drop(&mut self) {
         self.0.abort();
+    }
+}
+
+/// One tenant's engine: what its kinds converge through, and its kinds by name.
+struct Engine {
+    cx: Tenant,
+    entries: BTreeMap<&'static str, kinds::Entry>,
+}
+
+impl Engine {
+    /// Queue every key either side knows about (the periodic resync).
+    fn enqueue_everything(&self) {
+        for entry in self.entries.values() {
+            for key in (entry.everything)(&self.cx) {
+                self.cx.queue.add(key);
+            }
+        }
+    }
+
+    /// Converge one key, queued at `since` (the sync lag is measured from there).
+    async fn work(&self, key: &Key, since: std::time::Instant) {
+        let Some(entry) = self.entries.get(key.kind) else {
+            return;
+        };
+        let cx = &self.cx;
+        let result = (entry.converge)(cx, key).await;
+        let description = key.describe();
+        let (ns, tenant) = (&cx.tr.host_namespace, cx.tr.name());
+        let observer = &cx.reporter.observer;
+        match result {
+            Ok(()) => {
+                observer.synced(ns, tenant, key.kind, since.elapsed());
+                cx.queue.forget(key);
+                cx.reporter.set_error(&description, None);
+            }
+            Err(e) => {
+                observer.sync_failed(ns, tenant, key.kind, e.reason());
+                if e.waits_for_change() {
+                    // Looked at again when the object or the profile changes, not on a clock.
+                    cx.queue.forget(key);
+                    debug!(key = %description, error = %e, "sync refused; waiting for a change");
+                } else {
+                    let delay = cx.queue.retry(key.clone(), e.first_retry());
+                    debug!(key = %description, error = %e, "sync failed; retrying in {delay:?}");
+                }
+                cx.reporter.set_error(
+                    &description,
+                    Some(Failure {
+                        reason: e.reason(),
+                        message: format!("{description}: {e}"),
+                    }),
+                );
+            }
+        }
     }
 }
 
@@ -157,34 +213,41 @@ async fn run(
         host_stores,
         ..
     } = setup;
-    let engine = Arc::new(Tenant {
-        tr: Translator {
-            tenant: tenant_ref,
-            host_namespace: spec.host_namespace.clone(),
-            api_ip: spec.api_ip.clone(),
-            service_cidr: spec.service_cidr.clone(),
-            node_selector: spec.profile.node_selector.clone(),
-            tolerations: spec.profile.tolerations.clone(),
-            allow: spec.profile.allow.clone(),
-            kubelet: spec.kubelet.clone(),
-        },
-        policy: policy.clone(),
-        recorder: Recorder::new(
-            tenant.clone(),
-            events::Reporter {
-                controller: SYNCER_MANAGER.into(),
-                instance: None,
+    let engine = Arc::new(Engine {
+        cx: Tenant {
+            tr: Translator {
+                tenant: tenant_ref,
+                host_namespace: spec.host_namespace.clone(),
+                api_ip: spec.api_ip.clone(),
+                service_cidr: spec.service_cidr.clone(),
+                node_selector: spec.profile.node_selector.clone(),
+                tolerations: spec.profile.tolerations.clone(),
+                allow: spec.profile.allow.clone(),
+                kubelet: spec.kubelet.clone(),
             },
-        ),
-        tenant,
-        host,
-        queue: queue.clone(),
-        told: Mutex::new(HashMap::new()),
-        refresh_scheduled: Mutex::new(HashMap::new()),
-        selectors,
-        tenant_stores,
-        host_stores,
-        reporter,
+            policy: policy.clone(),
+            recorder: Recorder::new(
+                tenant.clone(),
+                events::Reporter {
+                    controller: SYNCER_MANAGER.into(),
+                    instance: None,
+                },
+            ),
+            tenant,
+            host,
+            queue: queue.clone(),
+            told: Mutex::new(HashMap::new()),
+            refresh_scheduled: Mutex::new(HashMap::new()),
+            enabled: entries
+                .iter()
+                .filter(|e| (e.enabled)(&policy))
+                .map(|e| e.name)
+                .collect(),
+            selectors,
+            tenant_stores,
+            host_stores,
+            reporter,
+        },
         entries: entries.into_iter().map(|e| (e.name, e)).collect(),
     });
     // Unsubscribed from the host watches when the engine stops.
@@ -198,36 +261,36 @@ async fn run(
                 _ = futures::future::join_all(ready) => {}
                 () = stopped() => return,
             }
-            engine.reporter.health.send_modify(|h| {
+            engine.cx.reporter.health.send_modify(|h| {
                 h.ready = true;
                 h.crashed = None;
             });
-            (engine.reporter.notify)();
+            (engine.cx.reporter.notify)();
             // Copies the shared host watches listed before this syncer started are looked at too.
             engine.enqueue_everything();
             let workers = (0..WORKERS).map(|_| {
                 let engine = engine.clone();
                 async move {
-                    while let Some((key, since)) = engine.queue.next_timed().await {
+                    while let Some((key, since)) = engine.cx.queue.next_timed().await {
                         engine.work(&key, since).await;
-                        engine.queue.done(&key);
+                        engine.cx.queue.done(&key);
                     }
                 }
             });
             let resync = async {
                 let mut every = tokio::time::interval(RESYNC);
                 every.tick().await;
-                engine.ensure_addons().await;
+                engine.cx.ensure_addons().await;
                 loop {
                     tokio::select! {
                         _ = every.tick() => {
                             engine.enqueue_everything();
-                            engine.ensure_addons().await;
+                            engine.cx.ensure_addons().await;
                         }
                         Some(kind) = relisted.next() => {
                             if let Some(entry) = engine.entries.get(kind) {
-                                for key in (entry.everything)(&engine) {
-                                    engine.queue.add(key);
+                                for key in (entry.everything)(&engine.cx) {
+                                    engine.cx.queue.add(key);
                                 }
                             }
                         }
@@ -238,7 +301,7 @@ async fn run(
             let resync_until_stopped = async {
                 tokio::select! {
                     () = resync => {}
-                    () = stopped() => engine.queue.close(),
+                    () = stopped() => engine.cx.queue.close(),
                 }
             };
             futures::join!(futures::future::join_all(workers), resync_until_stopped);

@@ -1,9 +1,10 @@
-//! One tenant's syncer as its kinds see it: its tenant watches and its slices of the shared host watches queue keys;
-//! workers converge one key at a time through the key's kind, reading only the caches. A failing
-//! key backs off; the verdict reaches the controller through [`Health`].
+//! One tenant's syncer as its kinds see it: the caches of its tenant watches and of its slices of
+//! the shared host watches, its clients and work queue, and where failures are reported (the
+//! verdict reaches the controller through [`Health`]). The workers that converge its keys are
+//! `run`'s.
 
 use std::any::{Any, TypeId};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 
 use k8s_openapi::jiff::Timestamp;
@@ -14,13 +15,10 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Client, Resource};
 use tenantplane_api::SyncPolicySpec;
 use tokio::sync::watch;
-use tracing::debug;
 
-use crate::Observer;
-use crate::health::{Failure, Health, WATCH_FAILED};
+use crate::health::{Failure, Health, Observer, WATCH_FAILED};
 use crate::host::HostStore;
-use crate::kind_trait::{Key, Object};
-use crate::kinds::Entry;
+use crate::key::{Key, Object};
 use crate::queue::WorkQueue;
 use crate::translate::Translator;
 
@@ -52,14 +50,27 @@ pub struct Tenant {
     pub told: Mutex<HashMap<String, BTreeMap<String, String>>>,
     /// When each host pod's token Secret is due to be minted again, once a pass is scheduled.
     pub refresh_scheduled: Mutex<HashMap<String, Timestamp>>,
+    /// The kinds the policy turns on, by name.
+    pub(crate) enabled: BTreeSet<&'static str>,
     pub(crate) selectors: BTreeMap<&'static str, Selector>,
     pub(crate) tenant_stores: TypeMap,
     pub(crate) host_stores: TypeMap,
     pub(crate) reporter: Verdicts,
-    pub(crate) entries: BTreeMap<&'static str, Entry>,
 }
 
 impl Tenant {
+    /// Does the policy sync tenant object `meta` of the kind named `kind`: the kind is on and its
+    /// selector (if any) selects the object? (See [`Kind::synced`](crate::kind_trait::Kind).)
+    pub fn synced(&self, kind: &str, meta: &kube::api::ObjectMeta) -> bool {
+        self.enabled.contains(kind) && self.selected(kind, meta)
+    }
+
+    /// [`Self::synced`] for the kind that syncs objects of type `K` (named as their Kubernetes
+    /// kind), for a kind that asks about another without importing it.
+    pub fn syncs<K: k8s_openapi::Resource>(&self, meta: &kube::api::ObjectMeta) -> bool {
+        self.synced(K::KIND, meta)
+    }
+
     /// Does the policy's selector for `kind` (if any) select an object with `labels`?
     pub fn selected(&self, kind: &str, meta: &kube::api::ObjectMeta) -> bool {
         match self.selectors.get(kind) {
@@ -158,15 +169,6 @@ impl Tenant {
         Api::namespaced(self.tenant.clone(), namespace)
     }
 
-    /// Queue every key either side knows about (the periodic resync).
-    pub(crate) fn enqueue_everything(&self) {
-        for entry in self.entries.values() {
-            for key in (entry.everything)(self) {
-                self.queue.add(key);
-            }
-        }
-    }
-
     /// Keep the tenant's add-ons (its cluster DNS) as they should be; a failure is reported in
     /// `Synced` until a later pass succeeds.
     pub(crate) async fn ensure_addons(&self) {
@@ -190,42 +192,6 @@ impl Tenant {
                 message: format!("{WHAT}: {e}"),
             });
         self.reporter.set_error(WHAT, failure);
-    }
-
-    /// Converge one key, queued at `since` (the sync lag is measured from there).
-    pub(crate) async fn work(&self, key: &Key, since: std::time::Instant) {
-        let Some(entry) = self.entries.get(key.kind) else {
-            return;
-        };
-        let result = (entry.converge)(self, key).await;
-        let description = key.describe();
-        let (ns, tenant) = (&self.tr.host_namespace, self.tr.name());
-        let observer = &self.reporter.observer;
-        match result {
-            Ok(()) => {
-                observer.synced(ns, tenant, key.kind, since.elapsed());
-                self.queue.forget(key);
-                self.reporter.set_error(&description, None);
-            }
-            Err(e) => {
-                observer.sync_failed(ns, tenant, key.kind, e.reason());
-                if e.waits_for_change() {
-                    // Looked at again when the object or the profile changes, not on a clock.
-                    self.queue.forget(key);
-                    debug!(key = %description, error = %e, "sync refused; waiting for a change");
-                } else {
-                    let delay = self.queue.retry(key.clone(), e.first_retry());
-                    debug!(key = %description, error = %e, "sync failed; retrying in {delay:?}");
-                }
-                self.reporter.set_error(
-                    &description,
-                    Some(Failure {
-                        reason: e.reason(),
-                        message: format!("{description}: {e}"),
-                    }),
-                );
-            }
-        }
     }
 }
 

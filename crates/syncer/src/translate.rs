@@ -27,7 +27,7 @@ pub struct Translator {
     /// What tenant objects may ask of the host (the IsolationProfile's `allow`).
     pub allow: tenantplane_api::Allowances,
     /// What virtual Nodes name as their kubelet.
-    pub kubelet: Option<crate::KubeletEndpoint>,
+    pub kubelet: Option<crate::spec::KubeletEndpoint>,
 }
 
 /// The tenant object a tenant object's metadata names.

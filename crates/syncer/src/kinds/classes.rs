@@ -13,7 +13,8 @@ use tenantplane_api::SyncPolicySpec;
 use crate::converge::{self, Target, delete_if_present};
 use crate::error::Result;
 use crate::host::Scope;
-use crate::kind_trait::{Key, Kind, Object, shown_watch_config};
+use crate::key::{Key, Object};
+use crate::kind_trait::{Kind, shown_watch_config};
 use crate::naming::{self, SYNCER_MANAGER};
 use crate::tenant::Tenant;
 

@@ -6,7 +6,8 @@ use kube::ResourceExt;
 use crate::copy::CopyDown;
 use crate::copy_down_kind;
 use crate::kind_trait::Kind;
-use crate::kinds::{pods, secrets};
+use crate::kinds::pods::references;
+use crate::kinds::secrets;
 use crate::tell::Review;
 use crate::tenant::Tenant;
 use crate::translate::Translator;
@@ -20,7 +21,7 @@ impl CopyDown for ConfigMaps {
         let setting = &cx.policy.to_host.config_maps;
         let (ns, name) = (cm.namespace().unwrap_or_default(), cm.name_any());
         Self::synced(cx, &cm.metadata)
-            && (setting.all || pods::referenced(cx, &ns, |r| r.config_maps.contains(&name)))
+            && (setting.all || references::referenced(cx, &ns, |r| r.config_maps.contains(&name)))
     }
 
     fn translate(tr: &Translator, cm: &ConfigMap, host_name: &str) -> ConfigMap {

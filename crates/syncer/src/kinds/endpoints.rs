@@ -9,8 +9,8 @@ use kube::ResourceExt;
 use crate::allow;
 use crate::copy::CopyDown;
 use crate::copy_down_kind;
-use crate::kind_trait::{Key, Kind};
-use crate::kinds::services::Services;
+use crate::key::Key;
+use crate::kind_trait::Kind;
 use crate::tell::Review;
 use crate::tenant::Tenant;
 use crate::translate::Translator;
@@ -24,7 +24,7 @@ impl CopyDown for EndpointsKind {
         let (ns, name) = (ep.namespace().unwrap_or_default(), ep.name_any());
         let selectorless = cx.tenant_get::<Service>(&ns, &name).is_some_and(|s| {
             s.spec.as_ref().is_none_or(|sp| sp.selector.is_none())
-                && Services::synced(cx, &s.metadata)
+                && cx.syncs::<Service>(&s.metadata)
         });
         selectorless && Self::synced(cx, &ep.metadata) && !(ns == "default" && name == "kubernetes")
     }

@@ -17,7 +17,8 @@ use tenantplane_api::SyncPolicySpec;
 
 use crate::error::Result;
 use crate::host::Scope;
-use crate::kind_trait::{Key, Kind, scoped_api, shown_watch_config};
+use crate::key::Key;
+use crate::kind_trait::{Kind, scoped_api, shown_watch_config};
 use crate::kinds::nodes;
 use crate::naming;
 use crate::tenant::Tenant;

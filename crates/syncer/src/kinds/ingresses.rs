@@ -16,8 +16,8 @@ use crate::error::Result;
 use kube::runtime::watcher;
 use tenantplane_api::SyncPolicySpec;
 
-use crate::kind_trait::{Key, Kind, tenant_watch_config};
-use crate::kinds::secrets::Secrets;
+use crate::key::Key;
+use crate::kind_trait::{Kind, tenant_watch_config};
 use crate::tell::Review;
 use crate::tenant::Tenant;
 use crate::translate::Translator;
@@ -93,7 +93,7 @@ pub fn tls_keys(i: &Ingress) -> Vec<Key> {
         .iter()
         .flat_map(|s| s.tls.iter().flatten())
         .filter_map(|t| t.secret_name.clone())
-        .map(|s| Key::of::<Secrets>(ns.clone(), s))
+        .map(|s| Key::of_object::<Secret>(ns.clone(), s))
         .collect()
 }
 
@@ -120,7 +120,7 @@ fn tls_secrets(i: &Ingress) -> impl Iterator<Item = &str> {
 async fn after_copy(cx: &Tenant, t: &Arc<Ingress>, h: &Arc<Ingress>) -> Result<()> {
     let ns = t.namespace().unwrap_or_default();
     for secret in tls_secrets(t).filter(|s| !cx.is_copied::<Secret>(&ns, s)) {
-        cx.queue.add(Key::of::<Secrets>(ns.clone(), secret));
+        cx.queue.add(Key::of_object::<Secret>(ns.clone(), secret));
     }
     address_up(cx, t, h).await
 }

@@ -1,14 +1,16 @@
-//! One module per resource kind, each behind [`Kind`](crate::kind_trait::Kind); [`all`] is the one
+//! One module per resource kind, each behind [`Kind`]; [`all`] is the one
 //! list of them the engine runs.
 
 use futures::future::BoxFuture;
 use k8s_openapi::api::networking::v1::IngressClass;
 use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use kube::Resource;
 use tenantplane_api::SyncPolicySpec;
 
 use crate::error::Result;
-use crate::kind_trait::{Key, Kind};
+use crate::key::Key;
+use crate::kind_trait::Kind;
 use crate::tenant::Tenant;
 use crate::wiring::Setup;
 
@@ -29,6 +31,7 @@ pub struct Entry {
     pub name: &'static str,
     /// Where its switch sits in the SyncPolicy (`toHost.pods`).
     pub setting: &'static str,
+    pub enabled: fn(&SyncPolicySpec) -> bool,
     pub selector: fn(&SyncPolicySpec) -> Option<&LabelSelector>,
     pub converge: for<'a> fn(&'a Tenant, &'a Key) -> BoxFuture<'a, Result<()>>,
     pub everything: fn(&Tenant) -> Vec<Key>,
@@ -36,9 +39,17 @@ pub struct Entry {
 }
 
 fn entry<S: Kind>() -> Entry {
+    // Kinds name each other's keys and switches by their objects' Kubernetes kind (see
+    // `Key::of_object`, `Tenant::syncs`).
+    debug_assert_eq!(
+        S::NAME,
+        S::Object::kind(&()),
+        "a kind is named as its objects"
+    );
     Entry {
         name: S::NAME,
         setting: S::SETTING,
+        enabled: S::enabled,
         selector: S::selector,
         converge: S::converge,
         everything: S::everything,

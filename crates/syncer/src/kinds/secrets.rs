@@ -2,7 +2,7 @@
 //! so. Tenant service-account token Secrets never do (tokens reach pods through `tokens`), and a
 //! copy never has a type a host controller acts on.
 
-use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
+use k8s_openapi::api::core::v1::{Pod, Secret};
 use kube::ResourceExt;
 
 use kube::api::ObjectMeta;
@@ -10,9 +10,10 @@ use kube::api::ObjectMeta;
 use crate::allow;
 use crate::copy::CopyDown;
 use crate::copy_down_kind;
-use crate::kind_trait::{Key, Kind};
-use crate::kinds::configmaps::ConfigMaps;
-use crate::kinds::{ingresses, pods};
+use crate::key::Key;
+use crate::kind_trait::Kind;
+use crate::kinds::ingresses;
+use crate::kinds::pods::references;
 use crate::naming;
 use crate::tell::{self, Review};
 use crate::tenant::Tenant;
@@ -26,7 +27,7 @@ copy_down_kind!(Secrets, Secret, "Secret", to_host.secrets as "secrets";
     }
 );
 
-const TOKEN_TYPE: &str = "kubernetes.io/service-account-token";
+pub(crate) const TOKEN_TYPE: &str = "kubernetes.io/service-account-token";
 
 impl CopyDown for Secrets {
     fn wanted(cx: &Tenant, s: &Secret) -> bool {
@@ -35,7 +36,7 @@ impl CopyDown for Secrets {
         Self::synced(cx, &s.metadata)
             && s.type_.as_deref() != Some(TOKEN_TYPE)
             && (setting.all
-                || pods::referenced(cx, &ns, |r| r.secrets.contains(&name))
+                || references::referenced(cx, &ns, |r| r.secrets.contains(&name))
                 || ingresses::uses_tls_secret(cx, &ns, &name))
     }
 
@@ -86,50 +87,6 @@ pub(crate) fn review(tr: &Translator, kind: &str, meta: &ObjectMeta, bytes: usiz
     }
 }
 
-/// Why tenant pod `p` may not run on the host for the data it uses: each ConfigMap and Secret
-/// it uses that holds more than `allow.maxDataBytes`. Each is told so too, as its own converge
-/// would (it has no copy to converge while no pod of it runs).
-pub(crate) async fn too_large_for(cx: &Tenant, p: &Pod) -> Vec<String> {
-    let Some(cap) = allow::DataCap::of(&cx.tr.allow) else {
-        return vec![];
-    };
-    let ns = p.namespace().unwrap_or_default();
-    let r = crate::kinds::pods::references::references(p);
-    let mut out = Vec::new();
-    if ConfigMaps::enabled(&cx.policy) {
-        for cm in r
-            .config_maps
-            .iter()
-            .filter_map(|n| cx.tenant_get::<ConfigMap>(&ns, n))
-        {
-            let bytes = allow::data_bytes(cm.data.as_ref(), cm.binary_data.as_ref());
-            if cx.selected(ConfigMaps::NAME, &cm.metadata)
-                && let Some(why) = cap.pod_refusal(ConfigMaps::NAME, &cm.name_any(), bytes)
-            {
-                out.push(why);
-                tell_refused(cx, &*cm, &ConfigMaps::review(&cx.tr, &cm)).await;
-            }
-        }
-    }
-    if Secrets::enabled(&cx.policy) {
-        for s in r
-            .secrets
-            .iter()
-            .filter_map(|n| cx.tenant_get::<Secret>(&ns, n))
-        {
-            let bytes = allow::data_bytes(s.string_data.as_ref(), s.data.as_ref());
-            if cx.selected(Secrets::NAME, &s.metadata)
-                && s.type_.as_deref() != Some(TOKEN_TYPE)
-                && let Some(why) = cap.pod_refusal(Secrets::NAME, &s.name_any(), bytes)
-            {
-                out.push(why);
-                tell_refused(cx, &*s, &Secrets::review(&cx.tr, &s)).await;
-            }
-        }
-    }
-    out
-}
-
 /// A data object of `bytes` bytes wakes the pods (`uses` says which) whose verdict under
 /// `allow.maxDataBytes` it changed: those with a copy once it is over the cap (they are refused
 /// now), and those without one once it is back within the cap after it was refused.
@@ -137,7 +94,7 @@ pub(crate) fn wake_users(
     cx: &Tenant,
     meta: &ObjectMeta,
     bytes: usize,
-    uses: impl Fn(&crate::kinds::pods::references::References) -> bool,
+    uses: impl Fn(&references::References) -> bool,
 ) {
     let Some(cap) = allow::DataCap::of(&cx.tr.allow) else {
         return;
@@ -155,15 +112,19 @@ pub(crate) fn wake_users(
     for p in cx.tenant_list::<Pod>() {
         if p.namespace().as_deref() == Some(ns)
             && cx.is_copied::<Pod>(ns, &p.name_any()) == over
-            && uses(&crate::kinds::pods::references::references(&p))
+            && uses(&references::references(&p))
         {
-            cx.queue.add(Key::for_object::<pods::Pods>(&*p));
+            cx.queue.add(Key::of_object::<Pod>(ns, p.name_any()));
         }
     }
 }
 
 /// Say `review`'s refusal on tenant object `obj`, as [`tell::enforce`] would.
-async fn tell_refused<K: kube::Resource<DynamicType = ()>>(cx: &Tenant, obj: &K, review: &Review) {
+pub(crate) async fn tell_refused<K: kube::Resource<DynamicType = ()>>(
+    cx: &Tenant,
+    obj: &K,
+    review: &Review,
+) {
     if let Some(e) = review.refusal() {
         tell::tell(cx, obj, tell::NOT_ALLOWED, &e.to_string()).await;
     }
@@ -177,7 +138,7 @@ fn host_keys(s: &Secret, tenant: &str) -> Vec<Key> {
     if s.annotations()
         .contains_key(naming::ANNOTATION_TOKEN_REFRESH)
     {
-        vec![Key::of::<pods::Pods>(v.namespace, v.name)]
+        vec![Key::of_object::<Pod>(v.namespace, v.name)]
     } else {
         vec![Key::of::<Secrets>(v.namespace, v.name)]
     }
@@ -186,6 +147,7 @@ fn host_keys(s: &Secret, tenant: &str) -> Vec<Key> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::copy::{Step, step};
     use crate::translate::tests::{host_name_of, translator};
     use serde_json::json;
 
@@ -263,5 +225,52 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(host_keys(&s, "dev"), [Key::new("Pod", "default", "web-0")]);
+    }
+
+    // The copy-down driver's steps, on Secrets (moved from `copy`, which sits below the kinds).
+    fn secret(type_: &str, deleting: bool) -> Secret {
+        let mut s: Secret = serde_json::from_value(json!({
+            "metadata": {"name": "creds", "namespace": "default", "uid": "s1"},
+            "type": type_, "data": {"a": "Yg=="}
+        }))
+        .unwrap();
+        if deleting {
+            s.metadata.deletion_timestamp =
+                Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                    k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+                ));
+        }
+        s
+    }
+
+    #[test]
+    fn the_driver_makes_deletes_replaces_or_applies_the_copy() {
+        let tr = translator();
+        let t = secret("Opaque", false);
+        let host_name = host_name_of(&tr, &t.metadata);
+        let copy = Secrets::translate(&tr, &t, &host_name);
+        let tr_of = |s: &Secret| Secrets::translate(&tr, s, &host_name);
+        assert_eq!(step::<Secrets>(tr_of, None, None), Step::Nothing);
+        assert_eq!(step::<Secrets>(tr_of, None, Some(&copy)), Step::Delete);
+        let going = secret("Opaque", true);
+        assert_eq!(
+            step::<Secrets>(tr_of, Some(&going), Some(&copy)),
+            Step::Delete
+        );
+        assert_eq!(step::<Secrets>(tr_of, Some(&going), None), Step::Nothing);
+        assert_eq!(
+            step::<Secrets>(tr_of, Some(&t), None),
+            Step::Apply(copy.clone())
+        );
+        assert_eq!(
+            step::<Secrets>(tr_of, Some(&t), Some(&copy)),
+            Step::Apply(copy.clone())
+        );
+        // A type cannot change in place.
+        let tls = secret("kubernetes.io/tls", false);
+        assert_eq!(
+            step::<Secrets>(tr_of, Some(&tls), Some(&copy)),
+            Step::Replace
+        );
     }
 }

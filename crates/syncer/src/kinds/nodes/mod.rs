@@ -12,7 +12,8 @@ use tenantplane_api::sync_policy::NodeSyncMode;
 use crate::converge::delete_if_present;
 use crate::error::Result;
 use crate::host::Scope;
-use crate::kind_trait::{Key, Kind, shown_watch_config};
+use crate::key::Key;
+use crate::kind_trait::{Kind, shown_watch_config};
 use crate::naming::{self, SYNCER_MANAGER};
 use crate::tenant::Tenant;
 

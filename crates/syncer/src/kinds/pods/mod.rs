@@ -18,14 +18,16 @@ use tenantplane_api::SyncPolicySpec;
 use tracing::warn;
 
 use crate::converge::{self, Target, delete_if_present, hash_of};
+use crate::copy::CopyDown;
 use crate::error::{Error, Result};
 use crate::host::Scope;
-use crate::kind_trait::{Key, Kind, scoped_api};
+use crate::key::Key;
+use crate::kind_trait::{Kind, scoped_api};
 use crate::kinds::configmaps::ConfigMaps;
 use crate::kinds::endpoints::EndpointsKind;
 use crate::kinds::nodes::{self, node_key};
 use crate::kinds::persistentvolumeclaims::Claims;
-use crate::kinds::secrets::Secrets;
+use crate::kinds::secrets::{self, Secrets};
 use crate::kinds::services::is_tenant_api;
 use crate::naming::{ANNOTATION_APPLIED_HASH, SYNCER_MANAGER};
 use crate::tell;
@@ -39,7 +41,7 @@ pub mod status;
 pub mod tokens;
 pub mod translate;
 
-use translate::{References, images, pod_meta, references};
+use translate::{images, pod_meta, references};
 
 pub struct Pods;
 
@@ -100,20 +102,8 @@ impl Kind for Pods {
     }
 }
 
-/// Is something in tenant namespace `ns` used by a pod that syncs (`pick` says what)?
-/// Only pods the host admitted count: a pod refused by the profile or the host pulls nothing
-/// onto the host.
-pub fn referenced(cx: &Tenant, ns: &str, pick: impl Fn(&References) -> bool) -> bool {
-    cx.tenant_list::<Pod>().iter().any(|p| {
-        p.namespace().as_deref() == Some(ns)
-            && Pods::synced(cx, &p.metadata)
-            && pick(&references(p))
-            && cx.is_copied::<Pod>(ns, &p.name_any())
-    })
-}
-
 /// Once the host admitted a pod, what it uses follows: its ConfigMaps and Secrets that have no
-/// copy yet are looked at (see [`referenced`]).
+/// copy yet are looked at (see [`references::referenced`]).
 fn wake_references(cx: &Tenant, t: &Pod) {
     let ns = t.namespace().unwrap_or_default();
     let r = references(t);
@@ -188,9 +178,7 @@ async fn converge_pod(cx: &Tenant, ns: &str, name: &str) -> Result<()> {
     let t = runtime_classes::for_host(cx, t, h.as_deref()).await?;
     let mut review = review::review(&cx.tr, &t);
     // A copy could not run without the data it uses, which is not copied when too large.
-    review
-        .refused
-        .extend(crate::kinds::secrets::too_large_for(cx, &t).await);
+    review.refused.extend(too_large_for(cx, &t).await);
     let Some(h) = h else {
         if t.spec
             .as_ref()
@@ -219,7 +207,7 @@ async fn converge_pod(cx: &Tenant, ns: &str, name: &str) -> Result<()> {
     tell::enforce(cx, &*t, Some(&*h), &review).await?;
     restore(cx, &t, &h, &host_name).await?;
     wake_references(cx, &t);
-    tokens::ensure_tokens(cx, &t, &h).await?;
+    tokens::ensure_tokens(cx, &Key::of::<Pods>(ns, name), &t, &h).await?;
     if h.metadata.deletion_timestamp.is_some() {
         return Ok(());
     }
@@ -248,6 +236,50 @@ async fn converge_pod(cx: &Tenant, ns: &str, name: &str) -> Result<()> {
         tell::forget(cx, &t_uid);
     }
     Ok(())
+}
+
+/// Why tenant pod `p` may not run on the host for the data it uses: each ConfigMap and Secret
+/// it uses that holds more than `allow.maxDataBytes`. Each is told so too, as its own converge
+/// would (it has no copy to converge while no pod of it runs).
+async fn too_large_for(cx: &Tenant, p: &Pod) -> Vec<String> {
+    let Some(cap) = crate::allow::DataCap::of(&cx.tr.allow) else {
+        return vec![];
+    };
+    let ns = p.namespace().unwrap_or_default();
+    let r = references(p);
+    let mut out = Vec::new();
+    if ConfigMaps::enabled(&cx.policy) {
+        for cm in r
+            .config_maps
+            .iter()
+            .filter_map(|n| cx.tenant_get::<ConfigMap>(&ns, n))
+        {
+            let bytes = crate::allow::data_bytes(cm.data.as_ref(), cm.binary_data.as_ref());
+            if cx.selected(ConfigMaps::NAME, &cm.metadata)
+                && let Some(why) = cap.pod_refusal(ConfigMaps::NAME, &cm.name_any(), bytes)
+            {
+                out.push(why);
+                secrets::tell_refused(cx, &*cm, &ConfigMaps::review(&cx.tr, &cm)).await;
+            }
+        }
+    }
+    if Secrets::enabled(&cx.policy) {
+        for s in r
+            .secrets
+            .iter()
+            .filter_map(|n| cx.tenant_get::<Secret>(&ns, n))
+        {
+            let bytes = crate::allow::data_bytes(s.string_data.as_ref(), s.data.as_ref());
+            if cx.selected(Secrets::NAME, &s.metadata)
+                && s.type_.as_deref() != Some(secrets::TOKEN_TYPE)
+                && let Some(why) = cap.pod_refusal(Secrets::NAME, &s.name_any(), bytes)
+            {
+                out.push(why);
+                secrets::tell_refused(cx, &*s, &Secrets::review(&cx.tr, &s)).await;
+            }
+        }
+    }
+    out
 }
 
 /// Bind the tenant pod to the virtual node of its copy's host node. Only to a virtual node that

@@ -8,13 +8,12 @@ use k8s_openapi::api::core::v1::{KeyToPath, Pod, Service, VolumeProjection};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::ResourceExt;
 
-use super::tokens::token_secret_name;
 use crate::allow;
 use crate::kinds::services::{service_env, tenant_api_env};
 use crate::naming;
 use crate::translate::Translator;
 
-pub use super::references::{References, references};
+pub use super::references::{References, ephemeral_claim, references};
 use super::review::placement;
 pub use super::review::review;
 
@@ -288,12 +287,6 @@ pub fn pod(
     }
 }
 
-/// The name of the claim the tenant's ephemeral-volume controller makes for volume `volume` of
-/// pod `pod`.
-pub fn ephemeral_claim(pod: &str, volume: &str) -> String {
-    format!("{pod}-{volume}")
-}
-
 /// A tenant label selector in host form: its keys as the host copies carry them.
 pub(crate) fn host_label_selector(tr: &Translator, selector: &mut LabelSelector) {
     if let Some(labels) = selector.match_labels.take() {
@@ -328,7 +321,7 @@ fn rewrite_projection(
         let key = format!("token-{token_index}");
         *token_index += 1;
         source.secret = Some(k8s_openapi::api::core::v1::SecretProjection {
-            name: token_secret_name(host_pod),
+            name: naming::token_secret_name(host_pod),
             items: Some(vec![KeyToPath {
                 key,
                 path: token.path,

@@ -15,8 +15,8 @@ use crate::converge::delete_if_present;
 use crate::copy::apply_copy;
 use crate::error::{Error, Result};
 use crate::host::Scope;
-use crate::kind_trait::{Key, Kind};
-use crate::kinds::endpoints::EndpointsKind;
+use crate::key::Key;
+use crate::kind_trait::Kind;
 use crate::naming::SYNCER_MANAGER;
 use crate::tell::{self, Review};
 use crate::tenant::Tenant;
@@ -45,7 +45,7 @@ impl Kind for Services {
         let (ns, n) = (s.namespace().unwrap_or_default(), s.name_any());
         vec![
             Key::of::<Self>(ns.clone(), n.clone()),
-            Key::of::<EndpointsKind>(ns, n),
+            Key::of_object::<Endpoints>(ns, n),
         ]
     }
 
@@ -543,5 +543,31 @@ mod tests {
         assert_eq!(spec.cluster_ip.as_deref(), Some("10.96.1.1"));
         assert_eq!(spec.ports.unwrap()[0].node_port, None);
         assert!(again.status.is_none());
+    }
+
+    /// Moved from `address`'s tests: the review says what `own_address` decided.
+    #[test]
+    fn a_reserved_address_is_told_and_an_allocated_one_is_not() {
+        let at = |ip: &str, manager: Option<&str>| -> Service {
+            let managed = manager.map(|m| {
+                json!([{"manager": m, "operation": "Update", "apiVersion": "v1", "fieldsType": "FieldsV1",
+                        "fieldsV1": {"f:spec": {"f:clusterIP": {}, "f:ports": {}}}}])
+            });
+            serde_json::from_value(json!({
+                "metadata": {"name": "web", "namespace": "default", "managedFields": managed},
+                "spec": {"clusterIP": ip, "clusterIPs": [ip], "ports": [{"port": 80}]}
+            }))
+            .unwrap()
+        };
+        let tr = translator();
+        // The copy never asks for a reserved address, even the first time.
+        let t = at("10.96.0.10", Some("kubectl"));
+        assert!(
+            review(&tr, &t)
+                .dropped
+                .iter()
+                .any(|d| d.contains("10.96.0.10"))
+        );
+        assert!(review(&tr, &at("10.96.7.7", None)).dropped.is_empty());
     }
 }
