@@ -5,7 +5,6 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use tenantplane_api::SyncPolicySpec;
 use tenantplane_api::text::{MAX_TEXT_BYTES, bounded, bounded_to};
 
 /// Where the syncers report what they did, for the operator's metrics.
@@ -48,9 +47,9 @@ impl Health {
         self.errors.values().any(|f| f.reason == WATCH_FAILED)
     }
 
-    /// The `Synced` verdict: a stable summary when all is well, else the first failure and how
-    /// many more there are.
-    pub fn verdict(&self, policy: &SyncPolicySpec) -> Result<String, Failure> {
+    /// The `Synced` verdict: `summary` (see [`in_sync`]) when all is well, else the first failure
+    /// and how many more there are.
+    pub fn verdict(&self, summary: &str) -> Result<String, Failure> {
         if let Some(why) = &self.crashed {
             return Err(Failure {
                 reason: "SyncerRestarting",
@@ -78,40 +77,15 @@ impl Health {
                 message,
             });
         }
-        Ok(summary(policy))
+        Ok(summary.to_string())
     }
 }
 
-/// One sentence naming what moves; stable, so a healthy tenant's status never changes.
-pub fn summary(policy: &SyncPolicySpec) -> String {
-    let to = &policy.to_host;
-    let down: Vec<&str> = [
-        ("pods", to.pods.enabled),
-        ("services", to.services.enabled),
-        ("endpoints", to.endpoints.enabled),
-        ("configmaps", to.config_maps.enabled),
-        ("secrets", to.secrets.enabled),
-        (
-            "persistentvolumeclaims",
-            to.persistent_volume_claims.enabled,
-        ),
-        ("serviceaccounts", to.service_accounts.enabled),
-        ("ingresses", to.ingresses.enabled),
-    ]
-    .into_iter()
-    .filter_map(|(k, on)| on.then_some(k))
-    .collect();
-    let from = &policy.from_host;
-    let up: Vec<&str> = [
-        ("virtual nodes", from.nodes.enabled),
-        ("events", from.events.enabled),
-        ("storageclasses", from.storage_classes.enabled),
-        ("ingressclasses", from.ingress_classes.enabled),
-    ]
-    .into_iter()
-    .filter_map(|(k, on)| on.then_some(k))
-    .collect();
-    let list = |v: &[&str]| {
+/// The sentence `Synced` shows when all is well, naming what moves each way (`down` to the host,
+/// `up` from it); stable, so a healthy tenant's status never changes. The lists come from the
+/// kinds (`kinds::summary`).
+pub fn in_sync(down: &[String], up: &[String]) -> String {
+    let list = |v: &[String]| {
         if v.is_empty() {
             "nothing".to_string()
         } else {
@@ -120,8 +94,8 @@ pub fn summary(policy: &SyncPolicySpec) -> String {
     };
     format!(
         "in sync: {} to the host; {} from the host",
-        list(&down),
-        list(&up)
+        list(down),
+        list(up)
     )
 }
 
@@ -131,14 +105,14 @@ mod tests {
 
     #[test]
     fn the_verdict_names_the_first_failure_and_counts_the_rest() {
-        let policy = SyncPolicySpec::default();
+        let policy = in_sync(&["pods".into()], &[]);
         let mut h = Health {
             ready: true,
             ..Default::default()
         };
         assert_eq!(
             h.verdict(&policy).unwrap(),
-            "in sync: pods, services, endpoints, configmaps, secrets, persistentvolumeclaims to the host; virtual nodes, events from the host"
+            "in sync: pods to the host; nothing from the host"
         );
         for n in ["a", "b"] {
             h.errors.insert(
@@ -156,7 +130,7 @@ mod tests {
 
     #[test]
     fn the_verdict_stays_within_the_bound_whatever_the_tenant_wrote() {
-        let policy = SyncPolicySpec::default();
+        let policy = in_sync(&[], &[]);
         let mut h = Health {
             ready: true,
             ..Default::default()

@@ -54,6 +54,12 @@ pub trait Kind: Sized + Send + Sync + 'static {
     /// Where the kind's switch sits in the SyncPolicy, as a person writes it (`toHost.pods`).
     const SETTING: &'static str;
 
+    /// How the `Synced` summary names the kind's objects: its setting, lower-case (`configmaps`).
+    fn listed_as() -> String {
+        let field = Self::SETTING.rsplit('.').next().unwrap_or(Self::SETTING);
+        field.to_lowercase()
+    }
+
     /// Does the kind sync at all under `policy` (its `enabled` switch)?
     fn enabled(policy: &SyncPolicySpec) -> bool;
 

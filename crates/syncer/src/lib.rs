@@ -56,8 +56,9 @@ use tokio::sync::watch;
 use tracing::{Instrument, info, warn};
 
 pub use error::Error;
-pub use health::{Failure, Health, Observer, WATCH_FAILED, summary};
+pub use health::{Failure, Health, Observer, WATCH_FAILED};
 pub use key::Key;
+pub use kinds::summary;
 pub use spec::{KubeletEndpoint, SyncerSpec};
 
 struct Running {
@@ -118,7 +119,7 @@ impl Syncers {
     /// verdict for the `Synced` condition.
     pub async fn ensure(&self, spec: SyncerSpec, tenant: Client) -> Result<String, Failure> {
         let key = (spec.host_namespace.clone(), spec.tenant.clone());
-        let policy = spec.policy.clone();
+        let summary = kinds::summary(&spec.policy);
         let mut health = {
             let mut running = self.lock();
             // The caller just reached the tenant: watches failing for long are stuck, not waiting.
@@ -155,7 +156,7 @@ impl Syncers {
                         notify: Arc::new(move || {
                             let _ = notify.unbounded_send(target.clone());
                         }),
-                        policy: spec.policy.clone(),
+                        summary: summary.clone(),
                         observer: self.observer.clone(),
                     };
                     let task = tokio::spawn(
@@ -190,7 +191,7 @@ impl Syncers {
         if !health.borrow().ready {
             let _ = tokio::time::timeout(FIRST_LIST_WAIT, health.wait_for(|h| h.ready)).await;
         }
-        health.borrow().verdict(&policy)
+        health.borrow().verdict(&summary)
     }
 
     /// Stop every syncer gracefully (on shutdown): each finishes the objects it is converging,

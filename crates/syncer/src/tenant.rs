@@ -200,7 +200,8 @@ impl Tenant {
 pub(crate) struct Verdicts {
     pub health: Arc<watch::Sender<Health>>,
     pub notify: Arc<dyn Fn() + Send + Sync>,
-    pub policy: SyncPolicySpec,
+    /// What `Synced` says when all is well (see [`crate::kinds::summary`]).
+    pub summary: String,
     pub observer: Arc<dyn Observer>,
 }
 
@@ -210,12 +211,12 @@ impl Verdicts {
     pub(crate) fn set_error(&self, what: &str, failure: Option<Failure>) {
         let mut changed = false;
         self.health.send_if_modified(|h| {
-            let before = h.verdict(&self.policy);
+            let before = h.verdict(&self.summary);
             let modified = match &failure {
                 Some(f) => h.errors.insert(what.to_string(), f.clone()).as_ref() != Some(f),
                 None => h.errors.remove(what).is_some(),
             };
-            changed = modified && before != h.verdict(&self.policy);
+            changed = modified && before != h.verdict(&self.summary);
             modified
         });
         if changed {

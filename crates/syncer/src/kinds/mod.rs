@@ -32,6 +32,7 @@ pub struct Entry {
     /// Where its switch sits in the SyncPolicy (`toHost.pods`).
     pub setting: &'static str,
     pub enabled: fn(&SyncPolicySpec) -> bool,
+    pub listed_as: fn() -> String,
     pub selector: fn(&SyncPolicySpec) -> Option<&LabelSelector>,
     pub converge: for<'a> fn(&'a Tenant, &'a Key) -> BoxFuture<'a, Result<()>>,
     pub everything: fn(&Tenant) -> Vec<Key>,
@@ -50,6 +51,7 @@ fn entry<S: Kind>() -> Entry {
         name: S::NAME,
         setting: S::SETTING,
         enabled: S::enabled,
+        listed_as: S::listed_as,
         selector: S::selector,
         converge: S::converge,
         everything: S::everything,
@@ -76,9 +78,41 @@ pub fn all() -> Vec<Entry> {
     ]
 }
 
+/// The sentence `Synced` shows when all is well under `policy`: the kinds it turns on, to the
+/// host and from it, in the list's order.
+pub fn summary(policy: &SyncPolicySpec) -> String {
+    let entries = all();
+    let on = |to_host: bool| -> Vec<String> {
+        entries
+            .iter()
+            .filter(|e| e.setting.starts_with("toHost.") == to_host && (e.enabled)(policy))
+            .map(|e| (e.listed_as)())
+            .collect()
+    };
+    crate::health::in_sync(&on(true), &on(false))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Moved from `health`: the summary of the default policy, as `Synced` shows it.
+    #[test]
+    fn the_summary_names_what_moves_each_way() {
+        assert_eq!(
+            summary(&SyncPolicySpec::default()),
+            "in sync: pods, services, endpoints, configmaps, secrets, persistentvolumeclaims to the host; virtual nodes, events from the host"
+        );
+        let mut all = SyncPolicySpec::default();
+        all.to_host.service_accounts.enabled = true;
+        all.to_host.ingresses.enabled = true;
+        all.from_host.storage_classes.enabled = true;
+        all.from_host.ingress_classes.enabled = true;
+        assert_eq!(
+            summary(&all),
+            "in sync: pods, services, endpoints, configmaps, secrets, persistentvolumeclaims, serviceaccounts, ingresses to the host; virtual nodes, events, storageclasses, ingressclasses from the host"
+        );
+    }
 
     #[test]
     fn every_kind_has_its_own_name() {

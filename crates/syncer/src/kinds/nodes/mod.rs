@@ -32,6 +32,10 @@ impl Kind for Nodes {
         policy.from_host.nodes.enabled
     }
 
+    fn listed_as() -> String {
+        "virtual nodes".into()
+    }
+
     fn tenant_watch(_: &SyncPolicySpec) -> Option<kube::runtime::watcher::Config> {
         Some(shown_watch_config())
     }
