@@ -10,7 +10,8 @@ use tenantplane_api::SyncPolicySpec;
 use crate::converge::{self, Target, delete_if_present};
 use crate::error::{Error, Result};
 use crate::host::Scope;
-use crate::kind::{Key, Kind, scoped_api};
+use crate::key::Key;
+use crate::kind_trait::{Kind, scoped_api};
 use crate::naming::SYNCER_MANAGER;
 use crate::tell::{self, Review};
 use crate::tenant::Tenant;
@@ -21,8 +22,8 @@ pub trait CopyDown: Kind<Object: Resource<Scope = k8s_openapi::NamespaceResource
     /// Should tenant object `obj` have a host copy now (policy, selector, references)?
     fn wanted(cx: &Tenant, obj: &Self::Object) -> bool;
 
-    /// The host copy of `obj`: pure.
-    fn translate(tr: &Translator, obj: &Self::Object) -> Self::Object;
+    /// The host copy of `obj`, named `host_name` (see [`Translator::host_name`]): pure.
+    fn translate(tr: &Translator, obj: &Self::Object, host_name: &str) -> Self::Object;
 
     /// What the host copy of `obj` leaves out, and why it may have none: pure. By default, the
     /// annotations the IsolationProfile does not allow on the kind.
@@ -33,13 +34,20 @@ pub trait CopyDown: Kind<Object: Resource<Scope = k8s_openapi::NamespaceResource
         }
     }
 
-    /// [`Self::translate`], for kinds whose copy depends on what else the tenant has.
-    fn translate_in(cx: &Tenant, obj: &Self::Object) -> Self::Object {
-        Self::translate(&cx.tr, obj)
+    /// [`Self::translate`], for kinds whose copy depends on what else the tenant has, or on
+    /// `live`, the copy as it is.
+    fn translate_in(
+        cx: &Tenant,
+        obj: &Self::Object,
+        host_name: &str,
+        _live: Option<&Self::Object>,
+    ) -> Self::Object {
+        Self::translate(&cx.tr, obj, host_name)
     }
 
-    /// [`Self::review`], for kinds whose copy depends on what else the tenant has.
-    fn review_in(cx: &Tenant, obj: &Self::Object) -> Review {
+    /// [`Self::review`], for kinds whose copy depends on what else the tenant has, or on
+    /// `live`, the copy as it is.
+    fn review_in(cx: &Tenant, obj: &Self::Object, _live: Option<&Self::Object>) -> Review {
         Self::review(&cx.tr, obj)
     }
 
@@ -92,19 +100,22 @@ pub fn step<S: CopyDown>(
 /// kinds that bring state back up.
 pub async fn converge_copy<S: CopyDown>(cx: &Tenant, key: &Key) -> Result<Pair<S::Object>> {
     let (ns, name) = (&key.namespace, &key.name);
+    // The one translation of the name in this converge: the lookup and the copy share it.
+    let host_name = cx.tr.host_name(ns, name);
     let t = cx.tenant_get::<S::Object>(ns, name);
     if let Some(t) = &t {
         S::wake_dependents(cx, t);
     }
     let t = t.filter(|t| S::wanted(cx, t));
-    let h = cx.host_copy::<S::Object>(ns, name);
+    let h = cx.host_copy::<S::Object>(&host_name, ns, name);
     if let Some(t) = t
         .as_deref()
         .filter(|t| t.meta().deletion_timestamp.is_none())
     {
-        tell::enforce(cx, t, h.as_deref(), &S::review_in(cx, t)).await?;
+        tell::enforce(cx, t, h.as_deref(), &S::review_in(cx, t, h.as_deref())).await?;
     }
-    match step::<S>(|t| S::translate_in(cx, t), t.as_deref(), h.as_deref()) {
+    let translate = |t: &S::Object| S::translate_in(cx, t, &host_name, h.as_deref());
+    match step::<S>(translate, t.as_deref(), h.as_deref()) {
         Step::Nothing => Ok(None),
         // Made again on the next pass, once the delete is seen.
         Step::Delete | Step::Replace => {
@@ -156,13 +167,25 @@ where
 
 /// The [`Kind`] of a copy-down kind: the shared watch of host copies (always, so copies left
 /// from an earlier policy go) and [`converge_copy`], then `then` with both sides when both exist.
+/// `to_host.<field> as "<name>"`: its switch in the SyncPolicy, as Rust and as a person name it.
 /// Items after `;` go into the impl (a narrower tenant watch, more keys).
 #[macro_export]
 macro_rules! copy_down_kind {
-    ($kind:ty, $object:ty, $name:literal $(, then = $then:path)? $(; $($extra:item)*)?) => {
-        impl $crate::kind::Kind for $kind {
+    ($kind:ty, $object:ty, $name:literal, to_host.$field:ident as $setting:literal $(, then = $then:path)? $(; $($extra:item)*)?) => {
+        impl $crate::kind_trait::Kind for $kind {
             const NAME: &'static str = $name;
             type Object = $object;
+            const SETTING: &'static str = concat!("toHost.", $setting);
+
+            fn enabled(policy: &tenantplane_api::SyncPolicySpec) -> bool {
+                policy.to_host.$field.enabled
+            }
+
+            fn selector(
+                policy: &tenantplane_api::SyncPolicySpec,
+            ) -> Option<&k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector> {
+                policy.to_host.$field.selector.as_ref()
+            }
 
             $($($extra)*)?
 
@@ -176,7 +199,7 @@ macro_rules! copy_down_kind {
 
             fn converge<'a>(
                 cx: &'a $crate::tenant::Tenant,
-                key: &'a $crate::kind::Key,
+                key: &'a $crate::key::Key,
             ) -> futures::future::BoxFuture<'a, $crate::error::Result<()>> {
                 Box::pin(async move {
                     let _pair = $crate::copy::converge_copy::<Self>(cx, key).await?;
@@ -202,58 +225,4 @@ where
     K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>,
 {
     scoped_api(client, namespace)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::kinds::secrets::Secrets;
-    use crate::translate::tests::translator;
-    use k8s_openapi::api::core::v1::Secret;
-    use serde_json::json;
-
-    fn secret(type_: &str, deleting: bool) -> Secret {
-        let mut s: Secret = serde_json::from_value(json!({
-            "metadata": {"name": "creds", "namespace": "default", "uid": "s1"},
-            "type": type_, "data": {"a": "Yg=="}
-        }))
-        .unwrap();
-        if deleting {
-            s.metadata.deletion_timestamp =
-                Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
-                    k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
-                ));
-        }
-        s
-    }
-
-    #[test]
-    fn the_driver_makes_deletes_replaces_or_applies_the_copy() {
-        let tr = translator();
-        let t = secret("Opaque", false);
-        let copy = Secrets::translate(&tr, &t);
-        let tr_of = |s: &Secret| Secrets::translate(&tr, s);
-        assert_eq!(step::<Secrets>(tr_of, None, None), Step::Nothing);
-        assert_eq!(step::<Secrets>(tr_of, None, Some(&copy)), Step::Delete);
-        let going = secret("Opaque", true);
-        assert_eq!(
-            step::<Secrets>(tr_of, Some(&going), Some(&copy)),
-            Step::Delete
-        );
-        assert_eq!(step::<Secrets>(tr_of, Some(&going), None), Step::Nothing);
-        assert_eq!(
-            step::<Secrets>(tr_of, Some(&t), None),
-            Step::Apply(copy.clone())
-        );
-        assert_eq!(
-            step::<Secrets>(tr_of, Some(&t), Some(&copy)),
-            Step::Apply(copy.clone())
-        );
-        // A type cannot change in place.
-        let tls = secret("kubernetes.io/tls", false);
-        assert_eq!(
-            step::<Secrets>(tr_of, Some(&tls), Some(&copy)),
-            Step::Replace
-        );
-    }
 }

@@ -1,10 +1,19 @@
 //! What a syncer reports to the TenantCluster controller: whether it has read both sides, which
-//! objects fail and why, and the sentence `Synced` shows when all is well.
+//! objects fail and why, and the sentence `Synced` shows when all is well; and what it did, for
+//! the operator's metrics ([`Observer`]).
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
-use tenantplane_api::SyncPolicySpec;
 use tenantplane_api::text::{MAX_TEXT_BYTES, bounded, bounded_to};
+
+/// Where the syncers report what they did, for the operator's metrics.
+pub trait Observer: Send + Sync {
+    /// `kind` converged for a tenant, `lag` after it was queued.
+    fn synced(&self, namespace: &str, tenant: &str, kind: &'static str, lag: Duration);
+    /// `kind` failed for a tenant, with a reason.
+    fn sync_failed(&self, namespace: &str, tenant: &str, kind: &'static str, reason: &'static str);
+}
 
 /// What of [`MAX_TEXT_BYTES`] the first failure may take, leaving room for the count.
 const ROOM: usize = MAX_TEXT_BYTES - 40;
@@ -38,9 +47,9 @@ impl Health {
         self.errors.values().any(|f| f.reason == WATCH_FAILED)
     }
 
-    /// The `Synced` verdict: a stable summary when all is well, else the first failure and how
-    /// many more there are.
-    pub fn verdict(&self, policy: &SyncPolicySpec) -> Result<String, Failure> {
+    /// The `Synced` verdict: `summary` (see [`in_sync`]) when all is well, else the first failure
+    /// and how many more there are.
+    pub fn verdict(&self, summary: &str) -> Result<String, Failure> {
         if let Some(why) = &self.crashed {
             return Err(Failure {
                 reason: "SyncerRestarting",
@@ -68,40 +77,15 @@ impl Health {
                 message,
             });
         }
-        Ok(summary(policy))
+        Ok(summary.to_string())
     }
 }
 
-/// One sentence naming what moves; stable, so a healthy tenant's status never changes.
-pub fn summary(policy: &SyncPolicySpec) -> String {
-    let to = &policy.to_host;
-    let down: Vec<&str> = [
-        ("pods", to.pods.enabled),
-        ("services", to.services.enabled),
-        ("endpoints", to.endpoints.enabled),
-        ("configmaps", to.config_maps.enabled),
-        ("secrets", to.secrets.enabled),
-        (
-            "persistentvolumeclaims",
-            to.persistent_volume_claims.enabled,
-        ),
-        ("serviceaccounts", to.service_accounts.enabled),
-        ("ingresses", to.ingresses.enabled),
-    ]
-    .into_iter()
-    .filter_map(|(k, on)| on.then_some(k))
-    .collect();
-    let from = &policy.from_host;
-    let up: Vec<&str> = [
-        ("virtual nodes", from.nodes.enabled),
-        ("events", from.events.enabled),
-        ("storageclasses", from.storage_classes.enabled),
-        ("ingressclasses", from.ingress_classes.enabled),
-    ]
-    .into_iter()
-    .filter_map(|(k, on)| on.then_some(k))
-    .collect();
-    let list = |v: &[&str]| {
+/// The sentence `Synced` shows when all is well, naming what moves each way (`down` to the host,
+/// `up` from it); stable, so a healthy tenant's status never changes. The lists come from the
+/// kinds (`kinds::summary`).
+pub fn in_sync(down: &[String], up: &[String]) -> String {
+    let list = |v: &[String]| {
         if v.is_empty() {
             "nothing".to_string()
         } else {
@@ -110,8 +94,8 @@ pub fn summary(policy: &SyncPolicySpec) -> String {
     };
     format!(
         "in sync: {} to the host; {} from the host",
-        list(&down),
-        list(&up)
+        list(down),
+        list(up)
     )
 }
 
@@ -121,14 +105,14 @@ mod tests {
 
     #[test]
     fn the_verdict_names_the_first_failure_and_counts_the_rest() {
-        let policy = SyncPolicySpec::default();
+        let policy = in_sync(&["pods".into()], &[]);
         let mut h = Health {
             ready: true,
             ..Default::default()
         };
         assert_eq!(
             h.verdict(&policy).unwrap(),
-            "in sync: pods, services, endpoints, configmaps, secrets, persistentvolumeclaims to the host; virtual nodes, events from the host"
+            "in sync: pods to the host; nothing from the host"
         );
         for n in ["a", "b"] {
             h.errors.insert(
@@ -146,7 +130,7 @@ mod tests {
 
     #[test]
     fn the_verdict_stays_within_the_bound_whatever_the_tenant_wrote() {
-        let policy = SyncPolicySpec::default();
+        let policy = in_sync(&[], &[]);
         let mut h = Health {
             ready: true,
             ..Default::default()

@@ -4,25 +4,35 @@
 //! deletes flow both ways; host copies edited by hand are restored and copies whose tenant
 //! object is gone are removed.
 //!
-//! - [`kinds`]: one module per resource kind behind [`kind::Kind`]; [`copy`] drives the kinds
-//!   whose copy is "translate, then converge".
-//! - [`tenant`]: one tenant's engine (watches, work queue, workers); [`host`]: the host watches
-//!   every tenant shares.
-//! - [`converge`]: the one way an object is converged, shared with the controller.
+//! The modules form layers, each using only those below it (no module imports one above):
+//!
+//! - top: [`Syncers`] here, and `run`, one tenant's engine and its workers;
+//! - [`kinds`]: the one list of kinds, one module per kind behind [`kind_trait::Kind`]
+//!   (`kinds::pods` above the kinds whose objects a pod uses; a kind names another's keys and
+//!   switch by its objects' type, not by importing it); `wiring` feeds a kind's watches to the
+//!   engine; [`copy`] drives the kinds whose copy is "translate, then converge"; [`tell`] and
+//!   [`tenant_terms`] speak to the tenant;
+//! - [`tenant`]: what a kind reads and writes through (caches, clients, queue, verdicts);
+//! - below: [`translate`], [`key`], [`host`] (the host watches every tenant shares), [`queue`],
+//!   [`backoff`], [`converge`] (the one way an object is converged, shared with the controller),
+//!   [`allow`], [`naming`], [`health`], [`spec`].
 
 pub mod addons;
 pub mod allow;
+pub mod backoff;
 pub mod converge;
 pub mod copy;
 pub mod error;
 pub mod health;
 pub mod host;
 pub mod identity;
-pub mod kind;
+pub mod key;
+pub mod kind_trait;
 pub mod kinds;
 pub mod naming;
 pub mod queue;
 mod run;
+pub mod spec;
 pub mod tell;
 pub mod tenant;
 pub mod tenant_terms;
@@ -38,58 +48,18 @@ use k8s_openapi::api::core::v1::{
     ConfigMap, Endpoints, PersistentVolumeClaim, Pod, Secret, Service, ServiceAccount,
 };
 use k8s_openapi::api::networking::v1::Ingress;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::Client;
 use kube::api::{Api, DeleteParams, ListParams};
 use kube::runtime::reflector::ObjectRef;
-use tenantplane_api::{IsolationProfileSpec, SyncPolicySpec, TenantCluster};
+use tenantplane_api::TenantCluster;
 use tokio::sync::watch;
 use tracing::{Instrument, info, warn};
 
 pub use error::Error;
-pub use health::{Failure, Health, WATCH_FAILED, summary};
-pub use kind::Key;
-
-/// Where the syncers report what they did, for the operator's metrics.
-pub trait Observer: Send + Sync {
-    /// `kind` converged for a tenant, `lag` after it was queued.
-    fn synced(&self, namespace: &str, tenant: &str, kind: &'static str, lag: Duration);
-    /// `kind` failed for a tenant, with a reason.
-    fn sync_failed(&self, namespace: &str, tenant: &str, kind: &'static str, reason: &'static str);
-}
-
-/// Everything a syncer runs with; a change restarts it.
-#[derive(Clone, Debug, PartialEq)]
-pub struct SyncerSpec {
-    pub tenant: String,
-    pub host_namespace: String,
-    /// The TenantCluster's owner reference: every copy carries it.
-    pub owner: OwnerReference,
-    /// The namespace the operator is limited to, if it is: the host watches stay inside it.
-    pub scope: Option<String>,
-    pub policy: SyncPolicySpec,
-    pub profile: IsolationProfileSpec,
-    /// Where the tenant API server answers, and with which kubeconfig (for change detection).
-    pub server: String,
-    pub kubeconfig: String,
-    /// The cluster IP of the tenant API server's Service: synced pods dial it, on 6443 directly
-    /// and on 443 through the tenant's `kubernetes` Service, which is given this address.
-    pub api_ip: String,
-    /// The host's Service range that holds `api_ip`, which the tenant allocates from too.
-    pub service_cidr: String,
-    /// The operator's kubelet endpoint, which every virtual Node names as its kubelet; without
-    /// it, virtual Nodes have no kubelet (never the host nodes' own addresses).
-    pub kubelet: Option<KubeletEndpoint>,
-}
-
-/// Where a tenant API server reaches the kubelet of a virtual Node (for logs, exec, attach and
-/// port-forward): the operator's kubelet endpoint, which proxies to the host pods.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct KubeletEndpoint {
-    /// An IP address: virtual Nodes give it as their `InternalIP`.
-    pub address: String,
-    pub port: u16,
-}
+pub use health::{Failure, Health, Observer, WATCH_FAILED};
+pub use key::Key;
+pub use kinds::summary;
+pub use spec::{KubeletEndpoint, SyncerSpec};
 
 struct Running {
     spec: SyncerSpec,
@@ -149,7 +119,7 @@ impl Syncers {
     /// verdict for the `Synced` condition.
     pub async fn ensure(&self, spec: SyncerSpec, tenant: Client) -> Result<String, Failure> {
         let key = (spec.host_namespace.clone(), spec.tenant.clone());
-        let policy = spec.policy.clone();
+        let summary = kinds::summary(&spec.policy);
         let mut health = {
             let mut running = self.lock();
             // The caller just reached the tenant: watches failing for long are stuck, not waiting.
@@ -186,7 +156,7 @@ impl Syncers {
                         notify: Arc::new(move || {
                             let _ = notify.unbounded_send(target.clone());
                         }),
-                        policy: spec.policy.clone(),
+                        summary: summary.clone(),
                         observer: self.observer.clone(),
                     };
                     let task = tokio::spawn(
@@ -221,7 +191,7 @@ impl Syncers {
         if !health.borrow().ready {
             let _ = tokio::time::timeout(FIRST_LIST_WAIT, health.wait_for(|h| h.ready)).await;
         }
-        health.borrow().verdict(&policy)
+        health.borrow().verdict(&summary)
     }
 
     /// Stop every syncer gracefully (on shutdown): each finishes the objects it is converging,

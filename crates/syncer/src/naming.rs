@@ -56,8 +56,9 @@ fn hash(parts: &[&str]) -> String {
         .collect()
 }
 
-/// The host name of tenant object `name` in `namespace` (empty for cluster-scoped kinds).
-pub fn host_name(name: &str, namespace: &str, tenant: &str) -> String {
+/// The host name of `tenant`'s object `namespace/name` (namespace empty for cluster-scoped
+/// kinds). Outermost first, as every name function here takes its arguments.
+pub fn host_name_for(tenant: &str, namespace: &str, name: &str) -> String {
     let plain = format!("{name}{SEPARATOR}{namespace}{SEPARATOR}{tenant}");
     let separators = plain
         .as_bytes()
@@ -74,6 +75,13 @@ pub fn host_name(name: &str, namespace: &str, tenant: &str) -> String {
         prefix.pop();
     }
     format!("{prefix}-{}", hash(&[tenant, namespace, name]))
+}
+
+/// The host Secret holding a pod's tenant service-account tokens. A translated name never ends in
+/// `.token` (it ends with the tenant's name, which has no dot, or a hash), so this is no other
+/// object's name.
+pub fn token_secret_name(host_pod: &str) -> String {
+    format!("{host_pod}.token")
 }
 
 /// `value` as a label value: itself when it is one, else its hash.
@@ -234,7 +242,7 @@ pub(crate) mod tests {
     #[test]
     fn short_names_read_as_the_triple() {
         assert_eq!(
-            host_name("web-0", "default", "dev"),
+            host_name_for("dev", "default", "web-0"),
             "web-0-x-default-x-dev"
         );
     }
@@ -242,25 +250,25 @@ pub(crate) mod tests {
     #[test]
     fn long_names_are_cut_with_a_hash() {
         let long = "a".repeat(80);
-        let name = host_name(&long, "default", "dev");
+        let name = host_name_for("dev", "default", &long);
         assert_eq!(name.len(), 63);
-        assert_ne!(name, host_name(&format!("{long}b"), "default", "dev"));
+        assert_ne!(name, host_name_for("dev", "default", &format!("{long}b")));
     }
 
     #[test]
     fn ambiguous_triples_do_not_collide() {
         // Both would read "a-x-x-b-x-t" in the plain form.
-        let one = host_name("a-x", "b", "t");
-        let two = host_name("a", "x-b", "t");
+        let one = host_name_for("t", "b", "a-x");
+        let two = host_name_for("t", "x-b", "a");
         assert_ne!(one, two);
-        let three = host_name("a-x-b", "c", "t");
-        let four = host_name("a", "b-x-c", "t");
+        let three = host_name_for("t", "c", "a-x-b");
+        let four = host_name_for("t", "b-x-c", "a");
         assert_ne!(three, four);
     }
 
     #[test]
     fn names_from_hand_edited_annotations_do_not_panic() {
-        let name = host_name("wéb-ü", "défault", "dev");
+        let name = host_name_for("dev", "défault", "wéb-ü");
         assert!(!name.is_empty());
     }
 
@@ -347,8 +355,8 @@ pub(crate) mod tests {
             a in (dns_label(), dns_label(), dns_label()),
             b in (dns_label(), dns_label(), dns_label()),
         ) {
-            let x = host_name(&a.0, &a.1, &a.2);
-            let y = host_name(&b.0, &b.1, &b.2);
+            let x = host_name_for(&a.2, &a.1, &a.0);
+            let y = host_name_for(&b.2, &b.1, &b.0);
             prop_assert!(x.len() <= 63);
             prop_assert!(x.chars().last().unwrap().is_ascii_alphanumeric());
             if a != b {

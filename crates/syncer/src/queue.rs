@@ -15,6 +15,8 @@ use std::time::Duration;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
+use crate::backoff;
+
 /// The longest a failing key waits for its next try.
 pub const MAX_BACKOFF: Duration = Duration::from_secs(300);
 
@@ -180,9 +182,7 @@ impl<K: Clone + Eq + Hash + Send + 'static> WorkQueue<K> {
         let mut s = self.lock();
         let failures = s.failures.entry(key.clone()).or_insert(0);
         *failures = failures.saturating_add(1);
-        let delay = first
-            .saturating_mul(2u32.saturating_pow(failures.saturating_sub(1).min(20)))
-            .min(MAX_BACKOFF);
+        let delay = backoff::delay(*failures, first, MAX_BACKOFF);
         if !s.closed {
             s.delay(key, Instant::now() + delay, false);
             drop(s);

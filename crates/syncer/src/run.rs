@@ -11,14 +11,16 @@ use kube::core::Selector;
 use kube::runtime::events::{self, Recorder};
 use tenantplane_api::SyncPolicySpec;
 use tokio::sync::watch;
-use tracing::warn;
+use tracing::{debug, warn};
 
-use crate::SyncerSpec;
+use crate::backoff;
+use crate::health::Failure;
 use crate::host::HostWatches;
-use crate::kind::Kind;
+use crate::key::Key;
 use crate::kinds;
 use crate::naming::{SYNCER_MANAGER, TenantRef};
 use crate::queue::WorkQueue;
+use crate::spec::SyncerSpec;
 use crate::tenant::{Tenant, TypeMap, Verdicts};
 use crate::translate::Translator;
 use crate::wiring::Setup;
@@ -27,6 +29,9 @@ use crate::wiring::Setup;
 const WORKERS: usize = 32;
 /// Everything is looked at again this often, whatever the watches said.
 const RESYNC: Duration = Duration::from_secs(300);
+/// A stopped engine is started again after this, doubled each time in a row up to the last.
+const RESTART_FIRST: Duration = Duration::from_secs(1);
+const RESTART_MAX: Duration = Duration::from_secs(60);
 
 /// Run the tenant's syncer; when it stops (a panic, a bad policy) restart it after a growing
 /// back-off, reporting why in the health the controller reads.
@@ -38,7 +43,7 @@ pub(crate) async fn supervise(
     reporter: Verdicts,
     stop: watch::Receiver<bool>,
 ) {
-    let mut backoff = Duration::from_secs(1);
+    let mut failures = 0u32;
     loop {
         // The engine runs in its own task so that a panic is caught here; the guard stops it
         // when this task is aborted (the syncer stopped or replaced).
@@ -58,14 +63,15 @@ pub(crate) async fn supervise(
             Err(e) if e.is_panic() => format!("it panicked: {e}"),
             Err(_) => return,
         };
-        warn!(tenant = %spec.tenant, namespace = %spec.host_namespace, error = %why, "syncer stopped; restarting after {backoff:?}");
+        failures = failures.saturating_add(1);
+        let wait = backoff::delay(failures, RESTART_FIRST, RESTART_MAX);
+        warn!(tenant = %spec.tenant, namespace = %spec.host_namespace, error = %why, "syncer stopped; restarting after {wait:?}");
         reporter.health.send_modify(|h| {
             h.crashed = Some(why);
             h.ready = false;
         });
         (reporter.notify)();
-        tokio::time::sleep(backoff).await;
-        backoff = (backoff * 2).min(Duration::from_secs(60));
+        tokio::time::sleep(wait).await;
     }
 }
 
@@ -78,55 +84,75 @@ impl<T> Drop for AbortOnDrop<T> {
     }
 }
 
+/// One tenant's engine: what its kinds converge through, and its kinds by name.
+struct Engine {
+    cx: Tenant,
+    entries: BTreeMap<&'static str, kinds::Entry>,
+}
+
+impl Engine {
+    /// Queue every key either side knows about (the periodic resync).
+    fn enqueue_everything(&self) {
+        for entry in self.entries.values() {
+            for key in (entry.everything)(&self.cx) {
+                self.cx.queue.add(key);
+            }
+        }
+    }
+
+    /// Converge one key, queued at `since` (the sync lag is measured from there).
+    async fn work(&self, key: &Key, since: std::time::Instant) {
+        let Some(entry) = self.entries.get(key.kind) else {
+            return;
+        };
+        let cx = &self.cx;
+        let result = (entry.converge)(cx, key).await;
+        let description = key.describe();
+        let (ns, tenant) = (&cx.tr.host_namespace, cx.tr.name());
+        let observer = &cx.reporter.observer;
+        match result {
+            Ok(()) => {
+                observer.synced(ns, tenant, key.kind, since.elapsed());
+                cx.queue.forget(key);
+                cx.reporter.set_error(&description, None);
+            }
+            Err(e) => {
+                observer.sync_failed(ns, tenant, key.kind, e.reason());
+                if e.waits_for_change() {
+                    // Looked at again when the object or the profile changes, not on a clock.
+                    cx.queue.forget(key);
+                    debug!(key = %description, error = %e, "sync refused; waiting for a change");
+                } else {
+                    let delay = cx.queue.retry(key.clone(), e.first_retry());
+                    debug!(key = %description, error = %e, "sync failed; retrying in {delay:?}");
+                }
+                cx.reporter.set_error(
+                    &description,
+                    Some(Failure {
+                        reason: e.reason(),
+                        message: format!("{description}: {e}"),
+                    }),
+                );
+            }
+        }
+    }
+}
+
 /// The policy's label selectors, by the kind they select.
 fn selectors(
     policy: &SyncPolicySpec,
+    entries: &[kinds::Entry],
 ) -> std::result::Result<BTreeMap<&'static str, Selector>, String> {
-    let to = &policy.to_host;
-    let all = [
-        (kinds::pods::Pods::NAME, "pods", &to.pods.selector),
-        (
-            kinds::services::Services::NAME,
-            "services",
-            &to.services.selector,
-        ),
-        (
-            kinds::endpoints::EndpointsKind::NAME,
-            "endpoints",
-            &to.endpoints.selector,
-        ),
-        (
-            kinds::configmaps::ConfigMaps::NAME,
-            "configMaps",
-            &to.config_maps.selector,
-        ),
-        (
-            kinds::secrets::Secrets::NAME,
-            "secrets",
-            &to.secrets.selector,
-        ),
-        (
-            kinds::persistentvolumeclaims::Claims::NAME,
-            "persistentVolumeClaims",
-            &to.persistent_volume_claims.selector,
-        ),
-        (
-            kinds::serviceaccounts::ServiceAccounts::NAME,
-            "serviceAccounts",
-            &to.service_accounts.selector,
-        ),
-        (
-            kinds::ingresses::Ingresses::NAME,
-            "ingresses",
-            &to.ingresses.selector,
-        ),
-    ];
     let mut out = BTreeMap::new();
-    for (kind, field, selector) in all {
-        if let Some(s) = selector {
-            let s = Selector::try_from(s.clone())
-                .map_err(|e| format!("the SyncPolicy's toHost.{field}.selector is invalid: {e}"))?;
-            out.insert(kind, s);
+    for entry in entries {
+        if let Some(s) = (entry.selector)(policy) {
+            let s = Selector::try_from(s.clone()).map_err(|e| {
+                format!(
+                    "the SyncPolicy's {}.selector is invalid: {e}",
+                    entry.setting
+                )
+            })?;
+            out.insert(entry.name, s);
         }
     }
     Ok(out)
@@ -149,7 +175,8 @@ async fn run(
     // Failures of an earlier run name objects that may be gone; this run finds them again.
     reporter.health.send_modify(|h| h.errors.clear());
     let policy = spec.policy.clone();
-    let selectors = selectors(&policy)?;
+    let entries = kinds::all();
+    let selectors = selectors(&policy, &entries)?;
     let tenant_ref = TenantRef {
         name: spec.tenant.clone(),
         owner: spec.owner.clone(),
@@ -157,7 +184,6 @@ async fn run(
     crate::identity::ensure(&host, &tenant_ref, &spec.host_namespace).await?;
     let queue = WorkQueue::new();
     let (relists, mut relisted) = futures::channel::mpsc::unbounded();
-    let entries = kinds::all();
     let mut setup = Setup {
         policy: &policy,
         tenant: tenant.clone(),
@@ -187,34 +213,41 @@ async fn run(
         host_stores,
         ..
     } = setup;
-    let engine = Arc::new(Tenant {
-        tr: Translator {
-            tenant: tenant_ref,
-            host_namespace: spec.host_namespace.clone(),
-            api_ip: spec.api_ip.clone(),
-            service_cidr: spec.service_cidr.clone(),
-            node_selector: spec.profile.node_selector.clone(),
-            tolerations: spec.profile.tolerations.clone(),
-            allow: spec.profile.allow.clone(),
-            kubelet: spec.kubelet.clone(),
-        },
-        policy: policy.clone(),
-        recorder: Recorder::new(
-            tenant.clone(),
-            events::Reporter {
-                controller: SYNCER_MANAGER.into(),
-                instance: None,
+    let engine = Arc::new(Engine {
+        cx: Tenant {
+            tr: Translator {
+                tenant: tenant_ref,
+                host_namespace: spec.host_namespace.clone(),
+                api_ip: spec.api_ip.clone(),
+                service_cidr: spec.service_cidr.clone(),
+                node_selector: spec.profile.node_selector.clone(),
+                tolerations: spec.profile.tolerations.clone(),
+                allow: spec.profile.allow.clone(),
+                kubelet: spec.kubelet.clone(),
             },
-        ),
-        tenant,
-        host,
-        queue: queue.clone(),
-        told: Mutex::new(HashMap::new()),
-        refresh_scheduled: Mutex::new(HashMap::new()),
-        selectors,
-        tenant_stores,
-        host_stores,
-        reporter,
+            policy: policy.clone(),
+            recorder: Recorder::new(
+                tenant.clone(),
+                events::Reporter {
+                    controller: SYNCER_MANAGER.into(),
+                    instance: None,
+                },
+            ),
+            tenant,
+            host,
+            queue: queue.clone(),
+            told: Mutex::new(HashMap::new()),
+            refresh_scheduled: Mutex::new(HashMap::new()),
+            enabled: entries
+                .iter()
+                .filter(|e| (e.enabled)(&policy))
+                .map(|e| e.name)
+                .collect(),
+            selectors,
+            tenant_stores,
+            host_stores,
+            reporter,
+        },
         entries: entries.into_iter().map(|e| (e.name, e)).collect(),
     });
     // Unsubscribed from the host watches when the engine stops.
@@ -228,36 +261,36 @@ async fn run(
                 _ = futures::future::join_all(ready) => {}
                 () = stopped() => return,
             }
-            engine.reporter.health.send_modify(|h| {
+            engine.cx.reporter.health.send_modify(|h| {
                 h.ready = true;
                 h.crashed = None;
             });
-            (engine.reporter.notify)();
+            (engine.cx.reporter.notify)();
             // Copies the shared host watches listed before this syncer started are looked at too.
             engine.enqueue_everything();
             let workers = (0..WORKERS).map(|_| {
                 let engine = engine.clone();
                 async move {
-                    while let Some((key, since)) = engine.queue.next_timed().await {
+                    while let Some((key, since)) = engine.cx.queue.next_timed().await {
                         engine.work(&key, since).await;
-                        engine.queue.done(&key);
+                        engine.cx.queue.done(&key);
                     }
                 }
             });
             let resync = async {
                 let mut every = tokio::time::interval(RESYNC);
                 every.tick().await;
-                engine.ensure_addons().await;
+                engine.cx.ensure_addons().await;
                 loop {
                     tokio::select! {
                         _ = every.tick() => {
                             engine.enqueue_everything();
-                            engine.ensure_addons().await;
+                            engine.cx.ensure_addons().await;
                         }
                         Some(kind) = relisted.next() => {
                             if let Some(entry) = engine.entries.get(kind) {
-                                for key in (entry.everything)(&engine) {
-                                    engine.queue.add(key);
+                                for key in (entry.everything)(&engine.cx) {
+                                    engine.cx.queue.add(key);
                                 }
                             }
                         }
@@ -268,7 +301,7 @@ async fn run(
             let resync_until_stopped = async {
                 tokio::select! {
                     () = resync => {}
-                    () = stopped() => engine.queue.close(),
+                    () = stopped() => engine.cx.queue.close(),
                 }
             };
             futures::join!(futures::future::join_all(workers), resync_until_stopped);
@@ -280,4 +313,48 @@ async fn run(
         () = start => {}
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement};
+
+    #[test]
+    fn every_selector_of_the_policy_is_read_and_a_bad_one_names_its_setting() {
+        let mut policy = SyncPolicySpec::default();
+        let pick = LabelSelector {
+            match_labels: Some([("app".to_string(), "web".to_string())].into()),
+            ..Default::default()
+        };
+        let to = &mut policy.to_host;
+        for s in [
+            &mut to.pods.selector,
+            &mut to.services.selector,
+            &mut to.endpoints.selector,
+            &mut to.config_maps.selector,
+            &mut to.secrets.selector,
+            &mut to.persistent_volume_claims.selector,
+            &mut to.service_accounts.selector,
+            &mut to.ingresses.selector,
+        ] {
+            *s = Some(pick.clone());
+        }
+        let read = selectors(&policy, &kinds::all()).unwrap();
+        assert_eq!(read.len(), 8, "{:?}", read.keys());
+
+        policy.to_host.config_maps.selector = Some(LabelSelector {
+            match_expressions: Some(vec![LabelSelectorRequirement {
+                key: "app".into(),
+                operator: "Near".into(),
+                values: None,
+            }]),
+            ..Default::default()
+        });
+        let e = selectors(&policy, &kinds::all()).unwrap_err();
+        assert!(
+            e.starts_with("the SyncPolicy's toHost.configMaps.selector is invalid"),
+            "{e}"
+        );
+    }
 }

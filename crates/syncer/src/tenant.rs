@@ -1,9 +1,10 @@
-//! One tenant's syncer as its kinds see it: its tenant watches and its slices of the shared host watches queue keys;
-//! workers converge one key at a time through the key's kind, reading only the caches. A failing
-//! key backs off; the verdict reaches the controller through [`Health`].
+//! One tenant's syncer as its kinds see it: the caches of its tenant watches and of its slices of
+//! the shared host watches, its clients and work queue, and where failures are reported (the
+//! verdict reaches the controller through [`Health`]). The workers that converge its keys are
+//! `run`'s.
 
 use std::any::{Any, TypeId};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 
 use k8s_openapi::jiff::Timestamp;
@@ -14,13 +15,10 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Client, Resource};
 use tenantplane_api::SyncPolicySpec;
 use tokio::sync::watch;
-use tracing::debug;
 
-use crate::Observer;
-use crate::health::{Failure, Health, WATCH_FAILED};
+use crate::health::{Failure, Health, Observer, WATCH_FAILED};
 use crate::host::HostStore;
-use crate::kind::{Key, Object};
-use crate::kinds::Entry;
+use crate::key::{Key, Object};
 use crate::queue::WorkQueue;
 use crate::translate::Translator;
 
@@ -52,14 +50,27 @@ pub struct Tenant {
     pub told: Mutex<HashMap<String, BTreeMap<String, String>>>,
     /// When each host pod's token Secret is due to be minted again, once a pass is scheduled.
     pub refresh_scheduled: Mutex<HashMap<String, Timestamp>>,
+    /// The kinds the policy turns on, by name.
+    pub(crate) enabled: BTreeSet<&'static str>,
     pub(crate) selectors: BTreeMap<&'static str, Selector>,
     pub(crate) tenant_stores: TypeMap,
     pub(crate) host_stores: TypeMap,
     pub(crate) reporter: Verdicts,
-    pub(crate) entries: BTreeMap<&'static str, Entry>,
 }
 
 impl Tenant {
+    /// Does the policy sync tenant object `meta` of the kind named `kind`: the kind is on and its
+    /// selector (if any) selects the object? (See [`Kind::synced`](crate::kind_trait::Kind).)
+    pub fn synced(&self, kind: &str, meta: &kube::api::ObjectMeta) -> bool {
+        self.enabled.contains(kind) && self.selected(kind, meta)
+    }
+
+    /// [`Self::synced`] for the kind that syncs objects of type `K` (named as their Kubernetes
+    /// kind), for a kind that asks about another without importing it.
+    pub fn syncs<K: k8s_openapi::Resource>(&self, meta: &kube::api::ObjectMeta) -> bool {
+        self.synced(K::KIND, meta)
+    }
+
     /// Does the policy's selector for `kind` (if any) select an object with `labels`?
     pub fn selected(&self, kind: &str, meta: &kube::api::ObjectMeta) -> bool {
         match self.selectors.get(kind) {
@@ -101,11 +112,25 @@ impl Tenant {
         self.host_store::<K>()?.get(ns, name)
     }
 
-    /// The host copy of tenant object `namespace/name`, if there is one and it is ours.
-    pub fn host_copy<K: Object>(&self, namespace: &str, name: &str) -> Option<Arc<K>> {
+    /// The host object `host_name`, if it is ours and the copy of tenant object
+    /// `namespace/name`. Names are not translated here: the caller has the host name.
+    pub fn host_copy<K: Object>(
+        &self,
+        host_name: &str,
+        namespace: &str,
+        name: &str,
+    ) -> Option<Arc<K>> {
         let ours = self.is_copy_of(namespace, name);
-        self.host_get::<K>(true, &self.tr.host_name(namespace, name))
+        self.host_get::<K>(true, host_name)
             .filter(|o| ours(o.meta()))
+    }
+
+    /// Has tenant object `namespace/name` a host copy of ours? For the objects whose verdict
+    /// follows another's (what a pod uses, the pods a Secret wakes), not the one converged: the
+    /// name is translated here for the question alone.
+    pub fn is_copied<K: Object>(&self, namespace: &str, name: &str) -> bool {
+        self.host_copy::<K>(&self.tr.host_name(namespace, name), namespace, name)
+            .is_some()
     }
 
     /// Does host metadata `meta` make an object this tenant's copy of `namespace/name`?
@@ -144,15 +169,6 @@ impl Tenant {
         Api::namespaced(self.tenant.clone(), namespace)
     }
 
-    /// Queue every key either side knows about (the periodic resync).
-    pub(crate) fn enqueue_everything(&self) {
-        for entry in self.entries.values() {
-            for key in (entry.everything)(self) {
-                self.queue.add(key);
-            }
-        }
-    }
-
     /// Keep the tenant's add-ons (its cluster DNS) as they should be; a failure is reported in
     /// `Synced` until a later pass succeeds.
     pub(crate) async fn ensure_addons(&self) {
@@ -177,42 +193,6 @@ impl Tenant {
             });
         self.reporter.set_error(WHAT, failure);
     }
-
-    /// Converge one key, queued at `since` (the sync lag is measured from there).
-    pub(crate) async fn work(&self, key: &Key, since: std::time::Instant) {
-        let Some(entry) = self.entries.get(key.kind) else {
-            return;
-        };
-        let result = (entry.converge)(self, key).await;
-        let description = key.describe();
-        let (ns, tenant) = (&self.tr.host_namespace, self.tr.name());
-        let observer = &self.reporter.observer;
-        match result {
-            Ok(()) => {
-                observer.synced(ns, tenant, key.kind, since.elapsed());
-                self.queue.forget(key);
-                self.reporter.set_error(&description, None);
-            }
-            Err(e) => {
-                observer.sync_failed(ns, tenant, key.kind, e.reason());
-                if e.waits_for_change() {
-                    // Looked at again when the object or the profile changes, not on a clock.
-                    self.queue.forget(key);
-                    debug!(key = %description, error = %e, "sync refused; waiting for a change");
-                } else {
-                    let delay = self.queue.retry(key.clone(), e.first_retry());
-                    debug!(key = %description, error = %e, "sync failed; retrying in {delay:?}");
-                }
-                self.reporter.set_error(
-                    &description,
-                    Some(Failure {
-                        reason: e.reason(),
-                        message: format!("{description}: {e}"),
-                    }),
-                );
-            }
-        }
-    }
 }
 
 /// Where the engine reports failures, and how it tells the controller its verdict changed.
@@ -220,7 +200,8 @@ impl Tenant {
 pub(crate) struct Verdicts {
     pub health: Arc<watch::Sender<Health>>,
     pub notify: Arc<dyn Fn() + Send + Sync>,
-    pub policy: SyncPolicySpec,
+    /// What `Synced` says when all is well (see [`crate::kinds::summary`]).
+    pub summary: String,
     pub observer: Arc<dyn Observer>,
 }
 
@@ -230,12 +211,12 @@ impl Verdicts {
     pub(crate) fn set_error(&self, what: &str, failure: Option<Failure>) {
         let mut changed = false;
         self.health.send_if_modified(|h| {
-            let before = h.verdict(&self.policy);
+            let before = h.verdict(&self.summary);
             let modified = match &failure {
                 Some(f) => h.errors.insert(what.to_string(), f.clone()).as_ref() != Some(f),
                 None => h.errors.remove(what).is_some(),
             };
-            changed = modified && before != h.verdict(&self.policy);
+            changed = modified && before != h.verdict(&self.summary);
             modified
         });
         if changed {

@@ -108,7 +108,9 @@ fn word_in_tenant_terms(word: &str, after: &str, terms: &Terms) -> Option<String
 pub fn plain_copy_name(word: &str, tenant: &str) -> Option<Virtual> {
     let mut parts = word.split("-x-");
     let (name, namespace, of) = (parts.next()?, parts.next()?, parts.next()?);
-    (parts.next().is_none() && of == tenant && naming::host_name(name, namespace, tenant) == word)
+    (parts.next().is_none()
+        && of == tenant
+        && naming::host_name_for(tenant, namespace, name) == word)
         .then(|| Virtual {
             namespace: namespace.into(),
             name: name.into(),
@@ -270,7 +272,7 @@ mod tests {
         assert_eq!(plain_copy_name("web-0-x-default-x-prod", "dev"), None);
         assert_eq!(plain_copy_name("a-x-b-x-c-x-dev", "dev"), None);
         assert_eq!(plain_copy_name("web", "dev"), None);
-        let hashed = naming::host_name(&"a".repeat(80), "default", "dev");
+        let hashed = naming::host_name_for("dev", "default", &"a".repeat(80));
         assert_eq!(
             plain_copy_name(&hashed, "dev"),
             None,

@@ -27,7 +27,7 @@ pub struct Translator {
     /// What tenant objects may ask of the host (the IsolationProfile's `allow`).
     pub allow: tenantplane_api::Allowances,
     /// What virtual Nodes name as their kubelet.
-    pub kubelet: Option<crate::KubeletEndpoint>,
+    pub kubelet: Option<crate::spec::KubeletEndpoint>,
 }
 
 /// The tenant object a tenant object's metadata names.
@@ -45,14 +45,16 @@ impl Translator {
         &self.tenant.name
     }
 
+    /// The host name of tenant object `namespace/name`. A converge computes it once, and hands
+    /// it to the cache lookup and the translation.
     pub fn host_name(&self, namespace: &str, name: &str) -> String {
-        naming::host_name(name, namespace, &self.tenant.name)
+        naming::host_name_for(&self.tenant.name, namespace, name)
     }
 
-    /// Host metadata for the copy of a tenant object of `kind`: translated name, the tenant's
+    /// Host metadata for the copy, named `host_name`, of a tenant object of `kind`: the tenant's
     /// labels in their host form, the annotations the profile allows on the kind (reserved keys
     /// never), plus the ownership marks and the owner reference.
-    pub fn host_meta(&self, kind: &str, meta: &ObjectMeta) -> ObjectMeta {
+    pub fn host_meta(&self, kind: &str, meta: &ObjectMeta, host_name: &str) -> ObjectMeta {
         let of = virtual_ref(meta);
         let mut labels = naming::host_labels(&self.tenant.name, meta.labels.as_ref());
         labels.extend(naming::owner_labels(
@@ -63,7 +65,7 @@ impl Translator {
         let (mut annotations, _) = self.annotations(kind, meta);
         annotations.extend(naming::owner_annotations(&self.tenant, &of));
         ObjectMeta {
-            name: Some(self.host_name(&of.namespace, &of.name)),
+            name: Some(host_name.to_string()),
             namespace: Some(self.host_namespace.clone()),
             labels: Some(labels),
             annotations: Some(annotations),
@@ -128,6 +130,14 @@ pub(crate) mod tests {
         }
     }
 
+    /// The host name of the tenant object `meta` names, as a converge computes it.
+    pub fn host_name_of(tr: &Translator, meta: &ObjectMeta) -> String {
+        tr.host_name(
+            meta.namespace.as_deref().unwrap_or_default(),
+            meta.name.as_deref().unwrap_or_default(),
+        )
+    }
+
     #[test]
     fn a_copy_is_owned_by_the_tenant_cluster_and_carries_its_uid() {
         let t = translator();
@@ -141,7 +151,7 @@ pub(crate) mod tests {
             )])),
             ..Default::default()
         };
-        let host = t.host_meta("ConfigMap", &meta);
+        let host = t.host_meta("ConfigMap", &meta, &host_name_of(&t, &meta));
         assert_eq!(host.name.as_deref(), Some("conf-x-default-x-dev"));
         assert_eq!(host.owner_references.as_ref().unwrap()[0].uid, "tc-uid");
         assert_eq!(

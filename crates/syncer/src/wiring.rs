@@ -15,7 +15,8 @@ use tracing::debug;
 
 use crate::converge::hash_of;
 use crate::host::{HostStore, HostWatches, Subscriber, Subscription};
-use crate::kind::{Key, Kind, Object};
+use crate::key::{Key, Object};
+use crate::kind_trait::Kind;
 use crate::queue::WorkQueue;
 use crate::tenant::{TypeMap, Verdicts};
 

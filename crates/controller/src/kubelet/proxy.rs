@@ -79,7 +79,7 @@ pub async fn handle(
         owner: who.owner.clone(),
     };
     let what = format!("pod {}/{}", route.namespace, route.pod);
-    let host_name = naming::host_name(&route.pod, &route.namespace, &tenant.name);
+    let host_name = naming::host_name_for(&tenant.name, &route.namespace, &route.pod);
     let pods: Api<Pod> = Api::namespaced(host.clone(), &who.namespace);
     let copy = match pods.get_opt(&host_name).await {
         Ok(Some(p)) => p,

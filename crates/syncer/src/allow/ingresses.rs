@@ -13,7 +13,7 @@ use tenantplane_api::Allowances;
 use tenantplane_api::allowances::name_matches;
 use tenantplane_api::cidr::Cidr;
 
-use super::listed;
+use super::values::listed;
 use super::values::tokens;
 
 /// cert-manager's annotations that pick the issuer of an Ingress's certificate.
@@ -185,7 +185,7 @@ fn annotation_refusal(
 /// call a URL, name an object of a namespace (`ns/name`, `<ns>-<name>@kubernetescrd`), or send
 /// traffic to an address or a host beyond the Ingress's own.
 pub fn value_refusal(own_hosts: &[&str], value: &str) -> Option<String> {
-    if let Some(why) = super::points_elsewhere(value) {
+    if let Some(why) = super::values::points_elsewhere(value) {
         return Some(why);
     }
     for token in tokens(value) {

@@ -32,6 +32,7 @@ pub use placement::{
 };
 pub use pod_fields::{Decision, FIELDS as POD_FIELDS};
 pub use pods::pod_refusals;
+use values::listed;
 pub use values::{pattern_opens, points_elsewhere};
 
 /// Annotations every host copy may carry: they change nothing on the host.
@@ -43,15 +44,6 @@ const ALWAYS_ALLOWED_ANNOTATIONS: &[&str] = &[
 
 /// How many annotation keys a sentence names; a tenant object can carry thousands.
 const LISTED: usize = 10;
-
-/// `, which allows a, b` or `, which is empty`.
-pub(crate) fn listed(allowed: &[String]) -> String {
-    if allowed.is_empty() {
-        ", which is empty".into()
-    } else {
-        format!(", which allows {}", allowed.join(", "))
-    }
-}
 
 /// The annotations a host copy of `kind` keeps (reserved keys already removed), and a sentence
 /// naming the ones left out.

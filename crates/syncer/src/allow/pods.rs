@@ -4,7 +4,7 @@
 use k8s_openapi::api::core::v1::{Container, PodSpec};
 use tenantplane_api::Allowances;
 
-use super::listed;
+use super::values::listed;
 
 /// Why a pod may not run on the host under `allow`; empty when it may.
 pub fn pod_refusals(allow: &Allowances, spec: &PodSpec) -> Vec<String> {
@@ -417,5 +417,18 @@ mod tests {
             ..Default::default()
         };
         assert!(pod_refusals(&listed, &pod).is_empty());
+    }
+
+    /// Moved from `images`' tests: a pod's refusals include those of its images.
+    #[test]
+    fn a_pods_refusals_include_its_images() {
+        let pod = crate::allow::images::tests::pod_of_four_registries();
+        let allow = Allowances {
+            image_registries: Some(vec!["ghcr.io".into()]),
+            ..Default::default()
+        };
+        let deployer = &crate::allow::images::image_refusals(&allow, &pod)[1];
+        assert!(deployer.starts_with("container \"deployer\""), "{deployer}");
+        assert!(pod_refusals(&allow, &pod).contains(deployer));
     }
 }

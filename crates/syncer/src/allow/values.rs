@@ -4,6 +4,15 @@
 
 use tenantplane_api::cidr::Cidr;
 
+/// `, which allows a, b` or `, which is empty`.
+pub(crate) fn listed(allowed: &[String]) -> String {
+    if allowed.is_empty() {
+        ", which is empty".into()
+    } else {
+        format!(", which allows {}", allowed.join(", "))
+    }
+}
+
 /// IANA top-level media types: `text/html` in a value is a media type, not `namespace/name`.
 const MEDIA_TYPES: &[&str] = &[
     "application",

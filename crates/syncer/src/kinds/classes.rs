@@ -13,19 +13,23 @@ use tenantplane_api::SyncPolicySpec;
 use crate::converge::{self, Target, delete_if_present};
 use crate::error::Result;
 use crate::host::Scope;
-use crate::kind::{Key, Kind, Object, shown_watch_config};
+use crate::key::{Key, Object};
+use crate::kind_trait::{Kind, shown_watch_config};
 use crate::naming::{self, SYNCER_MANAGER};
 use crate::tenant::Tenant;
 
 /// A cluster-scoped host kind shown in tenants.
 pub trait Class: Object + Resource<Scope = k8s_openapi::ClusterResourceScope> {
     const NAME: &'static str;
+    /// Its switch in the SyncPolicy (`fromHost.storageClasses`).
+    const SETTING: &'static str;
     /// Shown under `policy`?
     fn shown(policy: &SyncPolicySpec) -> bool;
 }
 
 impl Class for StorageClass {
     const NAME: &'static str = "StorageClass";
+    const SETTING: &'static str = "fromHost.storageClasses";
     fn shown(policy: &SyncPolicySpec) -> bool {
         policy.from_host.storage_classes.enabled
     }
@@ -33,6 +37,7 @@ impl Class for StorageClass {
 
 impl Class for IngressClass {
     const NAME: &'static str = "IngressClass";
+    const SETTING: &'static str = "fromHost.ingressClasses";
     fn shown(policy: &SyncPolicySpec) -> bool {
         policy.from_host.ingress_classes.enabled
     }
@@ -44,13 +49,18 @@ pub struct Classes<K>(PhantomData<K>);
 impl<K: Class> Kind for Classes<K> {
     const NAME: &'static str = <K as Class>::NAME;
     type Object = K;
+    const SETTING: &'static str = <K as Class>::SETTING;
+
+    fn enabled(policy: &SyncPolicySpec) -> bool {
+        K::shown(policy)
+    }
 
     fn tenant_watch(_: &SyncPolicySpec) -> Option<watcher::Config> {
         Some(shown_watch_config())
     }
 
     fn host_scope(policy: &SyncPolicySpec) -> Option<Scope> {
-        K::shown(policy).then_some(Scope::Cluster)
+        Self::enabled(policy).then_some(Scope::Cluster)
     }
 
     fn host_api(client: Client, _: Option<&str>) -> Api<K> {
@@ -87,7 +97,7 @@ async fn show_class<K: Class>(cx: &Tenant, name: &str) -> Result<()> {
         .as_ref()
         .is_some_and(|c| c.labels().get(naming::LABEL_SYNCED_FROM) == Some(&cx.tr.tenant.name));
     let host = cx.host_get::<K>(false, name);
-    let Some(host) = host.filter(|_| K::shown(&cx.policy)) else {
+    let Some(host) = host.filter(|_| Classes::<K>::enabled(&cx.policy)) else {
         if let (Some(c), true) = (current, ours) {
             delete_if_present(&api, &*c, None).await?;
         }

@@ -5,28 +5,28 @@ use kube::ResourceExt;
 
 use crate::copy::CopyDown;
 use crate::copy_down_kind;
-use crate::kind::Kind;
-use crate::kinds::{pods, secrets};
+use crate::kind_trait::Kind;
+use crate::kinds::pods::references;
+use crate::kinds::secrets;
 use crate::tell::Review;
 use crate::tenant::Tenant;
 use crate::translate::Translator;
 
 pub struct ConfigMaps;
 
-copy_down_kind!(ConfigMaps, ConfigMap, "ConfigMap");
+copy_down_kind!(ConfigMaps, ConfigMap, "ConfigMap", to_host.config_maps as "configMaps");
 
 impl CopyDown for ConfigMaps {
     fn wanted(cx: &Tenant, cm: &ConfigMap) -> bool {
         let setting = &cx.policy.to_host.config_maps;
         let (ns, name) = (cm.namespace().unwrap_or_default(), cm.name_any());
-        setting.enabled
-            && cx.selected(Self::NAME, &cm.metadata)
-            && (setting.all || pods::referenced(cx, &ns, |r| r.config_maps.contains(&name)))
+        Self::synced(cx, &cm.metadata)
+            && (setting.all || references::referenced(cx, &ns, |r| r.config_maps.contains(&name)))
     }
 
-    fn translate(tr: &Translator, cm: &ConfigMap) -> ConfigMap {
+    fn translate(tr: &Translator, cm: &ConfigMap, host_name: &str) -> ConfigMap {
         ConfigMap {
-            metadata: tr.host_meta(Self::NAME, &cm.metadata),
+            metadata: tr.host_meta(Self::NAME, &cm.metadata, host_name),
             data: cm.data.clone(),
             binary_data: cm.binary_data.clone(),
             immutable: None,
@@ -48,7 +48,7 @@ impl CopyDown for ConfigMaps {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::translate::tests::translator;
+    use crate::translate::tests::{host_name_of, translator};
     use serde_json::json;
 
     #[test]
@@ -61,7 +61,7 @@ mod tests {
                 "example.com/team": "web"}}
         }))
         .unwrap();
-        let host = ConfigMaps::translate(&tr, &cm);
+        let host = ConfigMaps::translate(&tr, &cm, &host_name_of(&tr, &cm.metadata));
         let a = host.metadata.annotations.unwrap();
         assert!(!a.contains_key("reflector.v1.k8s.emberstack.com/reflects"));
         assert_eq!(a["example.com/team"], "web");
@@ -109,7 +109,8 @@ mod tests {
             "data": {"a": "1"}, "immutable": true
         }))
         .unwrap();
-        let host = ConfigMaps::translate(&translator(), &cm);
+        let tr = translator();
+        let host = ConfigMaps::translate(&tr, &cm, &host_name_of(&tr, &cm.metadata));
         assert_eq!(host.metadata.name.as_deref(), Some("conf-x-default-x-dev"));
         assert_eq!(host.data.unwrap()["a"], "1");
         assert_eq!(

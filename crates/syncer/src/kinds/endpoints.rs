@@ -3,48 +3,49 @@
 
 use std::collections::BTreeSet;
 
-use k8s_openapi::api::core::v1::{Endpoints, Pod, Service};
+use k8s_openapi::api::core::v1::{EndpointSubset, Endpoints, Pod, Service};
 use kube::ResourceExt;
 
 use crate::allow;
 use crate::copy::CopyDown;
 use crate::copy_down_kind;
-use crate::kind::{Key, Kind};
-use crate::kinds::services::Services;
+use crate::key::Key;
+use crate::kind_trait::Kind;
 use crate::tell::Review;
 use crate::tenant::Tenant;
 use crate::translate::Translator;
 
 pub struct EndpointsKind;
 
-copy_down_kind!(EndpointsKind, Endpoints, "Endpoints");
+copy_down_kind!(EndpointsKind, Endpoints, "Endpoints", to_host.endpoints as "endpoints");
 
 impl CopyDown for EndpointsKind {
     fn wanted(cx: &Tenant, ep: &Endpoints) -> bool {
         let (ns, name) = (ep.namespace().unwrap_or_default(), ep.name_any());
         let selectorless = cx.tenant_get::<Service>(&ns, &name).is_some_and(|s| {
             s.spec.as_ref().is_none_or(|sp| sp.selector.is_none())
-                && cx.policy.to_host.services.enabled
-                && cx.selected(Services::NAME, &s.metadata)
+                && cx.syncs::<Service>(&s.metadata)
         });
-        selectorless
-            && cx.policy.to_host.endpoints.enabled
-            && cx.selected(Self::NAME, &ep.metadata)
-            && !(ns == "default" && name == "kubernetes")
+        selectorless && Self::synced(cx, &ep.metadata) && !(ns == "default" && name == "kubernetes")
     }
 
     /// Without the tenant's caches no address is known to be its own: only the profile's CIDRs.
-    fn translate(tr: &Translator, ep: &Endpoints) -> Endpoints {
-        translate_with(tr, ep, &BTreeSet::new()).0
+    fn translate(tr: &Translator, ep: &Endpoints, host_name: &str) -> Endpoints {
+        translate_with(tr, ep, host_name, &BTreeSet::new()).0
     }
 
-    fn translate_in(cx: &Tenant, ep: &Endpoints) -> Endpoints {
-        translate_with(&cx.tr, ep, &own_pod_ips(cx)).0
+    fn translate_in(
+        cx: &Tenant,
+        ep: &Endpoints,
+        host_name: &str,
+        _: Option<&Endpoints>,
+    ) -> Endpoints {
+        translate_with(&cx.tr, ep, host_name, &own_pod_ips(cx)).0
     }
 
-    fn review_in(cx: &Tenant, ep: &Endpoints) -> Review {
+    fn review_in(cx: &Tenant, ep: &Endpoints, _: Option<&Endpoints>) -> Review {
         let mut dropped = cx.tr.annotations(Self::NAME, &ep.metadata).1;
-        dropped.extend(translate_with(&cx.tr, ep, &own_pod_ips(cx)).1);
+        dropped.extend(host_subsets(&cx.tr, ep, &own_pod_ips(cx)).1);
         Review {
             refused: vec![],
             dropped,
@@ -93,8 +94,9 @@ pub fn wake_stale(cx: &Tenant) {
     let own = own_pod_ips(cx);
     for ep in wanted {
         let (ns, name) = (ep.namespace().unwrap_or_default(), ep.name_any());
-        let live = cx.host_copy::<Endpoints>(&ns, &name);
-        let should = translate_with(&cx.tr, &ep, &own).0;
+        let host_name = cx.tr.host_name(&ns, &name);
+        let live = cx.host_copy::<Endpoints>(&host_name, &ns, &name);
+        let should = translate_with(&cx.tr, &ep, &host_name, &own).0;
         if live.is_none_or(|live| addresses(&live) != addresses(&should)) {
             cx.queue.add(Key::of::<EndpointsKind>(ns, name));
         }
@@ -123,12 +125,29 @@ fn addresses(ep: &Endpoints) -> Vec<(bool, String)> {
 
 /// The host copy of tenant Endpoints: only addresses of this tenant's own pods (`own`) or inside
 /// the profile's `allow.endpointCIDRs`, so a host Service can never be pointed at the host API,
-/// the control plane or anyone else's pods; and a sentence per address left out.
+/// the control plane or anyone else's pods; and a sentence per address left out. `host_name`
+/// names the copy.
 pub fn translate_with(
     tr: &Translator,
     ep: &Endpoints,
+    host_name: &str,
     own: &BTreeSet<String>,
 ) -> (Endpoints, Vec<String>) {
+    let (subsets, dropped) = host_subsets(tr, ep, own);
+    let endpoints = Endpoints {
+        metadata: tr.host_meta(EndpointsKind::NAME, &ep.metadata, host_name),
+        subsets,
+    };
+    (endpoints, dropped)
+}
+
+/// The addresses of `ep` its copy keeps (see [`translate_with`]), and a sentence per address
+/// left out.
+fn host_subsets(
+    tr: &Translator,
+    ep: &Endpoints,
+    own: &BTreeSet<String>,
+) -> (Option<Vec<EndpointSubset>>, Vec<String>) {
     let mut dropped = Vec::new();
     let mut subsets = ep.subsets.clone();
     let allowed = |ip: &str| own.contains(ip) || allow::in_cidrs(&tr.allow.endpoint_cidrs, ip);
@@ -154,17 +173,13 @@ pub fn translate_with(
             }
         }
     }
-    let endpoints = Endpoints {
-        metadata: tr.host_meta(EndpointsKind::NAME, &ep.metadata),
-        subsets,
-    };
-    (endpoints, dropped)
+    (subsets, dropped)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::translate::tests::translator;
+    use crate::translate::tests::{host_name_of, translator};
     use serde_json::json;
 
     #[test]
@@ -176,7 +191,12 @@ mod tests {
         }))
         .unwrap();
         let own = BTreeSet::from(["10.1.2.3".to_string()]);
-        let (host, dropped) = translate_with(&translator(), &ep, &own);
+        let (host, dropped) = translate_with(
+            &translator(),
+            &ep,
+            &host_name_of(&translator(), &ep.metadata),
+            &own,
+        );
         let a = &host.subsets.unwrap()[0].addresses.clone().unwrap()[0];
         assert_eq!(a.ip, "10.1.2.3");
         assert!(a.target_ref.is_none() && a.node_name.is_none());
@@ -239,7 +259,7 @@ mod tests {
         let mut tr = translator();
         tr.allow.endpoint_cidrs = vec!["192.0.2.0/24".into()];
         let own = BTreeSet::from(["10.244.0.9".to_string()]);
-        let (host, dropped) = translate_with(&tr, &ep, &own);
+        let (host, dropped) = translate_with(&tr, &ep, &host_name_of(&tr, &ep.metadata), &own);
         let subset = &host.subsets.unwrap()[0];
         let ips: Vec<&str> = subset
             .addresses

@@ -17,7 +17,8 @@ use tenantplane_api::SyncPolicySpec;
 
 use crate::error::Result;
 use crate::host::Scope;
-use crate::kind::{Key, Kind, scoped_api, shown_watch_config};
+use crate::key::Key;
+use crate::kind_trait::{Kind, scoped_api, shown_watch_config};
 use crate::kinds::nodes;
 use crate::naming;
 use crate::tenant::Tenant;
@@ -28,6 +29,11 @@ pub struct Events;
 impl Kind for Events {
     const NAME: &'static str = "Event";
     type Object = CoreEvent;
+    const SETTING: &'static str = "fromHost.events";
+
+    fn enabled(policy: &SyncPolicySpec) -> bool {
+        policy.from_host.events.enabled
+    }
 
     fn tenant_watch(_: &SyncPolicySpec) -> Option<watcher::Config> {
         Some(shown_watch_config())
@@ -39,7 +45,7 @@ impl Kind for Events {
     }
 
     fn host_scope(policy: &SyncPolicySpec) -> Option<Scope> {
-        policy.from_host.events.enabled.then_some(Scope::Namespaced)
+        Self::enabled(policy).then_some(Scope::Namespaced)
     }
 
     fn host_api(client: Client, namespace: Option<&str>) -> Api<CoreEvent> {

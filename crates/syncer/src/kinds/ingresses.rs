@@ -16,17 +16,17 @@ use crate::error::Result;
 use kube::runtime::watcher;
 use tenantplane_api::SyncPolicySpec;
 
-use crate::kind::{Key, Kind, tenant_watch_config};
-use crate::kinds::secrets::Secrets;
+use crate::key::Key;
+use crate::kind_trait::{Kind, tenant_watch_config};
 use crate::tell::Review;
 use crate::tenant::Tenant;
 use crate::translate::Translator;
 
 pub struct Ingresses;
 
-copy_down_kind!(Ingresses, Ingress, "Ingress", then = after_copy;
+copy_down_kind!(Ingresses, Ingress, "Ingress", to_host.ingresses as "ingresses", then = after_copy;
     fn tenant_watch(p: &SyncPolicySpec) -> Option<watcher::Config> {
-        p.to_host.ingresses.enabled.then(tenant_watch_config)
+        Self::enabled(p).then(tenant_watch_config)
     }
 
     fn tenant_keys(i: &Ingress) -> Vec<Key> {
@@ -38,7 +38,7 @@ copy_down_kind!(Ingresses, Ingress, "Ingress", then = after_copy;
 
 impl CopyDown for Ingresses {
     fn wanted(cx: &Tenant, i: &Ingress) -> bool {
-        cx.policy.to_host.ingresses.enabled && cx.selected(Self::NAME, &i.metadata)
+        Self::synced(cx, &i.metadata)
     }
 
     fn review(tr: &Translator, ingress: &Ingress) -> Review {
@@ -51,7 +51,7 @@ impl CopyDown for Ingresses {
         Review { refused, dropped }
     }
 
-    fn translate(tr: &Translator, ingress: &Ingress) -> Ingress {
+    fn translate(tr: &Translator, ingress: &Ingress, host_name: &str) -> Ingress {
         let ns = ingress.namespace().unwrap_or_default();
         let mut spec = ingress.spec.clone().unwrap_or_default();
         let backend = |b: &mut IngressBackend| {
@@ -73,7 +73,7 @@ impl CopyDown for Ingresses {
                 *name = tr.host_name(&ns, name);
             }
         }
-        let mut metadata = tr.host_meta(Self::NAME, &ingress.metadata);
+        let mut metadata = tr.host_meta(Self::NAME, &ingress.metadata, host_name);
         // An Ingress carrying them is refused; never copied even so.
         if let Some(a) = metadata.annotations.as_mut() {
             a.retain(|k, _| !crate::allow::never_copied(k));
@@ -93,21 +93,20 @@ pub fn tls_keys(i: &Ingress) -> Vec<Key> {
         .iter()
         .flat_map(|s| s.tls.iter().flatten())
         .filter_map(|t| t.secret_name.clone())
-        .map(|s| Key::of::<Secrets>(ns.clone(), s))
+        .map(|s| Key::of_object::<Secret>(ns.clone(), s))
         .collect()
 }
 
 /// Is Secret `ns/name` the TLS certificate of an Ingress the profile admits and the host took?
 /// A refused Ingress pulls nothing onto the host.
 pub fn uses_tls_secret(cx: &Tenant, ns: &str, name: &str) -> bool {
-    cx.policy.to_host.ingresses.enabled
-        && cx.tenant_list::<Ingress>().iter().any(|i| {
-            i.namespace().as_deref() == Some(ns)
-                && cx.selected(Ingresses::NAME, &i.metadata)
-                && tls_secrets(i).any(|s| s == name)
-                && Ingresses::review(&cx.tr, i).refused.is_empty()
-                && cx.host_copy::<Ingress>(ns, &i.name_any()).is_some()
-        })
+    cx.tenant_list::<Ingress>().iter().any(|i| {
+        i.namespace().as_deref() == Some(ns)
+            && Ingresses::synced(cx, &i.metadata)
+            && tls_secrets(i).any(|s| s == name)
+            && Ingresses::review(&cx.tr, i).refused.is_empty()
+            && cx.is_copied::<Ingress>(ns, &i.name_any())
+    })
 }
 
 fn tls_secrets(i: &Ingress) -> impl Iterator<Item = &str> {
@@ -120,8 +119,8 @@ fn tls_secrets(i: &Ingress) -> impl Iterator<Item = &str> {
 /// Once the host has the copy: its TLS Secrets follow, and the host's address comes back.
 async fn after_copy(cx: &Tenant, t: &Arc<Ingress>, h: &Arc<Ingress>) -> Result<()> {
     let ns = t.namespace().unwrap_or_default();
-    for secret in tls_secrets(t).filter(|s| cx.host_copy::<Secret>(&ns, s).is_none()) {
-        cx.queue.add(Key::of::<Secrets>(ns.clone(), secret));
+    for secret in tls_secrets(t).filter(|s| !cx.is_copied::<Secret>(&ns, s)) {
+        cx.queue.add(Key::of_object::<Secret>(ns.clone(), secret));
     }
     address_up(cx, t, h).await
 }
@@ -146,7 +145,7 @@ async fn address_up(cx: &Tenant, t: &Arc<Ingress>, h: &Arc<Ingress>) -> Result<(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::translate::tests::translator;
+    use crate::translate::tests::{host_name_of, translator};
 
     #[test]
     fn an_admitted_annotation_that_calls_a_url_refuses_the_ingress() {
@@ -185,7 +184,8 @@ mod tests {
             }
         }))
         .unwrap();
-        let plain = Ingresses::translate(&translator(), &ingress);
+        let host_name = host_name_of(&translator(), &ingress.metadata);
+        let plain = Ingresses::translate(&translator(), &ingress, &host_name);
         let annotations = plain.metadata.annotations.unwrap();
         assert!(
             !annotations.keys().any(|k| k.starts_with("nginx.")),
@@ -193,7 +193,7 @@ mod tests {
         );
         let mut tr = translator();
         tr.allow.annotations.ingresses = vec!["nginx.ingress.kubernetes.io/*".into()];
-        let host = Ingresses::translate(&tr, &ingress);
+        let host = Ingresses::translate(&tr, &ingress, &host_name);
         let annotations = host.metadata.annotations.unwrap();
         assert!(annotations.contains_key("nginx.ingress.kubernetes.io/rewrite-target"));
         assert!(

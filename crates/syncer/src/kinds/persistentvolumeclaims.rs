@@ -11,7 +11,7 @@ use crate::allow;
 use crate::copy::CopyDown;
 use crate::copy_down_kind;
 use crate::error::Result;
-use crate::kind::Kind;
+use crate::kind_trait::Kind;
 use crate::tell::Review;
 use crate::tenant::Tenant;
 use crate::translate::Translator;
@@ -22,6 +22,7 @@ copy_down_kind!(
     Claims,
     PersistentVolumeClaim,
     "PersistentVolumeClaim",
+    to_host.persistent_volume_claims as "persistentVolumeClaims",
     then = status_up
 );
 
@@ -30,13 +31,22 @@ impl CopyDown for Claims {
         review(tr, pvc)
     }
 
-    fn review_in(cx: &Tenant, pvc: &PersistentVolumeClaim) -> Review {
-        review_against(&cx.tr, pvc, live_copy(cx, pvc).as_deref())
+    fn review_in(
+        cx: &Tenant,
+        pvc: &PersistentVolumeClaim,
+        live: Option<&PersistentVolumeClaim>,
+    ) -> Review {
+        review_against(&cx.tr, pvc, live)
     }
 
-    fn translate_in(cx: &Tenant, pvc: &PersistentVolumeClaim) -> PersistentVolumeClaim {
-        let mut copy = Self::translate(&cx.tr, pvc);
-        if let Some(live) = live_copy(cx, pvc)
+    fn translate_in(
+        cx: &Tenant,
+        pvc: &PersistentVolumeClaim,
+        host_name: &str,
+        live: Option<&PersistentVolumeClaim>,
+    ) -> PersistentVolumeClaim {
+        let mut copy = Self::translate(&cx.tr, pvc, host_name);
+        if let Some(live) = live
             && !size_refusals(&cx.tr, pvc).is_empty()
         {
             // Over the cap, an existing claim keeps its size: refusing it would delete the
@@ -49,10 +59,14 @@ impl CopyDown for Claims {
     }
 
     fn wanted(cx: &Tenant, c: &PersistentVolumeClaim) -> bool {
-        cx.policy.to_host.persistent_volume_claims.enabled && cx.selected(Self::NAME, &c.metadata)
+        Self::synced(cx, &c.metadata)
     }
 
-    fn translate(tr: &Translator, pvc: &PersistentVolumeClaim) -> PersistentVolumeClaim {
+    fn translate(
+        tr: &Translator,
+        pvc: &PersistentVolumeClaim,
+        host_name: &str,
+    ) -> PersistentVolumeClaim {
         let ns = pvc.namespace().unwrap_or_default();
         let mut spec = pvc.spec.clone().unwrap_or_default();
         // The host binds the copy; a tenant cannot name a host volume, pick host volumes by
@@ -79,7 +93,7 @@ impl CopyDown for Claims {
                 r
             });
         PersistentVolumeClaim {
-            metadata: tr.host_meta(Self::NAME, &pvc.metadata),
+            metadata: tr.host_meta(Self::NAME, &pvc.metadata, host_name),
             spec: Some(spec),
             status: None,
         }
@@ -89,11 +103,6 @@ impl CopyDown for Claims {
 /// Is a claim's data source another claim of the tenant's (its copy can be cloned)?
 fn own_claim(d: &TypedLocalObjectReference) -> bool {
     d.kind == "PersistentVolumeClaim" && d.api_group.as_deref().unwrap_or_default().is_empty()
-}
-
-/// The claim's live host copy.
-fn live_copy(cx: &Tenant, pvc: &PersistentVolumeClaim) -> Option<Arc<PersistentVolumeClaim>> {
-    cx.host_copy(&pvc.namespace().unwrap_or_default(), &pvc.name_any())
 }
 
 /// Why the claim asks for more storage than one claim may have.
@@ -190,7 +199,7 @@ async fn status_up(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::translate::tests::translator;
+    use crate::translate::tests::{host_name_of, translator};
 
     #[test]
     fn a_claim_copy_names_no_host_volume_or_source() {
@@ -202,7 +211,10 @@ mod tests {
                      "resources": {"requests": {"storage": "1Gi"}}}
         }))
         .unwrap();
-        let spec = Claims::translate(&translator(), &pvc).spec.unwrap();
+        let tr = translator();
+        let spec = Claims::translate(&tr, &pvc, &host_name_of(&tr, &pvc.metadata))
+            .spec
+            .unwrap();
         assert_eq!(spec.volume_name, None);
         assert!(spec.data_source.is_none() && spec.data_source_ref.is_none());
         assert_eq!(spec.access_modes.unwrap(), ["ReadWriteOnce"]);
@@ -214,7 +226,9 @@ mod tests {
             kind: "PersistentVolumeClaim".into(),
             name: "old".into(),
         });
-        let spec = Claims::translate(&translator(), &clone).spec.unwrap();
+        let spec = Claims::translate(&tr, &clone, &host_name_of(&tr, &clone.metadata))
+            .spec
+            .unwrap();
         assert_eq!(
             spec.data_source.unwrap().name,
             "old-x-default-x-dev",
@@ -242,7 +256,8 @@ mod tests {
         );
         assert!(review(&tr, &claim("100Gi")).refused.is_empty());
         // A claim grown past the cap keeps its copy, at the size the copy has.
-        let live = Claims::translate(&tr, &claim("50Gi"));
+        let asked = claim("50Gi");
+        let live = Claims::translate(&tr, &asked, &host_name_of(&tr, &asked.metadata));
         let grown = review_against(&tr, &claim("200Gi"), Some(&live));
         assert!(grown.refused.is_empty(), "{grown:?}");
         assert!(

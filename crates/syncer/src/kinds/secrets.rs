@@ -2,7 +2,7 @@
 //! so. Tenant service-account token Secrets never do (tokens reach pods through `tokens`), and a
 //! copy never has a type a host controller acts on.
 
-use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
+use k8s_openapi::api::core::v1::{Pod, Secret};
 use kube::ResourceExt;
 
 use kube::api::ObjectMeta;
@@ -10,9 +10,10 @@ use kube::api::ObjectMeta;
 use crate::allow;
 use crate::copy::CopyDown;
 use crate::copy_down_kind;
-use crate::kind::{Key, Kind};
-use crate::kinds::configmaps::ConfigMaps;
-use crate::kinds::{ingresses, pods};
+use crate::key::Key;
+use crate::kind_trait::Kind;
+use crate::kinds::ingresses;
+use crate::kinds::pods::references;
 use crate::naming;
 use crate::tell::{self, Review};
 use crate::tenant::Tenant;
@@ -20,34 +21,33 @@ use crate::translate::Translator;
 
 pub struct Secrets;
 
-copy_down_kind!(Secrets, Secret, "Secret";
+copy_down_kind!(Secrets, Secret, "Secret", to_host.secrets as "secrets";
     fn host_keys(s: &Secret, tenant: &str) -> Vec<Key> {
         host_keys(s, tenant)
     }
 );
 
-const TOKEN_TYPE: &str = "kubernetes.io/service-account-token";
+pub(crate) const TOKEN_TYPE: &str = "kubernetes.io/service-account-token";
 
 impl CopyDown for Secrets {
     fn wanted(cx: &Tenant, s: &Secret) -> bool {
         let setting = &cx.policy.to_host.secrets;
         let (ns, name) = (s.namespace().unwrap_or_default(), s.name_any());
-        setting.enabled
-            && cx.selected(Self::NAME, &s.metadata)
+        Self::synced(cx, &s.metadata)
             && s.type_.as_deref() != Some(TOKEN_TYPE)
             && (setting.all
-                || pods::referenced(cx, &ns, |r| r.secrets.contains(&name))
+                || references::referenced(cx, &ns, |r| r.secrets.contains(&name))
                 || ingresses::uses_tls_secret(cx, &ns, &name))
     }
 
-    fn translate(tr: &Translator, secret: &Secret) -> Secret {
+    fn translate(tr: &Translator, secret: &Secret, host_name: &str) -> Secret {
         // A copied token Secret type would make the host's token controller act on it.
         let type_ = match secret.type_.as_deref() {
             Some(TOKEN_TYPE) | None => Some("Opaque".to_string()),
             other => other.map(String::from),
         };
         Secret {
-            metadata: tr.host_meta(Self::NAME, &secret.metadata),
+            metadata: tr.host_meta(Self::NAME, &secret.metadata, host_name),
             data: secret.data.clone(),
             string_data: None,
             type_,
@@ -87,51 +87,6 @@ pub(crate) fn review(tr: &Translator, kind: &str, meta: &ObjectMeta, bytes: usiz
     }
 }
 
-/// Why tenant pod `p` may not run on the host for the data it uses: each ConfigMap and Secret
-/// it uses that holds more than `allow.maxDataBytes`. Each is told so too, as its own converge
-/// would (it has no copy to converge while no pod of it runs).
-pub(crate) async fn too_large_for(cx: &Tenant, p: &Pod) -> Vec<String> {
-    let Some(cap) = allow::DataCap::of(&cx.tr.allow) else {
-        return vec![];
-    };
-    let ns = p.namespace().unwrap_or_default();
-    let r = crate::kinds::pod_references::references(p);
-    let to_host = &cx.policy.to_host;
-    let mut out = Vec::new();
-    if to_host.config_maps.enabled {
-        for cm in r
-            .config_maps
-            .iter()
-            .filter_map(|n| cx.tenant_get::<ConfigMap>(&ns, n))
-        {
-            let bytes = allow::data_bytes(cm.data.as_ref(), cm.binary_data.as_ref());
-            if cx.selected(ConfigMaps::NAME, &cm.metadata)
-                && let Some(why) = cap.pod_refusal(ConfigMaps::NAME, &cm.name_any(), bytes)
-            {
-                out.push(why);
-                tell_refused(cx, &*cm, &ConfigMaps::review(&cx.tr, &cm)).await;
-            }
-        }
-    }
-    if to_host.secrets.enabled {
-        for s in r
-            .secrets
-            .iter()
-            .filter_map(|n| cx.tenant_get::<Secret>(&ns, n))
-        {
-            let bytes = allow::data_bytes(s.string_data.as_ref(), s.data.as_ref());
-            if cx.selected(Secrets::NAME, &s.metadata)
-                && s.type_.as_deref() != Some(TOKEN_TYPE)
-                && let Some(why) = cap.pod_refusal(Secrets::NAME, &s.name_any(), bytes)
-            {
-                out.push(why);
-                tell_refused(cx, &*s, &Secrets::review(&cx.tr, &s)).await;
-            }
-        }
-    }
-    out
-}
-
 /// A data object of `bytes` bytes wakes the pods (`uses` says which) whose verdict under
 /// `allow.maxDataBytes` it changed: those with a copy once it is over the cap (they are refused
 /// now), and those without one once it is back within the cap after it was refused.
@@ -139,7 +94,7 @@ pub(crate) fn wake_users(
     cx: &Tenant,
     meta: &ObjectMeta,
     bytes: usize,
-    uses: impl Fn(&crate::kinds::pod_references::References) -> bool,
+    uses: impl Fn(&references::References) -> bool,
 ) {
     let Some(cap) = allow::DataCap::of(&cx.tr.allow) else {
         return;
@@ -156,16 +111,20 @@ pub(crate) fn wake_users(
     let ns = meta.namespace.as_deref().unwrap_or_default();
     for p in cx.tenant_list::<Pod>() {
         if p.namespace().as_deref() == Some(ns)
-            && cx.host_copy::<Pod>(ns, &p.name_any()).is_some() == over
-            && uses(&crate::kinds::pod_references::references(&p))
+            && cx.is_copied::<Pod>(ns, &p.name_any()) == over
+            && uses(&references::references(&p))
         {
-            cx.queue.add(Key::for_object::<pods::Pods>(&*p));
+            cx.queue.add(Key::of_object::<Pod>(ns, p.name_any()));
         }
     }
 }
 
 /// Say `review`'s refusal on tenant object `obj`, as [`tell::enforce`] would.
-async fn tell_refused<K: kube::Resource<DynamicType = ()>>(cx: &Tenant, obj: &K, review: &Review) {
+pub(crate) async fn tell_refused<K: kube::Resource<DynamicType = ()>>(
+    cx: &Tenant,
+    obj: &K,
+    review: &Review,
+) {
     if let Some(e) = review.refusal() {
         tell::tell(cx, obj, tell::NOT_ALLOWED, &e.to_string()).await;
     }
@@ -179,7 +138,7 @@ fn host_keys(s: &Secret, tenant: &str) -> Vec<Key> {
     if s.annotations()
         .contains_key(naming::ANNOTATION_TOKEN_REFRESH)
     {
-        vec![Key::of::<pods::Pods>(v.namespace, v.name)]
+        vec![Key::of_object::<Pod>(v.namespace, v.name)]
     } else {
         vec![Key::of::<Secrets>(v.namespace, v.name)]
     }
@@ -188,7 +147,8 @@ fn host_keys(s: &Secret, tenant: &str) -> Vec<Key> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::translate::tests::translator;
+    use crate::copy::{Step, step};
+    use crate::translate::tests::{host_name_of, translator};
     use serde_json::json;
 
     #[test]
@@ -198,8 +158,11 @@ mod tests {
             "type": "kubernetes.io/service-account-token"
         }))
         .unwrap();
+        let tr = translator();
         assert_eq!(
-            Secrets::translate(&translator(), &s).type_.as_deref(),
+            Secrets::translate(&tr, &s, &host_name_of(&tr, &s.metadata))
+                .type_
+                .as_deref(),
             Some("Opaque")
         );
     }
@@ -219,7 +182,7 @@ mod tests {
                 "example.com/owner": "team-web"}}
         }))
         .unwrap();
-        let copy = Secrets::translate(&tr, &s);
+        let copy = Secrets::translate(&tr, &s, &host_name_of(&tr, &s.metadata));
         let kept: Vec<&String> = copy.metadata.annotations.as_ref().unwrap().keys().collect();
         for gone in [
             "replicator.v1.mittwald.de/replicate-from",
@@ -249,10 +212,10 @@ mod tests {
 
     #[test]
     fn a_host_token_secret_wakes_its_pod() {
-        let mut meta = translator().host_meta(
-            "Secret",
-            &serde_json::from_value(json!({"name": "web-0", "namespace": "default"})).unwrap(),
-        );
+        let tr = translator();
+        let tenant_meta =
+            serde_json::from_value(json!({"name": "web-0", "namespace": "default"})).unwrap();
+        let mut meta = tr.host_meta("Secret", &tenant_meta, &host_name_of(&tr, &tenant_meta));
         meta.annotations.get_or_insert_default().insert(
             naming::ANNOTATION_TOKEN_REFRESH.into(),
             "2026-01-01T00:00:00Z".into(),
@@ -262,5 +225,52 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(host_keys(&s, "dev"), [Key::new("Pod", "default", "web-0")]);
+    }
+
+    // The copy-down driver's steps, on Secrets (moved from `copy`, which sits below the kinds).
+    fn secret(type_: &str, deleting: bool) -> Secret {
+        let mut s: Secret = serde_json::from_value(json!({
+            "metadata": {"name": "creds", "namespace": "default", "uid": "s1"},
+            "type": type_, "data": {"a": "Yg=="}
+        }))
+        .unwrap();
+        if deleting {
+            s.metadata.deletion_timestamp =
+                Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                    k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+                ));
+        }
+        s
+    }
+
+    #[test]
+    fn the_driver_makes_deletes_replaces_or_applies_the_copy() {
+        let tr = translator();
+        let t = secret("Opaque", false);
+        let host_name = host_name_of(&tr, &t.metadata);
+        let copy = Secrets::translate(&tr, &t, &host_name);
+        let tr_of = |s: &Secret| Secrets::translate(&tr, s, &host_name);
+        assert_eq!(step::<Secrets>(tr_of, None, None), Step::Nothing);
+        assert_eq!(step::<Secrets>(tr_of, None, Some(&copy)), Step::Delete);
+        let going = secret("Opaque", true);
+        assert_eq!(
+            step::<Secrets>(tr_of, Some(&going), Some(&copy)),
+            Step::Delete
+        );
+        assert_eq!(step::<Secrets>(tr_of, Some(&going), None), Step::Nothing);
+        assert_eq!(
+            step::<Secrets>(tr_of, Some(&t), None),
+            Step::Apply(copy.clone())
+        );
+        assert_eq!(
+            step::<Secrets>(tr_of, Some(&t), Some(&copy)),
+            Step::Apply(copy.clone())
+        );
+        // A type cannot change in place.
+        let tls = secret("kubernetes.io/tls", false);
+        assert_eq!(
+            step::<Secrets>(tr_of, Some(&tls), Some(&copy)),
+            Step::Replace
+        );
     }
 }

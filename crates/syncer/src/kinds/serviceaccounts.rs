@@ -8,26 +8,26 @@ use crate::copy_down_kind;
 use kube::runtime::watcher;
 use tenantplane_api::SyncPolicySpec;
 
-use crate::kind::{Kind, tenant_watch_config};
+use crate::kind_trait::{Kind, tenant_watch_config};
 use crate::tenant::Tenant;
 use crate::translate::Translator;
 
 pub struct ServiceAccounts;
 
-copy_down_kind!(ServiceAccounts, ServiceAccount, "ServiceAccount";
+copy_down_kind!(ServiceAccounts, ServiceAccount, "ServiceAccount", to_host.service_accounts as "serviceAccounts";
     fn tenant_watch(p: &SyncPolicySpec) -> Option<watcher::Config> {
-        p.to_host.service_accounts.enabled.then(tenant_watch_config)
+        Self::enabled(p).then(tenant_watch_config)
     }
 );
 
 impl CopyDown for ServiceAccounts {
     fn wanted(cx: &Tenant, sa: &ServiceAccount) -> bool {
-        cx.policy.to_host.service_accounts.enabled && cx.selected(Self::NAME, &sa.metadata)
+        Self::synced(cx, &sa.metadata)
     }
 
-    fn translate(tr: &Translator, sa: &ServiceAccount) -> ServiceAccount {
+    fn translate(tr: &Translator, sa: &ServiceAccount, host_name: &str) -> ServiceAccount {
         ServiceAccount {
-            metadata: tr.host_meta(Self::NAME, &sa.metadata),
+            metadata: tr.host_meta(Self::NAME, &sa.metadata, host_name),
             automount_service_account_token: Some(false),
             image_pull_secrets: None,
             secrets: None,
@@ -38,7 +38,7 @@ impl CopyDown for ServiceAccounts {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::translate::tests::translator;
+    use crate::translate::tests::{host_name_of, translator};
     use serde_json::json;
 
     #[test]
@@ -48,7 +48,8 @@ mod tests {
             "secrets": [{"name": "builder-token"}]
         }))
         .unwrap();
-        let host = ServiceAccounts::translate(&translator(), &sa);
+        let tr = translator();
+        let host = ServiceAccounts::translate(&tr, &sa, &host_name_of(&tr, &sa.metadata));
         assert_eq!(host.metadata.name.as_deref(), Some("builder-x-ci-x-dev"));
         assert_eq!(host.automount_service_account_token, Some(false));
         assert_eq!(host.secrets, None);

@@ -4,7 +4,7 @@
 
 use k8s_openapi::api::core::v1::{ContainerStatus, Pod, PodCondition, PodStatus};
 
-use crate::KubeletEndpoint;
+use crate::spec::KubeletEndpoint;
 use crate::tenant_terms::{Terms, WAITING_FOR_ROOM, status_message};
 
 /// The status the tenant pod should show for its host copy: the host's, with its messages said

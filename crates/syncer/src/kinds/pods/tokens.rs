@@ -12,12 +12,11 @@ use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use kube::api::{ObjectMeta, PostParams};
 
+use super::translate::pod_meta;
 use crate::converge::{self, Target};
 use crate::error::{Error, Result};
-use crate::kind::Key;
-use crate::kinds::pod_translate::pod_meta;
-use crate::kinds::pods::Pods;
-use crate::naming::{self, SYNCER_MANAGER};
+use crate::key::Key;
+use crate::naming::{self, SYNCER_MANAGER, token_secret_name};
 use crate::tenant::Tenant;
 
 /// A service-account token a tenant pod mounts, and the key of the host Secret that holds it.
@@ -30,13 +29,6 @@ pub struct TokenSource {
 
 /// The default lifetime kube-apiserver gives the tokens it projects (`kube-api-access-*`).
 const DEFAULT_TOKEN_SECONDS: i64 = 3607;
-
-/// The host Secret holding a pod's tenant service-account tokens. A translated name never ends in
-/// `.token` (it ends with the tenant's name, which has no dot, or a hash), so this is no other
-/// object's name.
-pub fn token_secret_name(host_pod: &str) -> String {
-    format!("{host_pod}.token")
-}
 
 /// The service-account tokens a tenant pod mounts, in the order the pod translation numbers them.
 pub fn token_sources(pod: &Pod) -> Vec<TokenSource> {
@@ -55,8 +47,9 @@ pub fn token_sources(pod: &Pod) -> Vec<TokenSource> {
         .collect()
 }
 
-/// Keep the host Secret with tenant pod `t`'s tokens fresh for its copy `h`.
-pub async fn ensure_tokens(cx: &Tenant, t: &Pod, h: &Pod) -> Result<()> {
+/// Keep the host Secret with tenant pod `t`'s tokens fresh for its copy `h`; `key`, the pod's,
+/// is queued when they are due again.
+pub async fn ensure_tokens(cx: &Tenant, key: &Key, t: &Pod, h: &Pod) -> Result<()> {
     let sources = token_sources(t);
     if sources.is_empty() || h.metadata.deletion_timestamp.is_some() {
         return Ok(());
@@ -78,7 +71,7 @@ pub async fn ensure_tokens(cx: &Tenant, t: &Pod, h: &Pod) -> Result<()> {
     if let Some(at) = refresh_at
         && at > now
     {
-        schedule_refresh(cx, t, &h_uid, at, now);
+        schedule_refresh(cx, key, &h_uid, at, now);
         return Ok(());
     }
     let ns = t.namespace().unwrap_or_default();
@@ -122,7 +115,7 @@ pub async fn ensure_tokens(cx: &Tenant, t: &Pod, h: &Pod) -> Result<()> {
     let at = now
         .checked_add(Duration::from_secs((lifetime as u64) * 4 / 5))
         .unwrap_or(now);
-    let mut meta = pod_meta(&cx.tr, t);
+    let mut meta = pod_meta(&cx.tr, t, &h.name_any());
     meta.name = Some(secret_name.clone());
     meta.annotations
         .get_or_insert_with(BTreeMap::new)
@@ -150,11 +143,11 @@ pub async fn ensure_tokens(cx: &Tenant, t: &Pod, h: &Pod) -> Result<()> {
         Target::Any,
     )
     .await?;
-    schedule_refresh(cx, t, &h_uid, at, now);
+    schedule_refresh(cx, key, &h_uid, at, now);
     Ok(())
 }
 
-fn schedule_refresh(cx: &Tenant, t: &Pod, h_uid: &str, at: Timestamp, now: Timestamp) {
+fn schedule_refresh(cx: &Tenant, key: &Key, h_uid: &str, at: Timestamp, now: Timestamp) {
     let fresh = cx
         .refresh_scheduled
         .lock()
@@ -164,8 +157,7 @@ fn schedule_refresh(cx: &Tenant, t: &Pod, h_uid: &str, at: Timestamp, now: Times
     if fresh {
         // Rounded up, so that the pass finds the token due rather than a moment early.
         let wait = at.duration_since(now).as_secs().max(0) as u64 + 1;
-        cx.queue
-            .add_after(Key::for_object::<Pods>(t), Duration::from_secs(wait));
+        cx.queue.add_after(key.clone(), Duration::from_secs(wait));
     }
 }
 
@@ -175,4 +167,17 @@ pub fn forget(cx: &Tenant, h_uid: &str) {
         .lock()
         .unwrap_or_else(|e| e.into_inner())
         .remove(h_uid);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kinds::pods::references::tests::pod;
+
+    #[test]
+    fn a_pods_projected_token_is_found() {
+        let tokens = token_sources(&pod());
+        assert_eq!(tokens.len(), 1);
+        assert_eq!(tokens[0].expiration_seconds, 3607);
+    }
 }

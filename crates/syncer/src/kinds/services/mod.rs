@@ -4,38 +4,52 @@
 //! API server's host Service. Load-balancer addresses come back.
 
 use k8s_openapi::api::core::v1::{Endpoints, EnvVar, Service, ServicePort, ServiceSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::ResourceExt;
 use kube::api::{ObjectMeta, Patch, PatchParams, PostParams};
 use serde_json::json;
+use tenantplane_api::SyncPolicySpec;
 use tracing::debug;
 
 use crate::converge::delete_if_present;
 use crate::copy::apply_copy;
 use crate::error::{Error, Result};
 use crate::host::Scope;
-use crate::kind::{Key, Kind};
-use crate::kinds::endpoints::EndpointsKind;
-use crate::kinds::service_address::{OwnAddress, own_address, squatted};
+use crate::key::Key;
+use crate::kind_trait::Kind;
 use crate::naming::SYNCER_MANAGER;
 use crate::tell::{self, Review};
 use crate::tenant::Tenant;
 use crate::translate::Translator;
+
+pub mod address;
+
+use address::{OwnAddress, own_address, squatted};
 
 pub struct Services;
 
 impl Kind for Services {
     const NAME: &'static str = "Service";
     type Object = Service;
+    const SETTING: &'static str = "toHost.services";
+
+    fn enabled(policy: &SyncPolicySpec) -> bool {
+        policy.to_host.services.enabled
+    }
+
+    fn selector(policy: &SyncPolicySpec) -> Option<&LabelSelector> {
+        policy.to_host.services.selector.as_ref()
+    }
 
     fn tenant_keys(s: &Service) -> Vec<Key> {
         let (ns, n) = (s.namespace().unwrap_or_default(), s.name_any());
         vec![
             Key::of::<Self>(ns.clone(), n.clone()),
-            Key::of::<EndpointsKind>(ns, n),
+            Key::of_object::<Endpoints>(ns, n),
         ]
     }
 
-    fn host_scope(policy: &tenantplane_api::SyncPolicySpec) -> Option<Scope> {
+    fn host_scope(policy: &SyncPolicySpec) -> Option<Scope> {
         crate::copy::copies(policy)
     }
 
@@ -65,11 +79,13 @@ async fn converge_service(cx: &Tenant, ns: &str, name: &str) -> Result<()> {
         take_cluster_ip(cx, &t, &ip, Some(vec![ip.clone()]), None).await?;
         return Ok(());
     }
-    let enabled = cx.policy.to_host.services.enabled;
+    let enabled = Services::enabled(&cx.policy);
     let t = cx
         .tenant_get::<Service>(ns, name)
-        .filter(|s| enabled && cx.selected(Services::NAME, &s.metadata));
-    let h = cx.host_copy::<Service>(ns, name);
+        .filter(|s| Services::synced(cx, &s.metadata));
+    // The one translation of the name in this converge.
+    let host_name = cx.tr.host_name(ns, name);
+    let h = cx.host_copy::<Service>(&host_name, ns, name);
     let api = cx.host_api::<Service>();
     let Some(t) = t else {
         if let Some(h) = h {
@@ -101,16 +117,16 @@ async fn converge_service(cx: &Tenant, ns: &str, name: &str) -> Result<()> {
     // profile honours it.
     let own = own_address(&cx.tr, &t);
     let desired = match (h.as_deref(), &own) {
-        (Some(h), _) => with_address(service(&cx.tr, &t), h),
-        (None, OwnAddress::Asked) => with_address(service(&cx.tr, &t), &t),
-        (None, OwnAddress::NotAsked(_)) => service(&cx.tr, &t),
+        (Some(h), _) => with_address(service(&cx.tr, &t, &host_name), h),
+        (None, OwnAddress::Asked) => with_address(service(&cx.tr, &t, &host_name), &t),
+        (None, OwnAddress::NotAsked(_)) => service(&cx.tr, &t, &host_name),
     };
     match apply_copy(cx, ns, name, h.as_deref(), &desired).await {
         // The host holds the tenant's address already, or its range lacks it: the copy takes
         // one of the host's choosing, and the tenant Service is made again with that.
         Err(Error::HostRejected(m)) if h.is_none() && m.contains("spec.clusterIP") => {
             debug!(service = %format!("{ns}/{name}"), reason = %m, "the host refused the tenant's address");
-            apply_copy(cx, ns, name, None, &service(&cx.tr, &t)).await?;
+            apply_copy(cx, ns, name, None, &service(&cx.tr, &t, &host_name)).await?;
         }
         other => other?,
     }
@@ -330,7 +346,8 @@ pub fn review(tr: &Translator, svc: &Service) -> Review {
 /// tenant's pods of the same namespace, and no cluster IP of its own choosing ([`with_address`]
 /// asks for the tenant's; where the host refuses it, the host allocates one and the tenant
 /// Service takes that over).
-pub fn service(tr: &Translator, svc: &Service) -> Service {
+/// `host_name` is its name (see [`Translator::host_name`]).
+pub fn service(tr: &Translator, svc: &Service, host_name: &str) -> Service {
     let ns = svc.namespace().unwrap_or_default();
     let spec = svc.spec.clone().unwrap_or_default();
     let headless = spec.cluster_ip.as_deref() == Some("None");
@@ -344,7 +361,7 @@ pub fn service(tr: &Translator, svc: &Service) -> Service {
             .collect()
     });
     Service {
-        metadata: tr.host_meta("Service", &svc.metadata),
+        metadata: tr.host_meta("Service", &svc.metadata, host_name),
         spec: Some(ServiceSpec {
             type_: spec.type_.clone(),
             ports,
@@ -442,7 +459,13 @@ pub fn tenant_api_env(ip: &str) -> Vec<EnvVar> {
 mod tests {
     use super::*;
     use crate::naming;
-    use crate::translate::tests::translator;
+    use crate::translate::tests::{host_name_of, translator};
+
+    /// The host copy of `svc`, named as its converge names it.
+    fn copy_of(svc: &Service) -> Service {
+        let tr = translator();
+        service(&tr, svc, &host_name_of(&tr, &svc.metadata))
+    }
 
     #[test]
     fn a_copy_asks_for_the_tenants_address_but_never_for_a_headless_one() {
@@ -454,19 +477,19 @@ mod tests {
             .unwrap()
         };
         let t = svc("10.96.7.7");
-        let copy = with_address(service(&translator(), &t), &t);
+        let copy = with_address(copy_of(&t), &t);
         let spec = copy.spec.unwrap();
         assert_eq!(spec.cluster_ip.as_deref(), Some("10.96.7.7"));
         assert_eq!(spec.cluster_ips.unwrap(), ["10.96.7.7"]);
         let headless = svc("None");
-        let copy = with_address(service(&translator(), &headless), &headless);
+        let copy = with_address(copy_of(&headless), &headless);
         assert_eq!(copy.spec.unwrap().cluster_ip.as_deref(), Some("None"));
         // Not allocated yet: nothing to ask for.
         let none: Service = serde_json::from_value(json!({
             "metadata": {"name": "web", "namespace": "default"}, "spec": {}
         }))
         .unwrap();
-        let copy = with_address(service(&translator(), &none), &none);
+        let copy = with_address(copy_of(&none), &none);
         assert_eq!(copy.spec.unwrap().cluster_ip, None);
     }
 
@@ -479,7 +502,7 @@ mod tests {
                      "ports": [{"name": "http", "port": 80, "nodePort": 30080}]}
         }))
         .unwrap();
-        let host = service(&translator(), &svc);
+        let host = copy_of(&svc);
         let spec = host.spec.unwrap();
         assert_eq!(spec.cluster_ip, None, "the host allocates it");
         assert_eq!(spec.ports.unwrap()[0].node_port, None);
@@ -520,5 +543,31 @@ mod tests {
         assert_eq!(spec.cluster_ip.as_deref(), Some("10.96.1.1"));
         assert_eq!(spec.ports.unwrap()[0].node_port, None);
         assert!(again.status.is_none());
+    }
+
+    /// Moved from `address`'s tests: the review says what `own_address` decided.
+    #[test]
+    fn a_reserved_address_is_told_and_an_allocated_one_is_not() {
+        let at = |ip: &str, manager: Option<&str>| -> Service {
+            let managed = manager.map(|m| {
+                json!([{"manager": m, "operation": "Update", "apiVersion": "v1", "fieldsType": "FieldsV1",
+                        "fieldsV1": {"f:spec": {"f:clusterIP": {}, "f:ports": {}}}}])
+            });
+            serde_json::from_value(json!({
+                "metadata": {"name": "web", "namespace": "default", "managedFields": managed},
+                "spec": {"clusterIP": ip, "clusterIPs": [ip], "ports": [{"port": 80}]}
+            }))
+            .unwrap()
+        };
+        let tr = translator();
+        // The copy never asks for a reserved address, even the first time.
+        let t = at("10.96.0.10", Some("kubectl"));
+        assert!(
+            review(&tr, &t)
+                .dropped
+                .iter()
+                .any(|d| d.contains("10.96.0.10"))
+        );
+        assert!(review(&tr, &at("10.96.7.7", None)).dropped.is_empty());
     }
 }

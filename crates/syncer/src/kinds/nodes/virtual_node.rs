@@ -10,9 +10,9 @@ use k8s_openapi::api::core::v1::{
 use kube::api::ObjectMeta;
 use serde_json::Value;
 
-use crate::KubeletEndpoint;
 use crate::allow::WELL_KNOWN_NODE_LABELS;
 use crate::naming;
+use crate::spec::KubeletEndpoint;
 
 /// The labels of host node labels `host` a virtual Node shows: the topology ones and those the
 /// SyncPolicy lists (`fromHost.nodes.labels`: keys, or prefixes ending in `*`); never reserved ones.

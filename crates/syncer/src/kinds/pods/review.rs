@@ -1,6 +1,6 @@
 //! What of a tenant pod its host copy leaves out, and why a pod may have none: the placement
 //! the profile allows, and the review the syncer tells the tenant about (see [`crate::allow`]).
-//! What comes back up is `pod_status`'s.
+//! What comes back up is `status`'s.
 
 use std::collections::BTreeMap;
 

@@ -1,4 +1,4 @@
-//! Pods: the host runs a copy of each tenant pod, confined to its tenant (see `pod_translate`);
+//! Pods: the host runs a copy of each tenant pod, confined to its tenant (see `translate`);
 //! the tenant pod is bound to the virtual node of the copy and shows the copy's status; deletes
 //! flow both ways, as between a kubelet and its API server. The ConfigMaps, Secrets and claims a
 //! pod uses follow it down.
@@ -9,6 +9,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::{
     Binding, ConfigMap, Endpoints, ObjectReference, Pod, Secret, Service,
 };
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{ObjectMeta, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
@@ -17,30 +18,45 @@ use tenantplane_api::SyncPolicySpec;
 use tracing::warn;
 
 use crate::converge::{self, Target, delete_if_present, hash_of};
+use crate::copy::CopyDown;
 use crate::error::{Error, Result};
 use crate::host::Scope;
-use crate::kind::{Key, Kind, scoped_api};
+use crate::key::Key;
+use crate::kind_trait::{Kind, scoped_api};
 use crate::kinds::configmaps::ConfigMaps;
 use crate::kinds::endpoints::EndpointsKind;
 use crate::kinds::nodes::{self, node_key};
 use crate::kinds::persistentvolumeclaims::Claims;
-use crate::kinds::pod_review;
-use crate::kinds::pod_status;
-use crate::kinds::pod_translate::{self, References, images, pod_meta, references};
-use crate::kinds::runtime_classes;
-use crate::kinds::secrets::Secrets;
+use crate::kinds::secrets::{self, Secrets};
 use crate::kinds::services::is_tenant_api;
-use crate::kinds::tokens;
 use crate::naming::{ANNOTATION_APPLIED_HASH, SYNCER_MANAGER};
 use crate::tell;
 use crate::tenant::Tenant;
 use crate::tenant_terms::{self, Terms};
+
+pub mod references;
+pub mod review;
+pub mod runtime_classes;
+pub mod status;
+pub mod tokens;
+pub mod translate;
+
+use translate::{images, pod_meta, references};
 
 pub struct Pods;
 
 impl Kind for Pods {
     const NAME: &'static str = "Pod";
     type Object = Pod;
+    const SETTING: &'static str = "toHost.pods";
+
+    fn enabled(policy: &SyncPolicySpec) -> bool {
+        policy.to_host.pods.enabled
+    }
+
+    fn selector(policy: &SyncPolicySpec) -> Option<&LabelSelector> {
+        policy.to_host.pods.selector.as_ref()
+    }
 
     fn tenant_keys(p: &Pod) -> Vec<Key> {
         let ns = p.namespace().unwrap_or_default();
@@ -86,33 +102,20 @@ impl Kind for Pods {
     }
 }
 
-/// Is something in tenant namespace `ns` used by a pod that syncs (`pick` says what)?
-/// Only pods the host admitted count: a pod refused by the profile or the host pulls nothing
-/// onto the host.
-pub fn referenced(cx: &Tenant, ns: &str, pick: impl Fn(&References) -> bool) -> bool {
-    cx.policy.to_host.pods.enabled
-        && cx.tenant_list::<Pod>().iter().any(|p| {
-            p.namespace().as_deref() == Some(ns)
-                && cx.selected(Pods::NAME, &p.metadata)
-                && pick(&references(p))
-                && cx.host_copy::<Pod>(ns, &p.name_any()).is_some()
-        })
-}
-
 /// Once the host admitted a pod, what it uses follows: its ConfigMaps and Secrets that have no
-/// copy yet are looked at (see [`referenced`]).
+/// copy yet are looked at (see [`references::referenced`]).
 fn wake_references(cx: &Tenant, t: &Pod) {
     let ns = t.namespace().unwrap_or_default();
     let r = references(t);
     let config_maps = r
         .config_maps
         .iter()
-        .filter(|n| cx.host_copy::<ConfigMap>(&ns, n).is_none())
+        .filter(|n| !cx.is_copied::<ConfigMap>(&ns, n))
         .map(|n| Key::of::<ConfigMaps>(ns.clone(), n.clone()));
     let secrets = r
         .secrets
         .iter()
-        .filter(|n| cx.host_copy::<Secret>(&ns, n).is_none())
+        .filter(|n| !cx.is_copied::<Secret>(&ns, n))
         .map(|n| Key::of::<Secrets>(ns.clone(), n.clone()));
     for key in config_maps.chain(secrets) {
         cx.queue.add(key);
@@ -123,12 +126,12 @@ async fn converge_pod(cx: &Tenant, ns: &str, name: &str) -> Result<()> {
     // Whatever changed of this pod (it went, is going, finished, got its address), Endpoints
     // written by hand hold only the addresses of pods that still have them.
     crate::kinds::endpoints::wake_stale(cx);
-    let t = cx
-        .tenant_get::<Pod>(ns, name)
-        .filter(|_| cx.policy.to_host.pods.enabled);
-    let h = cx.host_copy::<Pod>(ns, name);
+    let t = cx.tenant_get::<Pod>(ns, name);
+    // The one translation of the name in this converge: the lookup and the copy share it.
+    let host_name = cx.tr.host_name(ns, name);
+    let h = cx.host_copy::<Pod>(&host_name, ns, name);
     let host_pods = cx.host_api::<Pod>();
-    let Some(t) = t.filter(|t| cx.selected(Pods::NAME, &t.metadata)) else {
+    let Some(t) = t.filter(|t| Pods::synced(cx, &t.metadata)) else {
         // Gone from the tenant (or not synced): the copy goes too.
         if let Some(h) = h {
             forget(cx, &h);
@@ -173,11 +176,9 @@ async fn converge_pod(cx: &Tenant, ns: &str, name: &str) -> Result<()> {
         return Ok(());
     }
     let t = runtime_classes::for_host(cx, t, h.as_deref()).await?;
-    let mut review = pod_review::review(&cx.tr, &t);
+    let mut review = review::review(&cx.tr, &t);
     // A copy could not run without the data it uses, which is not copied when too large.
-    review
-        .refused
-        .extend(crate::kinds::secrets::too_large_for(cx, &t).await);
+    review.refused.extend(too_large_for(cx, &t).await);
     let Some(h) = h else {
         if t.spec
             .as_ref()
@@ -197,23 +198,23 @@ async fn converge_pod(cx: &Tenant, ns: &str, name: &str) -> Result<()> {
             mark_unschedulable(cx, &t, tell::NOT_ALLOWED, &refused.to_string()).await;
         }
         tell::enforce(cx, &*t, None, &review).await?;
-        return create_host_pod(cx, &t).await;
+        return create_host_pod(cx, &t, &host_name).await;
     };
     if review.refusal().is_some() {
         // Refused now (the profile changed, which restarts the syncer): no copy runs on.
         forget(cx, &h);
     }
     tell::enforce(cx, &*t, Some(&*h), &review).await?;
-    restore(cx, &t, &h).await?;
+    restore(cx, &t, &h, &host_name).await?;
     wake_references(cx, &t);
-    tokens::ensure_tokens(cx, &t, &h).await?;
+    tokens::ensure_tokens(cx, &Key::of::<Pods>(ns, name), &t, &h).await?;
     if h.metadata.deletion_timestamp.is_some() {
         return Ok(());
     }
     bind(cx, &t, &h).await?;
     let node = h.spec.as_ref().and_then(|s| s.node_name.clone());
-    let wanted = pod_status::pod_status_up(&h, &terms_for(cx, &t, node), cx.tr.kubelet.as_ref());
-    if h.status.is_some() && pod_status::pod_status_differs(t.status.as_ref(), &wanted) {
+    let wanted = status::pod_status_up(&h, &terms_for(cx, &t, node), cx.tr.kubelet.as_ref());
+    if h.status.is_some() && status::pod_status_differs(t.status.as_ref(), &wanted) {
         let t_ip = t.status.as_ref().and_then(|s| s.pod_ip.as_ref());
         if t_ip != wanted.pod_ip.as_ref() {
             // A new address of our own: Endpoints written by hand may name it now.
@@ -237,13 +238,57 @@ async fn converge_pod(cx: &Tenant, ns: &str, name: &str) -> Result<()> {
     Ok(())
 }
 
+/// Why tenant pod `p` may not run on the host for the data it uses: each ConfigMap and Secret
+/// it uses that holds more than `allow.maxDataBytes`. Each is told so too, as its own converge
+/// would (it has no copy to converge while no pod of it runs).
+async fn too_large_for(cx: &Tenant, p: &Pod) -> Vec<String> {
+    let Some(cap) = crate::allow::DataCap::of(&cx.tr.allow) else {
+        return vec![];
+    };
+    let ns = p.namespace().unwrap_or_default();
+    let r = references(p);
+    let mut out = Vec::new();
+    if ConfigMaps::enabled(&cx.policy) {
+        for cm in r
+            .config_maps
+            .iter()
+            .filter_map(|n| cx.tenant_get::<ConfigMap>(&ns, n))
+        {
+            let bytes = crate::allow::data_bytes(cm.data.as_ref(), cm.binary_data.as_ref());
+            if cx.selected(ConfigMaps::NAME, &cm.metadata)
+                && let Some(why) = cap.pod_refusal(ConfigMaps::NAME, &cm.name_any(), bytes)
+            {
+                out.push(why);
+                secrets::tell_refused(cx, &*cm, &ConfigMaps::review(&cx.tr, &cm)).await;
+            }
+        }
+    }
+    if Secrets::enabled(&cx.policy) {
+        for s in r
+            .secrets
+            .iter()
+            .filter_map(|n| cx.tenant_get::<Secret>(&ns, n))
+        {
+            let bytes = crate::allow::data_bytes(s.string_data.as_ref(), s.data.as_ref());
+            if cx.selected(Secrets::NAME, &s.metadata)
+                && s.type_.as_deref() != Some(secrets::TOKEN_TYPE)
+                && let Some(why) = cap.pod_refusal(Secrets::NAME, &s.name_any(), bytes)
+            {
+                out.push(why);
+                secrets::tell_refused(cx, &*s, &Secrets::review(&cx.tr, &s)).await;
+            }
+        }
+    }
+    out
+}
+
 /// Bind the tenant pod to the virtual node of its copy's host node. Only to a virtual node that
 /// exists: the tenant's pod garbage collector deletes pods bound to missing nodes. Without
 /// virtual nodes the tenant pod stays unbound.
 async fn bind(cx: &Tenant, t: &Pod, h: &Pod) -> Result<()> {
     let bound = t.spec.as_ref().and_then(|s| s.node_name.clone());
     let host_node = h.spec.as_ref().and_then(|s| s.node_name.clone());
-    let (None, Some(node), true) = (bound, host_node, cx.policy.from_host.nodes.enabled) else {
+    let (None, Some(node), true) = (bound, host_node, nodes::Nodes::enabled(&cx.policy)) else {
         return Ok(());
     };
     if !nodes::ensure_virtual_node(cx, &node).await? {
@@ -305,7 +350,8 @@ fn forget(cx: &Tenant, h: &Pod) {
 /// The address of the tenant's DNS Service on the host, if it runs one: its host copy's (the
 /// tenant Service takes it over, but may not have yet).
 fn tenant_dns(cx: &Tenant) -> Option<String> {
-    cx.host_copy::<Service>("kube-system", "kube-dns")
+    let (ns, name) = ("kube-system", "kube-dns");
+    cx.host_copy::<Service>(&cx.tr.host_name(ns, name), ns, name)
         .and_then(|s| s.spec.as_ref()?.cluster_ip.clone())
         .filter(|ip| ip != "None" && !ip.is_empty())
 }
@@ -323,8 +369,8 @@ fn changeable(desired: &Pod) -> Value {
     })
 }
 
-/// Make the host copy of tenant pod `t`, which [`tell::enforce`] let through.
-async fn create_host_pod(cx: &Tenant, t: &Pod) -> Result<()> {
+/// Make the host copy, `host_name`, of tenant pod `t`, which [`tell::enforce`] let through.
+async fn create_host_pod(cx: &Tenant, t: &Pod, host_name: &str) -> Result<()> {
     let ns = t.namespace().unwrap_or_default();
     let services: Vec<Arc<Service>> = cx
         .tenant_list::<Service>()
@@ -336,12 +382,14 @@ async fn create_host_pod(cx: &Tenant, t: &Pod) -> Result<()> {
         // be someone else's on the host.
         .filter(|s| {
             let ip = |s: &Service| s.spec.as_ref().and_then(|s| s.cluster_ip.clone());
-            cx.host_copy::<Service>(&ns, &s.name_any())
+            let name = s.name_any();
+            cx.host_copy::<Service>(&cx.tr.host_name(&ns, &name), &ns, &name)
                 .is_some_and(|h| ip(&h) == ip(s))
         })
         .collect();
     let service_refs: Vec<&Service> = services.iter().map(|s| &**s).collect();
-    let desired = pod_translate::pod(&cx.tr, t, &service_refs, tenant_dns(cx).as_deref());
+    let dns = tenant_dns(cx);
+    let desired = translate::pod(&cx.tr, t, host_name, &service_refs, dns.as_deref());
     let hash = hash_of(&changeable(&desired));
     let (mut body, _) = converge::stamped(&desired)?;
     body["metadata"]["annotations"][ANNOTATION_APPLIED_HASH] = json!(hash);
@@ -370,11 +418,11 @@ async fn create_host_pod(cx: &Tenant, t: &Pod) -> Result<()> {
 /// Put back what a hand edit on the host changed, and carry the tenant's edits down: labels,
 /// annotations, images. The rest of a pod's spec cannot change; the apply sends it as the host
 /// has it, so only these fields move (and a label the tenant removed is removed).
-async fn restore(cx: &Tenant, t: &Pod, h: &Pod) -> Result<()> {
+async fn restore(cx: &Tenant, t: &Pod, h: &Pod, host_name: &str) -> Result<()> {
     if h.metadata.deletion_timestamp.is_some() {
         return Ok(());
     }
-    let meta = pod_meta(&cx.tr, t);
+    let meta = pod_meta(&cx.tr, t, host_name);
     let wanted_images = images(t);
     let desired = Pod {
         metadata: meta.clone(),

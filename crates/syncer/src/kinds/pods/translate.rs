@@ -1,6 +1,6 @@
 //! The pure translation of a pod down (the host copy of a tenant pod, confined to its tenant),
-//! and what it needs of the host. What a pod uses is in `pod_references`, what comes up (its
-//! status) in `pod_status`.
+//! and what it needs of the host. What a pod uses is in `references`, what comes up (its
+//! status) in `status`.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -10,17 +10,17 @@ use kube::ResourceExt;
 
 use crate::allow;
 use crate::kinds::services::{service_env, tenant_api_env};
-use crate::kinds::tokens::token_secret_name;
 use crate::naming;
 use crate::translate::Translator;
 
-pub use crate::kinds::pod_references::{References, references};
-use crate::kinds::pod_review::placement;
-pub use crate::kinds::pod_review::review;
+pub use super::references::{References, ephemeral_claim, references};
+use super::review::placement;
+pub use super::review::review;
 
-/// The host metadata of a tenant pod's copy: the marks, and the service account it runs as.
-pub fn pod_meta(tr: &Translator, pod: &Pod) -> kube::api::ObjectMeta {
-    let mut meta = tr.host_meta("Pod", &pod.metadata);
+/// The host metadata of a tenant pod's copy, named `host_name`: the marks, and the service
+/// account it runs as.
+pub fn pod_meta(tr: &Translator, pod: &Pod, host_name: &str) -> kube::api::ObjectMeta {
+    let mut meta = tr.host_meta("Pod", &pod.metadata, host_name);
     let spec = pod.spec.as_ref();
     let sa = spec
         .and_then(|s| s.service_account_name.clone().or(s.service_account.clone()))
@@ -47,10 +47,16 @@ pub fn images(pod: &Pod) -> Vec<(String, Option<String>)> {
 
 /// The host copy of a tenant pod. `services` are the tenant Services of the pod's namespace
 /// (for the service environment variables); `dns` the tenant's DNS service address, if any.
-pub fn pod(tr: &Translator, pod: &Pod, services: &[&Service], dns: Option<&str>) -> Pod {
+/// `host_name` names the copy (see [`Translator::host_name`]).
+pub fn pod(
+    tr: &Translator,
+    pod: &Pod,
+    host_name: &str,
+    services: &[&Service],
+    dns: Option<&str>,
+) -> Pod {
     let ns = pod.namespace().unwrap_or_default();
-    let host_name = tr.host_name(&ns, &pod.name_any());
-    let mut meta = pod_meta(tr, pod);
+    let meta = pod_meta(tr, pod, host_name);
     let mut spec = pod.spec.clone().unwrap_or_default();
     // Scheduling is the host's; the tenant's binding follows the host's. Only a priority class
     // the profile allows is asked for; the host's admission computes the rest.
@@ -152,7 +158,7 @@ pub fn pod(tr: &Translator, pod: &Pod, services: &[&Service], dns: Option<&str>)
         }
         if let Some(projected) = volume.projected.as_mut() {
             for source in projected.sources.iter_mut().flatten() {
-                rewrite_projection(tr, source, &ns, &host_name, &mut token_index);
+                rewrite_projection(tr, source, &ns, host_name, &mut token_index);
             }
         }
     }
@@ -274,18 +280,11 @@ pub fn pod(tr: &Translator, pod: &Pod, services: &[&Service], dns: Option<&str>)
             *k = tr.label_key(k);
         }
     }
-    meta.name = Some(host_name);
     Pod {
         metadata: meta,
         spec: Some(spec),
         status: None,
     }
-}
-
-/// The name of the claim the tenant's ephemeral-volume controller makes for volume `volume` of
-/// pod `pod`.
-pub fn ephemeral_claim(pod: &str, volume: &str) -> String {
-    format!("{pod}-{volume}")
 }
 
 /// A tenant label selector in host form: its keys as the host copies carry them.
@@ -322,7 +321,7 @@ fn rewrite_projection(
         let key = format!("token-{token_index}");
         *token_index += 1;
         source.secret = Some(k8s_openapi::api::core::v1::SecretProjection {
-            name: token_secret_name(host_pod),
+            name: naming::token_secret_name(host_pod),
             items: Some(vec![KeyToPath {
                 key,
                 path: token.path,
@@ -382,7 +381,12 @@ fn field_path(path: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::translate::tests::translator;
+    use crate::translate::tests::{host_name_of, translator};
+
+    /// The host copy of `p`, named as its converge names it.
+    fn copy_of(tr: &Translator, p: &Pod, dns: Option<&str>) -> Pod {
+        super::pod(tr, p, &host_name_of(tr, &p.metadata), &[], dns)
+    }
     use serde_json::json;
 
     fn pod() -> Pod {
@@ -420,7 +424,7 @@ mod tests {
     #[test]
     fn a_pod_is_confined_to_its_tenant_on_the_host() {
         let t = translator();
-        let host = super::pod(&t, &pod(), &[], None);
+        let host = copy_of(&t, &pod(), None);
         let meta = &host.metadata;
         assert_eq!(meta.name.as_deref(), Some("web-0-x-default-x-dev"));
         assert_eq!(meta.namespace.as_deref(), Some("team-dev"));
@@ -536,7 +540,7 @@ mod tests {
             }))
             .unwrap(),
         );
-        let host = super::pod(&translator(), &p, &[], None);
+        let host = copy_of(&translator(), &p, None);
         let affinity = host.spec.unwrap().affinity.unwrap();
         let anti = &affinity
             .pod_anti_affinity
@@ -577,13 +581,13 @@ mod tests {
 
     #[test]
     fn pods_resolve_names_with_the_tenant_dns_when_it_has_one() {
-        let host = super::pod(&translator(), &pod(), &[], Some("10.96.0.53"));
+        let host = copy_of(&translator(), &pod(), Some("10.96.0.53"));
         let spec = host.spec.unwrap();
         assert_eq!(spec.dns_policy.as_deref(), Some("None"));
         let dns = spec.dns_config.unwrap();
         assert_eq!(dns.nameservers.unwrap(), ["10.96.0.53"]);
         assert_eq!(dns.searches.unwrap()[0], "default.svc.cluster.local");
-        let without = super::pod(&translator(), &pod(), &[], None).spec.unwrap();
+        let without = copy_of(&translator(), &pod(), None).spec.unwrap();
         assert_eq!(
             without.dns_policy, None,
             "the host's DNS when the tenant runs none"

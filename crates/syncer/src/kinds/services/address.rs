@@ -97,7 +97,6 @@ pub fn own_address(tr: &Translator, svc: &Service) -> OwnAddress {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kinds::services::review;
     use crate::translate::tests::translator;
     use serde_json::json;
 
@@ -148,14 +147,6 @@ mod tests {
             own_address(&tr, &at("10.96.7.7", Some("kubectl"))),
             OwnAddress::Asked
         );
-        // The copy never asks for a reserved address, even the first time.
-        let t = at("10.96.0.10", Some("kubectl"));
-        assert!(
-            review(&tr, &t)
-                .dropped
-                .iter()
-                .any(|d| d.contains("10.96.0.10"))
-        );
     }
 
     #[test]
@@ -196,7 +187,6 @@ mod tests {
             own_address(&tr, &at("10.96.7.7", Some(SYNCER_MANAGER))),
             OwnAddress::NotAsked(None)
         );
-        assert!(review(&tr, &at("10.96.7.7", None)).dropped.is_empty());
         // Headless, or not allocated yet: nothing to ask for.
         assert_eq!(
             own_address(&tr, &at("None", Some("kubectl"))),

@@ -2,35 +2,20 @@
 //! which keys a change maps to, and its converge step. The engine knows kinds only through it.
 
 use futures::future::BoxFuture;
-use kube::api::Api;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use kube::api::{Api, ObjectMeta};
 use kube::runtime::watcher;
 use kube::{Client, Resource, ResourceExt};
-use serde::Serialize;
 use tenantplane_api::SyncPolicySpec;
 
 use crate::error::Result;
-use crate::host::{HostObject, Scope};
+use crate::host::Scope;
+use crate::key::{Key, Object};
 use crate::naming;
 use crate::tenant::Tenant;
 
-/// What a worker converges: one object of a kind. The namespace is empty for cluster-scoped
-/// kinds and for host Events, whose name is the host's.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct Key {
-    pub kind: &'static str,
-    pub namespace: String,
-    pub name: String,
-}
-
+// Keys of a kind, by its name: here rather than in `key`, which sits below the kinds.
 impl Key {
-    pub fn new(kind: &'static str, namespace: impl Into<String>, name: impl Into<String>) -> Self {
-        Self {
-            kind,
-            namespace: namespace.into(),
-            name: name.into(),
-        }
-    }
-
     /// The key of kind `S` for `namespace/name`.
     pub fn of<S: Kind>(namespace: impl Into<String>, name: impl Into<String>) -> Self {
         Self::new(S::NAME, namespace, name)
@@ -43,20 +28,7 @@ impl Key {
             obj.meta().name.clone().unwrap_or_default(),
         )
     }
-
-    /// How a person reads it: `Pod default/web`, `Node kwok-node-0`.
-    pub fn describe(&self) -> String {
-        if self.namespace.is_empty() {
-            format!("{} {}", self.kind, self.name)
-        } else {
-            format!("{} {}/{}", self.kind, self.namespace, self.name)
-        }
-    }
 }
-
-/// The object type a kind's syncer watches and writes.
-pub trait Object: HostObject + Serialize {}
-impl<K: HostObject + Serialize> Object for K {}
 
 /// How long a tenant watch runs before the API server ends it and it is renewed. Shorter than
 /// the watch client's read timeout, so a quiet watch is never cut by the client, while a request
@@ -79,6 +51,29 @@ pub trait Kind: Sized + Send + Sync + 'static {
     /// The kind, as keys, messages and metrics name it.
     const NAME: &'static str;
     type Object: Object;
+    /// Where the kind's switch sits in the SyncPolicy, as a person writes it (`toHost.pods`).
+    const SETTING: &'static str;
+
+    /// How the `Synced` summary names the kind's objects: its setting, lower-case (`configmaps`).
+    fn listed_as() -> String {
+        let field = Self::SETTING.rsplit('.').next().unwrap_or(Self::SETTING);
+        field.to_lowercase()
+    }
+
+    /// Does the kind sync at all under `policy` (its `enabled` switch)?
+    fn enabled(policy: &SyncPolicySpec) -> bool;
+
+    /// The policy's label selector for the kind, if it has one: only the tenant objects it
+    /// selects sync.
+    fn selector(_policy: &SyncPolicySpec) -> Option<&LabelSelector> {
+        None
+    }
+
+    /// Does the policy sync tenant object `meta` of this kind: the kind is enabled and its
+    /// selector (if any) selects the object?
+    fn synced(cx: &Tenant, meta: &ObjectMeta) -> bool {
+        cx.synced(Self::NAME, meta)
+    }
 
     /// The tenant-side watch under `policy`; `None`: the tenant side is not watched.
     fn tenant_watch(_policy: &SyncPolicySpec) -> Option<watcher::Config> {

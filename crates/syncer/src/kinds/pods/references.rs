@@ -6,7 +6,7 @@ use std::collections::BTreeSet;
 use k8s_openapi::api::core::v1::{Pod, SecretVolumeSource};
 use kube::ResourceExt;
 
-use crate::kinds::pod_translate::ephemeral_claim;
+use crate::tenant::Tenant;
 
 /// The ConfigMaps, Secrets and claims a pod uses, by tenant name.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -87,13 +87,30 @@ pub fn references(pod: &Pod) -> References {
     r
 }
 
+/// Is something in tenant namespace `ns` used by a pod that syncs (`pick` says what)?
+/// Only pods the host admitted count: a pod refused by the profile or the host pulls nothing
+/// onto the host.
+pub fn referenced(cx: &Tenant, ns: &str, pick: impl Fn(&References) -> bool) -> bool {
+    cx.tenant_list::<Pod>().iter().any(|p| {
+        p.namespace().as_deref() == Some(ns)
+            && cx.syncs::<Pod>(&p.metadata)
+            && pick(&references(p))
+            && cx.is_copied::<Pod>(ns, &p.name_any())
+    })
+}
+
+/// The name of the claim the tenant's ephemeral-volume controller makes for volume `volume` of
+/// pod `pod`.
+pub fn ephemeral_claim(pod: &str, volume: &str) -> String {
+    format!("{pod}-{volume}")
+}
+
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
-    use crate::kinds::tokens::token_sources;
     use serde_json::json;
 
-    fn pod() -> Pod {
+    pub(crate) fn pod() -> Pod {
         serde_json::from_value(json!({
             "metadata": {"name": "web-0", "namespace": "default"},
             "spec": {
@@ -127,8 +144,5 @@ mod tests {
             BTreeSet::from(["creds".to_string(), "regcred".to_string()])
         );
         assert_eq!(r.claims, BTreeSet::from(["data".to_string()]));
-        let tokens = token_sources(&pod());
-        assert_eq!(tokens.len(), 1);
-        assert_eq!(tokens[0].expiration_seconds, 3607);
     }
 }

@@ -12,23 +12,36 @@ use tenantplane_api::sync_policy::NodeSyncMode;
 use crate::converge::delete_if_present;
 use crate::error::Result;
 use crate::host::Scope;
-use crate::kind::{Key, Kind, shown_watch_config};
-use crate::kinds::virtual_node::{labels_patch, node_differs, virtual_node};
+use crate::key::Key;
+use crate::kind_trait::{Kind, shown_watch_config};
 use crate::naming::{self, SYNCER_MANAGER};
 use crate::tenant::Tenant;
+
+pub mod virtual_node;
+
+use virtual_node::{labels_patch, node_differs, virtual_node};
 
 pub struct Nodes;
 
 impl Kind for Nodes {
     const NAME: &'static str = "Node";
     type Object = Node;
+    const SETTING: &'static str = "fromHost.nodes";
+
+    fn enabled(policy: &SyncPolicySpec) -> bool {
+        policy.from_host.nodes.enabled
+    }
+
+    fn listed_as() -> String {
+        "virtual nodes".into()
+    }
 
     fn tenant_watch(_: &SyncPolicySpec) -> Option<kube::runtime::watcher::Config> {
         Some(shown_watch_config())
     }
 
     fn host_scope(policy: &SyncPolicySpec) -> Option<Scope> {
-        policy.from_host.nodes.enabled.then_some(Scope::Cluster)
+        Self::enabled(policy).then_some(Scope::Cluster)
     }
 
     fn host_api(client: Client, _: Option<&str>) -> Api<Node> {
@@ -125,7 +138,10 @@ fn node_of(p: &Pod) -> Option<&str> {
 /// Binding) does not make it one: its copy goes where the host scheduler puts it.
 pub fn shown(cx: &Tenant, name: &str) -> bool {
     let nodes = &cx.policy.from_host.nodes;
-    let Some(host) = cx.host_get::<Node>(false, name).filter(|_| nodes.enabled) else {
+    let Some(host) = cx
+        .host_get::<Node>(false, name)
+        .filter(|_| Nodes::enabled(&cx.policy))
+    else {
         return false;
     };
     cx.host_slice::<Pod>()
@@ -142,9 +158,10 @@ async fn converge_node(cx: &Tenant, name: &str) -> Result<()> {
     // A tenant pod bound here whose copy still runs here keeps the Node, whatever the policy
     // says now: the tenant's pod garbage collector deletes pods bound to missing nodes.
     let runs_here = |t: &Pod| {
+        let (ns, n) = (t.namespace().unwrap_or_default(), t.name_any());
         node_of(t) == Some(name)
             && cx
-                .host_copy::<Pod>(&t.namespace().unwrap_or_default(), &t.name_any())
+                .host_copy::<Pod>(&cx.tr.host_name(&ns, &n), &ns, &n)
                 .is_some_and(|h| node_of(&h) == Some(name))
     };
     let in_use = cx.tenant_list::<Pod>().iter().any(|t| runs_here(t));
