@@ -16,7 +16,7 @@ use tracing::{info, warn};
 use futures::FutureExt;
 
 use crate::names::FIELD_MANAGER;
-use crate::reconcile::ControllerOptions;
+use crate::options::ControllerOptions;
 use crate::telemetry::Role;
 
 /// Which Lease, who we are, and the timings.

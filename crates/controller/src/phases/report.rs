@@ -1,8 +1,6 @@
 //! What a reconcile tells: the status it writes (a failure with the words of whoever refused),
 //! an Event per changed condition, and when the tenant is looked at again.
 
-use std::collections::BTreeMap;
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use kube::Resource;
@@ -15,10 +13,27 @@ use tracing::{debug, info, warn};
 
 use crate::Error;
 use crate::build;
+use crate::context::{Context, now, tenant_key};
 use crate::names;
 use crate::namespace::NAMESPACE_IN_USE_RECHECK;
-use crate::reconcile::{Context, now, tenant_key};
 use crate::status::{self, Progress};
+
+/// A tenant seen for the first time says so before anything is built; the reconcile goes on
+/// from the status it wrote.
+pub(crate) async fn accept(ctx: &Context, tc: &TenantCluster) -> Result<TenantCluster, Error> {
+    let (tenant, ns) = build::identity(tc)?;
+    let mut tc = tc.clone();
+    if tc.status.is_none() {
+        report(ctx, &tc, &Progress::Accepted).await?;
+        tc.status = Some(status::desired_status(
+            &tc,
+            &Progress::Accepted,
+            &names::endpoint(&tenant, &ns),
+            &now(),
+        ));
+    }
+    Ok(tc)
+}
 
 /// Status says what failed, not only the log: the object and the API server's words.
 pub(crate) async fn report_failure(
@@ -27,13 +42,8 @@ pub(crate) async fn report_failure(
     result: &Result<Action, Error>,
 ) {
     if let Err(e) = result {
-        let before = ctx
-            .failures
-            .lock()
-            .map(|all| all.get(&tenant_key(tc)).copied().unwrap_or(0))
-            .unwrap_or(0);
-        if !e.reaches_status(before) {
-            // Retried in RETRY_FIRST; a second failure in a row is reported.
+        if !e.reaches_status(ctx.failures_of(tc)) {
+            // Retried after the first back-off; a second failure in a row is reported.
             return;
         }
         let progress = Progress::ApplyFailed(e.to_string());
@@ -62,43 +72,6 @@ pub(crate) async fn publish(
     if let Err(e) = ctx.recorder.publish(&event, &tc.object_ref(&())).await {
         warn!(error = %e, "publishing an event failed");
     }
-}
-
-/// How often what a tenant's objects do may rewrite its TenantCluster's status: twenty pods
-/// refused a second apart make a few writes, not twenty, and the latest state is always written
-/// (a deferred write is looked at again when its slot comes).
-pub(crate) const STATUS_COALESCE: Duration = Duration::from_secs(10);
-
-/// When each tenant's status was last written.
-#[derive(Default)]
-pub struct StatusWrites(Mutex<BTreeMap<(String, String), Instant>>);
-
-impl StatusWrites {
-    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<(String, String), Instant>> {
-        self.0.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// How long a write of tenant `key` must wait; `None`: write now.
-    fn wait(&self, key: &(String, String), sync_churn: bool, now: Instant) -> Option<Duration> {
-        wait_before_write(self.lock().get(key).copied(), sync_churn, now)
-    }
-
-    fn wrote(&self, key: (String, String), now: Instant) {
-        self.lock().insert(key, now);
-    }
-
-    /// Forget a deleted tenant, so the operator holds nothing for tenants long gone.
-    pub(crate) fn forget(&self, key: &(String, String)) {
-        self.lock().remove(key);
-    }
-}
-
-/// How long a status write must wait, after the last one at `last`: only a change that is all
-/// sync churn waits, and only for the rest of [`STATUS_COALESCE`]. Anything else (the control
-/// plane, a new generation) is written at once.
-fn wait_before_write(last: Option<Instant>, sync_churn: bool, now: Instant) -> Option<Duration> {
-    let since = now.saturating_duration_since(last?);
-    (sync_churn && since < STATUS_COALESCE).then(|| STATUS_COALESCE - since)
 }
 
 /// Write the status when it differs from what is stored, and an Event per changed condition.
@@ -210,54 +183,6 @@ pub(crate) async fn finish_by(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn sync_churn_is_written_at_most_once_per_slot_and_never_lost() {
-        let t0 = Instant::now();
-        let at = |s: u64| t0 + Duration::from_secs(s);
-        assert_eq!(wait_before_write(None, true, at(0)), None, "first: at once");
-        assert_eq!(
-            wait_before_write(Some(at(0)), true, at(3)),
-            Some(STATUS_COALESCE - Duration::from_secs(3)),
-            "churn waits for the rest of the slot"
-        );
-        assert_eq!(
-            wait_before_write(Some(at(0)), false, at(3)),
-            None,
-            "news does not"
-        );
-        assert_eq!(wait_before_write(Some(at(0)), true, at(10)), None);
-        assert_eq!(
-            wait_before_write(Some(at(5)), true, at(1)),
-            Some(STATUS_COALESCE)
-        );
-        // Twenty refusals a second apart, each asking to write: how many writes get through?
-        let writes = StatusWrites::default();
-        let key = ("team-dev".to_string(), "dev".to_string());
-        let mut written = 0;
-        let mut pending = None;
-        for s in 0..20 {
-            if writes.wait(&key, true, at(s)).is_none() {
-                writes.wrote(key.clone(), at(s));
-                written += 1;
-                pending = None;
-            } else {
-                pending = Some(s);
-            }
-        }
-        assert_eq!(written, 2, "at 0 s and 10 s");
-        let last = pending.expect("the last refusals wait");
-        let wait = writes.wait(&key, true, at(last)).unwrap();
-        assert!(
-            writes.wait(&key, true, at(last) + wait).is_none(),
-            "and get their slot"
-        );
-        writes.forget(&key);
-        assert!(
-            writes.wait(&key, true, at(last)).is_none(),
-            "a deleted tenant leaves nothing behind"
-        );
-    }
 
     #[test]
     fn a_field_no_longer_in_the_status_is_removed_by_the_patch() {
