@@ -8,13 +8,13 @@ use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType};
 use serde_json::json;
-use tenantplane_api::TenantCluster;
+use tenantplane_api::{TenantCluster, TenantClusterStatus};
 use tracing::{debug, info, warn};
 
 use crate::Error;
 use crate::build;
 use crate::context::{Context, now, tenant_key};
-use crate::names;
+use crate::names::{self, FIELD_MANAGER};
 use crate::namespace::NAMESPACE_IN_USE_RECHECK;
 use crate::status::{self, Progress};
 
@@ -95,9 +95,12 @@ pub(crate) async fn report(
         return Ok(Some(wait));
     }
     let api: Api<TenantCluster> = Api::namespaced(ctx.client.clone(), &ns);
-    let body = json!({"status": status_patch(&current, &desired)?});
-    api.patch_status(&tenant, &PatchParams::default(), &Patch::Merge(body))
-        .await?;
+    api.patch_status(
+        &tenant,
+        &PatchParams::apply(FIELD_MANAGER).force(),
+        &Patch::Apply(status_apply(&desired)?),
+    )
+    .await?;
     ctx.status_writes.wrote(key, Instant::now());
     for condition in status::changed_conditions(&current, &desired) {
         // Warnings are for what a person must look at: a Degraded tenant. Progress is Normal.
@@ -124,22 +127,17 @@ pub(crate) async fn report(
     Ok(None)
 }
 
-/// The merge patch from `current` to `desired`: what a merge patch leaves out it keeps, so a
-/// field `desired` no longer has (the endpoint of a tenant that stopped answering) is null.
-fn status_patch(
-    current: &tenantplane_api::TenantClusterStatus,
-    desired: &tenantplane_api::TenantClusterStatus,
-) -> Result<serde_json::Value, Error> {
-    let as_json =
-        |s| serde_json::to_value(s).map_err(|e| Error::Build(format!("writing the status: {e}")));
-    let mut patch = as_json(desired)?;
-    if let (serde_json::Value::Object(was), Some(now)) = (as_json(current)?, patch.as_object_mut())
-    {
-        for field in was.keys() {
-            now.entry(field.clone()).or_insert(serde_json::Value::Null);
-        }
-    }
-    Ok(patch)
+/// The server-side apply of `status`: the whole status as this manager wants it, so a field it
+/// no longer has (the endpoint of a tenant that stopped answering, a condition no longer set) is
+/// removed. Apply needs the kind even for a subresource.
+fn status_apply(status: &TenantClusterStatus) -> Result<serde_json::Value, Error> {
+    let status = serde_json::to_value(status)
+        .map_err(|e| Error::Build(format!("writing the status: {e}")))?;
+    Ok(json!({
+        "apiVersion": TenantCluster::api_version(&()),
+        "kind": TenantCluster::kind(&()),
+        "status": status,
+    }))
 }
 
 /// Record progress and decide when to look again.
@@ -185,20 +183,24 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_field_no_longer_in_the_status_is_removed_by_the_patch() {
-        let up = tenantplane_api::TenantClusterStatus {
+    fn a_field_no_longer_in_the_status_is_left_out_of_the_apply_so_it_is_removed() {
+        let up = TenantClusterStatus {
             endpoint: Some("https://dev.team-dev.svc:6443".into()),
             observed_generation: Some(2),
             ..Default::default()
         };
-        let down = tenantplane_api::TenantClusterStatus {
+        let down = TenantClusterStatus {
             observed_generation: Some(2),
             ..Default::default()
         };
-        let patch = status_patch(&up, &down).unwrap();
-        assert_eq!(patch["endpoint"], serde_json::Value::Null);
-        assert_eq!(patch["observedGeneration"], 2);
-        let back = status_patch(&down, &up).unwrap();
-        assert_eq!(back["endpoint"], "https://dev.team-dev.svc:6443");
+        let apply = status_apply(&down).unwrap();
+        assert_eq!(apply["apiVersion"], "tenantplane.io/v1alpha1");
+        assert_eq!(apply["kind"], "TenantCluster");
+        let status = apply["status"].as_object().unwrap();
+        assert!(!status.contains_key("endpoint"), "{status:?}");
+        assert!(!status.contains_key("conditions"), "{status:?}");
+        assert_eq!(status["observedGeneration"], 2);
+        let back = status_apply(&up).unwrap();
+        assert_eq!(back["status"]["endpoint"], "https://dev.team-dev.svc:6443");
     }
 }
