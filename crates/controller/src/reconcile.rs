@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use backon::{BackoffBuilder, ExponentialBuilder};
 use k8s_openapi::api::core::v1::Namespace;
 use kube::ResourceExt;
 use kube::api::Api;
@@ -25,10 +26,19 @@ use crate::phases::{Halt, credentials, isolate, provision, resolve, sync};
 const RETRY_FIRST: Duration = Duration::from_secs(5);
 const RETRY_MAX: Duration = Duration::from_secs(300);
 
-/// The wait before retry number `failures` (1 for the first failure): exponential, capped.
+/// The wait before retry number `failures` (1 for the first failure): exponential, capped, no
+/// jitter (one reconcile per tenant at a time, so there is no herd to spread). The one place the
+/// controller's back-off is decided.
 pub fn retry_after(failures: u32) -> Duration {
-    let doubled = RETRY_FIRST.saturating_mul(1u32 << failures.saturating_sub(1).min(16));
-    doubled.min(RETRY_MAX)
+    let mut waits = ExponentialBuilder::default()
+        .with_min_delay(RETRY_FIRST)
+        .with_factor(2.0)
+        .with_max_delay(RETRY_MAX)
+        .without_max_times()
+        .build();
+    // Past the cap every wait is the cap: no need to walk further than it takes to reach it.
+    let steps = failures.saturating_sub(1).min(16) as usize;
+    waits.nth(steps).unwrap_or(RETRY_MAX)
 }
 
 pub(crate) fn error_policy(tc: Arc<TenantCluster>, error: &Error, ctx: Arc<Context>) -> Action {
