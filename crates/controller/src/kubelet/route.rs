@@ -2,6 +2,12 @@
 //! functions: the paths and parameters are the kubelet's (as the API server calls them) on one
 //! side and the `pods/log`, `pods/exec`, `pods/attach` and `pods/portforward` subresources on the
 //! other.
+//!
+//! Routed here rather than by axum (which routes `/metrics`): one pure function decides the
+//! action, which of the kubelet's path shapes it is and whether every name is a Kubernetes
+//! name, and is tested as one; a router would split that across path templates and handlers,
+//! and the proxy hands upgraded streams over at the hyper level anyway. The decoding is the
+//! `percent-encoding` and `form_urlencoded` crates'.
 
 use std::fmt;
 
