@@ -3,10 +3,11 @@
 
 use std::time::{Duration, Instant};
 
-use kube::Resource;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{FieldsV1, ManagedFieldsEntry, Time};
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType};
+use kube::{Resource, ResourceExt};
 use serde_json::json;
 use tenantplane_api::{TenantCluster, TenantClusterStatus};
 use tracing::{debug, info, warn};
@@ -95,6 +96,15 @@ pub(crate) async fn report(
         return Ok(Some(wait));
     }
     let api: Api<TenantCluster> = Api::namespaced(ctx.client.clone(), &ns);
+    if let Some(fields) = status_owned_by_apply(tc.managed_fields(), &now()) {
+        // Once, on a status merge patches wrote: the resourceVersion makes it compare-and-swap.
+        let patch = json!({"metadata": {
+            "resourceVersion": tc.resource_version(),
+            "managedFields": fields,
+        }});
+        api.patch(&tenant, &PatchParams::default(), &Patch::Merge(patch))
+            .await?;
+    }
     api.patch_status(
         &tenant,
         &PatchParams::apply(FIELD_MANAGER).force(),
@@ -140,6 +150,64 @@ fn status_apply(status: &TenantClusterStatus) -> Result<serde_json::Value, Error
     }))
 }
 
+/// Status written by merge patches (as operators before server-side apply did, or a hand edit)
+/// is owned by `Update` entries, which keep a field after apply stops sending it: a tenant that
+/// stopped answering would keep its endpoint. Such entries are folded into this manager's apply
+/// entry, as client-go's `csaupgrade` does, so that apply alone owns the status. `None`: there
+/// are none, nothing to change.
+fn status_owned_by_apply(
+    fields: &[ManagedFieldsEntry],
+    now: &Time,
+) -> Option<Vec<ManagedFieldsEntry>> {
+    let on_status = |f: &ManagedFieldsEntry| f.subresource.as_deref() == Some("status");
+    let merged = |f: &ManagedFieldsEntry| f.operation.as_deref() == Some("Update") && on_status(f);
+    if !fields.iter().any(merged) {
+        return None;
+    }
+    let ours = |f: &ManagedFieldsEntry| {
+        f.operation.as_deref() == Some("Apply")
+            && f.manager.as_deref() == Some(FIELD_MANAGER)
+            && on_status(f)
+    };
+    let mut owned = serde_json::Value::Object(Default::default());
+    let mut kept = Vec::new();
+    for f in fields {
+        if merged(f) || ours(f) {
+            if let Some(set) = &f.fields_v1 {
+                union(&mut owned, &set.0);
+            }
+        } else {
+            kept.push(f.clone());
+        }
+    }
+    kept.push(ManagedFieldsEntry {
+        api_version: Some(TenantCluster::api_version(&()).into_owned()),
+        fields_type: Some("FieldsV1".into()),
+        fields_v1: Some(FieldsV1(owned)),
+        manager: Some(FIELD_MANAGER.into()),
+        operation: Some("Apply".into()),
+        subresource: Some("status".into()),
+        time: Some(now.clone()),
+    });
+    Some(kept)
+}
+
+/// Add field set `from` to `into` (both trees of `f:` keys).
+fn union(into: &mut serde_json::Value, from: &serde_json::Value) {
+    match (into, from) {
+        (serde_json::Value::Object(to), serde_json::Value::Object(from)) => {
+            for (key, value) in from {
+                union(
+                    to.entry(key.clone())
+                        .or_insert(serde_json::Value::Object(Default::default())),
+                    value,
+                );
+            }
+        }
+        (into, from) => *into = from.clone(),
+    }
+}
+
 /// Record progress and decide when to look again.
 pub(crate) async fn finish(
     ctx: &Context,
@@ -181,6 +249,57 @@ pub(crate) async fn finish_by(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn status_merge_patches_wrote_is_handed_to_apply_once() {
+        let entry = |manager: &str, operation: &str, sub: Option<&str>, set: serde_json::Value| {
+            ManagedFieldsEntry {
+                manager: Some(manager.into()),
+                operation: Some(operation.into()),
+                subresource: sub.map(Into::into),
+                fields_v1: Some(FieldsV1(set)),
+                ..Default::default()
+            }
+        };
+        let at = now();
+        let finalizer = entry(
+            "tenantplane",
+            "Update",
+            None,
+            json!({"f:metadata": {"f:finalizers": {}}}),
+        );
+        let merged = entry(
+            "",
+            "Update",
+            Some("status"),
+            json!({"f:status": {"f:endpoint": {}, "f:phase": {}}}),
+        );
+        let applied = entry(
+            FIELD_MANAGER,
+            "Apply",
+            Some("status"),
+            json!({"f:status": {"f:phase": {}, "f:conditions": {}}}),
+        );
+        assert_eq!(
+            status_owned_by_apply(&[finalizer.clone(), applied.clone()], &at),
+            None,
+            "nothing to hand over: no write"
+        );
+        let fields = status_owned_by_apply(&[finalizer.clone(), merged, applied], &at).unwrap();
+        assert_eq!(fields.len(), 2);
+        assert_eq!(fields[0], finalizer, "what is not status stays as it was");
+        let ours = &fields[1];
+        assert_eq!(
+            (ours.manager.as_deref(), ours.operation.as_deref()),
+            (Some(FIELD_MANAGER), Some("Apply"))
+        );
+        assert_eq!(ours.subresource.as_deref(), Some("status"));
+        assert_eq!(
+            ours.fields_v1.as_ref().unwrap().0,
+            json!({"f:status": {"f:endpoint": {}, "f:phase": {}, "f:conditions": {}}})
+        );
+        assert_eq!(status_owned_by_apply(&fields, &at), None, "once");
+    }
 
     #[test]
     fn a_field_no_longer_in_the_status_is_left_out_of_the_apply_so_it_is_removed() {
