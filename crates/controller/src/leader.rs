@@ -3,6 +3,18 @@
 //! Lease's duration, as timed by the standby's own clock (so clock skew between replicas does
 //! not matter); a holder that cannot renew within the renew deadline stops leading. Only the
 //! holder runs the controller, so only the holder writes.
+//!
+//! Ours, not a crate's, because neither maintained one fits (looked at for kube 5 and
+//! k8s-openapi 0.29):
+//! - kubert's lease (kubert 0.25, the latest) needs kube-client/kube-runtime 1.1 and
+//!   k8s-openapi 0.25, so it does not build beside kube 5.
+//! - kube-lease-manager 0.13 builds with kube 5, but it judges expiry as the holder's
+//!   `renewTime` plus the duration against this replica's wall clock (skew between replicas
+//!   moves takeovers, which ours avoids by timing an unchanged record on its own clock); it does
+//!   not tell a standby who holds the Lease (our `/readyz` says so, and tests/operator.rs checks
+//!   it); it has no renew deadline (a holder that cannot renew stops only when the Lease
+//!   expires); and it takes whole seconds and panics on settings that do not nest, where we
+//!   refuse them with the flag to change.
 
 use std::time::{Duration, Instant};
 
@@ -16,7 +28,7 @@ use tracing::{info, warn};
 use futures::FutureExt;
 
 use crate::names::FIELD_MANAGER;
-use crate::reconcile::ControllerOptions;
+use crate::options::ControllerOptions;
 use crate::telemetry::Role;
 
 /// Which Lease, who we are, and the timings.

@@ -1,14 +1,18 @@
 //! The TenantCluster controller: dereference → validate → build → apply → observe → status.
 //!
-//! `build` holds the pure functions that decide what should exist; `reconcile` is the I/O around
-//! them; `status` turns what was observed into a phase and conditions.
+//! `build` holds the pure functions that decide what should exist; `phases` are the I/O around
+//! them, one module per step of a tenant's lifecycle; `status` turns what was observed into a
+//! phase and conditions.
+//!
+//! The modules form layers, each importing only those below it: `run` (the wiring) on top, then
+//! `reconcile` (the pipeline), then `phases`, then `context` (what every reconcile shares), and
+//! under it the pure and the plain I/O modules (`build`, `status`, `observe`, `apply`, `cache`…).
 
 pub mod apply;
 pub mod build;
 pub mod cache;
 pub mod connector;
-mod control_plane;
-mod credentials;
+pub mod context;
 pub mod error_text;
 pub mod kubeconfig;
 pub mod kubelet;
@@ -17,8 +21,10 @@ pub mod metrics;
 pub mod names;
 pub mod namespace;
 pub mod observe;
+pub mod options;
+mod phases;
 pub mod reconcile;
-mod report;
+mod run;
 pub mod service_range;
 pub mod status;
 pub mod telemetry;
@@ -27,7 +33,8 @@ pub mod tenant_pki;
 pub use build::BuildOptions;
 pub use connector::Connector;
 pub use error_text::{api_message, error_chain};
-pub use reconcile::{CertificateOptions, ControllerOptions, run};
+pub use options::{CertificateOptions, ControllerOptions};
+pub use run::run;
 pub use telemetry::Telemetry;
 /// The syncer, its own crate; re-exported for the binary and the tests.
 pub use tenantplane_syncer as sync;

@@ -11,7 +11,7 @@ use tenantplane_api::TenantCluster;
 
 use crate::Error;
 use crate::build;
-use crate::reconcile::Context;
+use crate::context::Context;
 
 /// How often a TenantCluster whose namespace another one holds checks whether it is free.
 pub(crate) const NAMESPACE_IN_USE_RECHECK: Duration = Duration::from_secs(10);

@@ -1,15 +1,16 @@
 //! What the operator tells the outside: `/metrics` (Prometheus text), `/healthz` (the process
 //! answers) and `/readyz` (the leader has its caches; a standby can reach the API server).
 
-use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use http_body_util::Full;
-use hyper::body::{Bytes, Incoming};
-use hyper::{Method, Request, Response, StatusCode};
-use tracing::{debug, info, warn};
+use axum::Router;
+use axum::extract::State;
+use axum::http::{Method, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use tracing::{info, warn};
 
 use crate::metrics::{self, Metrics};
 
@@ -125,45 +126,52 @@ impl std::fmt::Debug for Telemetry {
     }
 }
 
-fn respond(status: StatusCode, content_type: &str, body: String) -> Response<Full<Bytes>> {
-    let mut response = Response::new(Full::new(Bytes::from(body)));
-    *response.status_mut() = status;
-    if let Ok(v) = content_type.parse() {
-        response
-            .headers_mut()
-            .insert(hyper::header::CONTENT_TYPE, v);
-    }
-    response
+const GET_ONLY: &str = "GET only\n";
+
+/// The endpoint's routes. GET only (HEAD too, as axum answers it from GET); anything else is
+/// 405, whatever the path.
+pub fn router(telemetry: Telemetry) -> Router {
+    Router::new()
+        .route("/metrics", get(metrics_text))
+        .route("/healthz", get(alive))
+        .route("/livez", get(alive))
+        .route("/readyz", get(ready))
+        .fallback(not_found)
+        .method_not_allowed_fallback(|| async { (StatusCode::METHOD_NOT_ALLOWED, GET_ONLY) })
+        .with_state(telemetry)
 }
 
-/// The answer to one request.
-pub fn answer(telemetry: &Telemetry, method: &Method, path: &str) -> Response<Full<Bytes>> {
-    const TEXT: &str = "text/plain; charset=utf-8";
+async fn metrics_text(State(telemetry): State<Telemetry>) -> Response {
+    (
+        [(header::CONTENT_TYPE, metrics::CONTENT_TYPE)],
+        telemetry.metrics.encode(),
+    )
+        .into_response()
+}
+
+async fn alive() -> &'static str {
+    "ok\n"
+}
+
+async fn ready(State(telemetry): State<Telemetry>) -> Response {
+    let (ready, why) = telemetry.readiness.check();
+    let status = if ready {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    (status, format!("{why}\n")).into_response()
+}
+
+async fn not_found(method: Method) -> Response {
     if method != Method::GET && method != Method::HEAD {
-        return respond(StatusCode::METHOD_NOT_ALLOWED, TEXT, "GET only\n".into());
+        return (StatusCode::METHOD_NOT_ALLOWED, GET_ONLY).into_response();
     }
-    match path {
-        "/metrics" => respond(
-            StatusCode::OK,
-            metrics::CONTENT_TYPE,
-            telemetry.metrics.encode(),
-        ),
-        "/healthz" | "/livez" => respond(StatusCode::OK, TEXT, "ok\n".into()),
-        "/readyz" => {
-            let (ready, why) = telemetry.readiness.check();
-            let status = if ready {
-                StatusCode::OK
-            } else {
-                StatusCode::SERVICE_UNAVAILABLE
-            };
-            respond(status, TEXT, format!("{why}\n"))
-        }
-        _ => respond(
-            StatusCode::NOT_FOUND,
-            TEXT,
-            "not found: try /metrics, /healthz or /readyz\n".into(),
-        ),
-    }
+    (
+        StatusCode::NOT_FOUND,
+        "not found: try /metrics, /healthz or /readyz\n",
+    )
+        .into_response()
 }
 
 /// Bind `addr` now (so a taken port is reported at start), then serve until the process ends.
@@ -175,28 +183,8 @@ pub async fn bind(
     let local = listener.local_addr()?;
     info!(address = %local, "serving /metrics, /healthz and /readyz");
     Ok(async move {
-        loop {
-            let (stream, peer) = match listener.accept().await {
-                Ok(s) => s,
-                Err(e) => {
-                    warn!(error = %e, "accepting a metrics connection failed");
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                    continue;
-                }
-            };
-            let telemetry = telemetry.clone();
-            tokio::spawn(async move {
-                let service = hyper::service::service_fn(move |req: Request<Incoming>| {
-                    let response = answer(&telemetry, req.method(), req.uri().path());
-                    async move { Ok::<_, Infallible>(response) }
-                });
-                if let Err(e) = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
-                    .await
-                {
-                    debug!(peer = %peer, error = %e, "a metrics connection ended with an error");
-                }
-            });
+        if let Err(e) = axum::serve(listener, router(telemetry)).await {
+            warn!(error = %e, "the metrics endpoint stopped");
         }
     })
 }
@@ -225,28 +213,51 @@ mod tests {
         assert_eq!(r.check(), (true, "leader: caches synced".into()));
     }
 
-    #[test]
-    fn the_paths_answer() {
+    /// What the endpoint answers `method path`: the status and the body.
+    async fn ask(t: &Telemetry, method: Method, path: &str) -> (StatusCode, String) {
+        use http_body_util::BodyExt;
+        use tower::ServiceExt;
+        let request = axum::http::Request::builder()
+            .method(method)
+            .uri(path)
+            .body(axum::body::Body::empty())
+            .unwrap();
+        let response = router(t.clone()).oneshot(request).await.unwrap();
+        let status = response.status();
+        let body = response.into_body().collect().await.unwrap().to_bytes();
+        (status, String::from_utf8(body.to_vec()).unwrap())
+    }
+
+    #[tokio::test]
+    async fn the_paths_answer() {
         let t = Telemetry::default();
         assert_eq!(
-            answer(&t, &Method::GET, "/healthz").status(),
-            StatusCode::OK
+            ask(&t, Method::GET, "/healthz").await,
+            (StatusCode::OK, "ok\n".into())
         );
+        assert_eq!(ask(&t, Method::GET, "/livez").await.0, StatusCode::OK);
         assert_eq!(
-            answer(&t, &Method::GET, "/readyz").status(),
-            StatusCode::SERVICE_UNAVAILABLE
+            ask(&t, Method::GET, "/readyz").await,
+            (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "starting: reading the leader Lease\n".into()
+            )
         );
+        assert_eq!(ask(&t, Method::GET, "/metrics").await.0, StatusCode::OK);
+        assert_eq!(ask(&t, Method::HEAD, "/metrics").await.0, StatusCode::OK);
         assert_eq!(
-            answer(&t, &Method::GET, "/metrics").status(),
-            StatusCode::OK
+            ask(&t, Method::GET, "/nope").await,
+            (
+                StatusCode::NOT_FOUND,
+                "not found: try /metrics, /healthz or /readyz\n".into()
+            )
         );
-        assert_eq!(
-            answer(&t, &Method::GET, "/nope").status(),
-            StatusCode::NOT_FOUND
-        );
-        assert_eq!(
-            answer(&t, &Method::POST, "/metrics").status(),
-            StatusCode::METHOD_NOT_ALLOWED
-        );
+        for path in ["/metrics", "/nope"] {
+            assert_eq!(
+                ask(&t, Method::POST, path).await,
+                (StatusCode::METHOD_NOT_ALLOWED, "GET only\n".into()),
+                "{path}"
+            );
+        }
     }
 }

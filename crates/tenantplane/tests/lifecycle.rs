@@ -1,7 +1,7 @@
 //! The control plane's life as a real cluster needs it, on the real test control plane: the
 //! headless Service that governs the StatefulSet (and the migration of tenants made before it),
 //! the data claim deleted with the tenant, version upgrades that read as Provisioning, and the
-//! endpoint only while the tenant answers.
+//! endpoint only while the tenant answers (also when an older operator wrote it).
 
 mod common;
 
@@ -325,4 +325,34 @@ async fn a_wedged_control_plane_is_restarted_by_its_liveness_probe() {
     assert!(back.is_some(), "the liveness probe restarted it");
     let after = restarts(&pods.get("dev-0").await.unwrap());
     assert!(after > before, "restartCount {before} → {after}");
+}
+
+#[tokio::test]
+async fn a_status_merge_patches_wrote_is_taken_over_so_its_stale_endpoint_goes() {
+    install_crds_and_policies();
+    let ns = namespace("status-upgrade").await;
+    let tenants: Api<TenantCluster> = Api::namespaced(ns.client.clone(), &ns.name);
+    tenants
+        .create(&PostParams::default(), &example(&ns.name))
+        .await
+        .unwrap();
+    // As an operator from before server-side apply left it: a merge patch's Update entry owns it.
+    let stale =
+        json!({"status": {"phase": "Ready", "endpoint": "https://stale", "observedGeneration": 1}});
+    tenants
+        .patch_status("dev", &PatchParams::default(), &Patch::Merge(stale))
+        .await
+        .unwrap();
+    let _operator = start_operator(&ns);
+    let provisioning = eventually(WAIT, || async {
+        let tc = tenants.get("dev").await.ok()?;
+        (tc.status.as_ref()?.phase != Some(Phase::Ready)).then_some(tc)
+    })
+    .await
+    .expect("the operator never wrote the status");
+    assert_eq!(
+        provisioning.status.unwrap().endpoint,
+        None,
+        "the endpoint stays only while the tenant answers"
+    );
 }

@@ -2,8 +2,16 @@
 //! functions: the paths and parameters are the kubelet's (as the API server calls them) on one
 //! side and the `pods/log`, `pods/exec`, `pods/attach` and `pods/portforward` subresources on the
 //! other.
+//!
+//! Routed here rather than by axum (which routes `/metrics`): one pure function decides the
+//! action, which of the kubelet's path shapes it is and whether every name is a Kubernetes
+//! name, and is tested as one; a router would split that across path templates and handlers,
+//! and the proxy hands upgraded streams over at the hyper level anyway. The decoding is the
+//! `percent-encoding` and `form_urlencoded` crates'.
 
 use std::fmt;
+
+use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, percent_decode_str, utf8_percent_encode};
 
 /// The subresource a request maps to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -80,11 +88,15 @@ fn is_true(value: &str) -> bool {
     matches!(value, "1" | "true" | "True" | "TRUE")
 }
 
+/// A path segment, percent-decoded; one that is not UTF-8 once decoded is refused.
 fn decode(part: &str, path: &str) -> Result<String, RouteError> {
-    percent_decode(part).ok_or_else(|| RouteError::Malformed {
-        path: path.to_string(),
-        reason: format!("{part:?} is not a valid path segment"),
-    })
+    percent_decode_str(part)
+        .decode_utf8()
+        .map(|c| c.into_owned())
+        .map_err(|_| RouteError::Malformed {
+            path: path.to_string(),
+            reason: format!("{part:?} is not a valid path segment"),
+        })
 }
 
 /// Parse a kubelet request (`path` without the query, `query` without the `?`).
@@ -118,15 +130,10 @@ pub fn parse(path: &str, query: Option<&str>) -> Result<Route, RouteError> {
             "the namespace, pod and container must not be empty",
         ));
     }
-    let query: Vec<(String, String)> = query
-        .unwrap_or_default()
-        .split('&')
-        .filter(|p| !p.is_empty())
-        .map(|pair| {
-            let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-            Ok((decode(k, path)?, decode(&v.replace('+', " "), path)?))
-        })
-        .collect::<Result<_, RouteError>>()?;
+    // The API server sends the kubelet's parameters form-encoded.
+    let query: Vec<(String, String)> = form_urlencoded::parse(query.unwrap_or_default().as_bytes())
+        .into_owned()
+        .collect();
     let container = container.map(|c| decode(c, path)).transpose()?;
     let (namespace, pod) = (decode(namespace, path)?, decode(pod, path)?);
     let uid = uid.map(|u| decode(u, path)).transpose()?;
@@ -202,33 +209,15 @@ pub fn host_path(route: &Route, host_namespace: &str, host_pod: &str) -> String 
     path
 }
 
-fn percent_encode(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    for b in text.bytes() {
-        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~') {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
-}
+/// What a path segment or query component keeps as it is: RFC 3986's unreserved characters.
+const COMPONENT: &AsciiSet = &NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'_')
+    .remove(b'.')
+    .remove(b'~');
 
-fn percent_decode(text: &str) -> Option<String> {
-    let bytes = text.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%' {
-            let hex = text.get(i + 1..i + 3)?;
-            out.push(u8::from_str_radix(hex, 16).ok()?);
-            i += 3;
-        } else {
-            out.push(bytes[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8(out).ok()
+fn percent_encode(text: &str) -> String {
+    utf8_percent_encode(text, COMPONENT).to_string()
 }
 
 #[cfg(test)]
@@ -261,6 +250,12 @@ mod tests {
             host_path(&r, "team-a", "p"),
             "/api/v1/namespaces/team-a/pods/p/exec?container=nginx&stdin=true&stdout=true&stderr=false&tty=true&command=sh&command=-c&command=echo%20hi%20%26%20ls"
         );
+        let plus = parse("/exec/default/web-1/nginx", Some("command=echo+hi")).unwrap();
+        assert_eq!(plus.params.last().unwrap().1, "echo hi", "form-encoded");
+        assert!(matches!(
+            parse("/exec/default/web-1/%ff", None),
+            Err(RouteError::Malformed { .. })
+        ));
         let with_uid = parse("/exec/default/web-1/0f3c/nginx", Some("output=1")).unwrap();
         assert_eq!(with_uid.uid.as_deref(), Some("0f3c"));
         assert_eq!(with_uid.container, "nginx");

@@ -1,6 +1,7 @@
-//! The control plane's step of a reconcile: its two Services, the host's Service range, the
+//! The control plane's phase of a reconcile: its two Services, the host's Service range, the
 //! StatefulSet (recreated, orphaning its pod and claim, when its governing Service changes), and
-//! what its pod says. It ends with a Ready pod, or with the progress to report.
+//! what its pod says. It ends with a Ready pod, or with the progress to report. Also the
+//! tenant's data claims, which go with it on deletion.
 
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, Service};
@@ -9,27 +10,28 @@ use kube::runtime::events::EventType;
 use kube::{Resource, ResourceExt};
 use tenantplane_api::TenantCluster;
 
+use std::time::Duration;
+
+use super::report::publish;
+use super::{Phase, stop};
 use crate::Error;
 use crate::apply::{self, Outcome};
 use crate::build::{self, k3s::Addressing};
+use crate::context::Context;
 use crate::names;
 use crate::observe;
-use crate::reconcile::{Context, PROVISION_TIMEOUT};
-use crate::report::publish;
 use crate::service_range;
 use crate::status::Progress;
 
-/// Where the control-plane step got to.
-pub(crate) enum Step {
-    /// The pod is Ready: the tenant can be reached. `rolling` while the StatefulSet rolls out
-    /// a change (the pod may be about to go).
-    Ready {
-        pod: Box<Pod>,
-        addressing: Addressing,
-        rolling: bool,
-    },
-    /// Not yet, or not at all: report this.
-    Stop(Progress),
+/// How long a control plane may take to become Ready before the tenant counts as Degraded.
+pub const PROVISION_TIMEOUT: Duration = Duration::from_secs(10 * 60);
+
+/// A control plane whose pod is Ready: the tenant can be reached.
+pub(crate) struct ControlPlane {
+    pub pod: Pod,
+    pub addressing: Addressing,
+    /// The StatefulSet rolls out a change (the pod may be about to go).
+    pub rolling: bool,
 }
 
 /// The control plane is on its way (not stuck): `detail` says what it waits for.
@@ -40,7 +42,7 @@ pub(crate) fn waiting(detail: String) -> Progress {
     }
 }
 
-pub(crate) async fn ensure(tc: &TenantCluster, ctx: &Context) -> Result<Step, Error> {
+pub(crate) async fn control_plane(tc: &TenantCluster, ctx: &Context) -> Phase<ControlPlane> {
     let (tenant, ns) = build::identity(tc)?;
     let client = &ctx.client;
     let caches = &ctx.caches;
@@ -56,7 +58,7 @@ pub(crate) async fn ensure(tc: &TenantCluster, ctx: &Context) -> Result<Step, Er
         apply::ensure_absent(&services, &caches.services, &ns, &service_name).await?;
         let detail =
             format!("replacing the headless Service {service_name} with one that has a cluster IP");
-        return Ok(Step::Stop(waiting(detail)));
+        return stop(waiting(detail));
     }
     apply::ensure(
         &services,
@@ -73,7 +75,7 @@ pub(crate) async fn ensure(tc: &TenantCluster, ctx: &Context) -> Result<Step, Er
     let Some(api_ip) = cluster_ip.filter(|ip| !ip.is_empty()) else {
         // The Service's watch brings the tenant back once the address is allocated.
         let detail = format!("waiting for Service {service_name} to get its cluster IP");
-        return Ok(Step::Stop(waiting(detail)));
+        return stop(waiting(detail));
     };
 
     // The range the tenant allocates from is the host's; a disagreement builds nothing more. A
@@ -88,7 +90,7 @@ pub(crate) async fn ensure(tc: &TenantCluster, ctx: &Context) -> Result<Step, Er
     }
     let service_cidr = match chosen {
         Ok(cidr) => cidr,
-        Err((reason, detail)) => return Ok(Step::Stop(Progress::ServiceRange { reason, detail })),
+        Err((reason, detail)) => return stop(Progress::ServiceRange { reason, detail }),
     };
     let addressing = Addressing {
         api_ip,
@@ -129,7 +131,8 @@ pub(crate) async fn ensure(tc: &TenantCluster, ctx: &Context) -> Result<Step, Er
                                 live.name_any()
                             ),
                             error,
-                        });
+                        }
+                        .into());
                     }
                 }
                 publish(
@@ -146,11 +149,11 @@ pub(crate) async fn ensure(tc: &TenantCluster, ctx: &Context) -> Result<Step, Er
                 )
                 .await;
             }
-            return Ok(Step::Stop(waiting(format!(
+            return stop(waiting(format!(
                 "recreating StatefulSet {} with governing Service {}",
                 live.name_any(),
                 wanted.unwrap_or_default()
-            ))));
+            )));
         }
     }
     let outcome = apply::ensure(&statefulsets, &caches.statefulsets, &desired).await?;
@@ -172,8 +175,8 @@ pub(crate) async fn ensure(tc: &TenantCluster, ctx: &Context) -> Result<Step, Er
     // A new version rolling out is Provisioning, however long the tenant has been up.
     let rolling = outcome == Outcome::Updated || live.as_deref().is_none_or(observe::rolling_out);
     if let Some(pod) = pod.as_ref().filter(|p| observe::pod_is_ready(p)) {
-        return Ok(Step::Ready {
-            pod: Box::new((**pod).clone()),
+        return Ok(ControlPlane {
+            pod: (**pod).clone(),
             addressing,
             rolling,
         });
@@ -182,7 +185,7 @@ pub(crate) async fn ensure(tc: &TenantCluster, ctx: &Context) -> Result<Step, Er
         .as_ref()
         .and_then(|p| observe::failing(p, &image, &tc.spec.kubernetes_version))
     {
-        return Ok(Step::Stop(Progress::ControlPlaneFailing { reason, detail }));
+        return stop(Progress::ControlPlaneFailing { reason, detail });
     }
     let detail = match &pod {
         Some(p) => format!(
@@ -193,7 +196,7 @@ pub(crate) async fn ensure(tc: &TenantCluster, ctx: &Context) -> Result<Step, Er
     };
     // ... for as long as a first start may take, counted from when Ready last changed.
     if rolling && !for_too_long(tc) {
-        return Ok(Step::Stop(waiting(detail)));
+        return stop(waiting(detail));
     }
     let age = tc
         .metadata
@@ -206,7 +209,7 @@ pub(crate) async fn ensure(tc: &TenantCluster, ctx: &Context) -> Result<Step, Er
         })
         .unwrap_or(0);
     let stuck = was_up(tc) || age > PROVISION_TIMEOUT.as_secs() as i64;
-    Ok(Step::Stop(Progress::ControlPlaneNotReady { detail, stuck }))
+    stop(Progress::ControlPlaneNotReady { detail, stuck })
 }
 
 /// The host's range that holds `api_ip`, checked against the operator's flag; the reason and

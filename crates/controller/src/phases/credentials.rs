@@ -2,28 +2,69 @@
 //! replaced), the admin kubeconfig Secret (rewritten when wrong or due, or when the
 //! `rotate-certificates` annotation asks), and the expiry metrics of both.
 
+use std::time::Duration;
+
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::jiff::Timestamp;
+use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::runtime::events::EventType;
 use serde_json::json;
 use tenantplane_api::TenantCluster;
 use tracing::info;
 
+use super::report::publish;
+use super::{Phase, stop};
 use crate::Error;
 use crate::build;
 use crate::cache;
+use crate::context::Context;
 use crate::names::{self, FIELD_MANAGER};
-use crate::reconcile::Context;
-use crate::report::publish;
+use crate::status::Progress;
 use crate::tenant_pki::TenantPki;
-use kube::runtime::events::EventType;
+
+/// The tenant's PKI (created once, never regenerated); a damaged one stops the reconcile.
+pub(crate) async fn pki(tc: &TenantCluster, ctx: &Context) -> Phase<TenantPki> {
+    let (_, ns) = build::identity(tc)?;
+    let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &ns);
+    match ensure_pki(ctx, tc, &secrets).await? {
+        Ok(pki) => Ok(pki),
+        Err(detail) => stop(Progress::PkiDamaged(detail)),
+    }
+}
+
+/// The admin kubeconfig the tenant is reached with, and how soon to look again so that its
+/// certificate is renewed in time.
+pub(crate) struct Kubeconfig {
+    pub text: String,
+    pub renew_in: Duration,
+}
+
+/// The admin kubeconfig: renewed before its certificate expires, or now when the annotation asks
+/// (which is then removed).
+pub(crate) async fn kubeconfig(
+    tc: &TenantCluster,
+    ctx: &Context,
+    pki: &TenantPki,
+) -> Result<Kubeconfig, Error> {
+    let (_, ns) = build::identity(tc)?;
+    let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &ns);
+    let rotate = tc.annotations().contains_key(names::ROTATE_CERTIFICATES);
+    let (text, renew_at) = ensure_kubeconfig(ctx, tc, &secrets, pki, rotate).await?;
+    // Look again when the certificate is due, even if nothing else happens by then.
+    let renew_in = Duration::from_secs((renew_at - Timestamp::now().as_second()).max(1) as u64);
+    if rotate {
+        forget_rotation_request(ctx, tc).await?;
+    }
+    Ok(Kubeconfig { text, renew_in })
+}
 
 /// A rotation request finds a certificate issued less than this long ago already rotated.
 const ROTATION_DEBOUNCE_SECS: i64 = 15;
 
 /// Load the tenant's PKI, creating it on first sight. `Ok(Err(..))`: the Secret is damaged and
 /// must not be replaced silently.
-pub(crate) async fn ensure_pki(
+async fn ensure_pki(
     ctx: &Context,
     tc: &TenantCluster,
     secrets: &Api<Secret>,
@@ -74,7 +115,7 @@ pub(crate) async fn ensure_pki(
 /// Make sure `<name>-kubeconfig` holds a sound admin kubeconfig whose certificate is not due for
 /// renewal (or a new one when `rotate`); returns its text and when its certificate is due for
 /// renewal (Unix seconds). The CAs are never touched here.
-pub(crate) async fn ensure_kubeconfig(
+async fn ensure_kubeconfig(
     ctx: &Context,
     tc: &TenantCluster,
     secrets: &Api<Secret>,
@@ -165,10 +206,7 @@ fn record_expiry(
 
 /// The rotation the annotation asked for is done: remove it (a JSON merge patch with null), so
 /// the next reconcile does not rotate again.
-pub(crate) async fn forget_rotation_request(
-    ctx: &Context,
-    tc: &TenantCluster,
-) -> Result<(), Error> {
+async fn forget_rotation_request(ctx: &Context, tc: &TenantCluster) -> Result<(), Error> {
     let (tenant, ns) = build::identity(tc)?;
     let api: Api<TenantCluster> = Api::namespaced(ctx.client.clone(), &ns);
     api.patch(

@@ -1,0 +1,59 @@
+//! How the operator runs: what the binary's flags set, read by the controller and the elector.
+
+use std::time::Duration;
+
+use crate::build::BuildOptions;
+use crate::connector::Connector;
+use crate::telemetry::Telemetry;
+
+/// How the operator runs.
+#[derive(Clone, Debug, Default)]
+pub struct ControllerOptions {
+    pub build: BuildOptions,
+    pub connector: Connector,
+    /// Watch TenantClusters in this namespace only; all namespaces when `None`.
+    pub namespace: Option<String>,
+    /// How often a Ready tenant is checked for reachability.
+    pub health_interval: Option<Duration>,
+    /// How long the admin certificate lives and when it is renewed.
+    pub certificates: CertificateOptions,
+    /// Metrics and readiness.
+    pub telemetry: Telemetry,
+}
+
+/// The lifetime of the leaf certificates the operator issues, and how long before they expire
+/// they are renewed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CertificateOptions {
+    pub validity: Duration,
+    pub renew_before: Duration,
+}
+
+impl Default for CertificateOptions {
+    fn default() -> Self {
+        Self {
+            validity: tenantplane_pki::LEAF_VALIDITY,
+            renew_before: Duration::from_secs(30 * 24 * 3600),
+        }
+    }
+}
+
+impl CertificateOptions {
+    /// A certificate renewed before it is even issued would be renewed at every reconcile.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.renew_before >= self.validity {
+            return Err(format!(
+                "--renew-certificates-before ({}s) must be shorter than --certificate-validity ({}s)",
+                self.renew_before.as_secs(),
+                self.validity.as_secs()
+            ));
+        }
+        if self.validity < Duration::from_secs(10) {
+            return Err(format!(
+                "--certificate-validity ({}s) must be at least 10s",
+                self.validity.as_secs()
+            ));
+        }
+        Ok(())
+    }
+}

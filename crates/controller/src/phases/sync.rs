@@ -1,0 +1,111 @@
+//! The last phase: reach the tenant API server, then keep its syncer running; the syncer's
+//! verdict is the Synced condition.
+
+use std::time::Duration;
+
+use tenantplane_api::TenantCluster;
+use tenantplane_syncer::SyncerSpec;
+
+use super::credentials::Kubeconfig;
+use super::provision::{ControlPlane, waiting};
+use super::resolve::Policies;
+use super::{Phase, stop};
+use crate::build;
+use crate::context::Context;
+use crate::status::Progress;
+
+/// How long the tenant API server has to answer the reconcile's one question.
+const TENANT_ANSWER_WITHIN: Duration = Duration::from_secs(15);
+
+const ROLLING_OUT: &str = "the control plane is rolling out a change";
+
+/// While a change rolls out, a control plane that does not answer is on its way, not broken.
+pub(crate) async fn tenant(
+    tc: &TenantCluster,
+    ctx: &Context,
+    policies: &Policies,
+    control_plane: ControlPlane,
+    kubeconfig: &Kubeconfig,
+) -> Phase<Progress> {
+    let (tenant, ns) = build::identity(tc)?;
+    let ControlPlane {
+        pod,
+        addressing,
+        rolling: replacing,
+    } = control_plane;
+    let connector = &ctx.options.connector;
+    let kubeconfig = &kubeconfig.text;
+    let server = match connector.server(&tenant, &ns, &pod) {
+        Ok(s) => s,
+        Err(detail) => return stop(unreachable(replacing, detail)),
+    };
+    let tenant_client = match connector.client(kubeconfig, &tenant, &ns, &server).await {
+        Ok(c) => c,
+        Err(detail) => return stop(unreachable(replacing, detail)),
+    };
+    tracing::debug!(%server, "asking the tenant for its version");
+    // Bounded as a whole: a wedged server can take the connection and never finish TLS, which
+    // the client's own timeouts (connect, read) do not cover.
+    let asked = tokio::time::timeout(TENANT_ANSWER_WITHIN, tenant_client.apiserver_version());
+    let version = match asked.await {
+        Ok(Ok(info)) => info.git_version,
+        Ok(Err(e)) => {
+            let detail = format!("{server}: {e}");
+            return stop(unreachable(replacing, detail));
+        }
+        Err(_) => {
+            let detail = format!(
+                "{server}: no answer to GET /version within {}s",
+                TENANT_ANSWER_WITHIN.as_secs()
+            );
+            return stop(unreachable(replacing, detail));
+        }
+    };
+    tracing::debug!(%version, "the tenant answered");
+    // Sync: the tenant's syncer runs continuously; its verdict is the Synced condition.
+    let watch_client = match connector
+        .watch_client(kubeconfig, &tenant, &ns, &server)
+        .await
+    {
+        Ok(c) => c,
+        Err(detail) => return stop(unreachable(replacing, detail)),
+    };
+    let spec = SyncerSpec {
+        tenant: tenant.clone(),
+        host_namespace: ns.clone(),
+        owner: build::owner_reference(tc)?,
+        scope: ctx.options.namespace.clone(),
+        policy: policies.sync_policy.spec.clone(),
+        profile: policies.profile.spec.clone(),
+        server,
+        kubeconfig: kubeconfig.clone(),
+        api_ip: addressing.api_ip,
+        service_cidr: addressing.service_cidr,
+        kubelet: ctx
+            .options
+            .build
+            .kubelet
+            .as_ref()
+            .map(|k| k.endpoint.clone()),
+    };
+    Ok(match ctx.syncers.ensure(spec, watch_client).await {
+        Ok(summary) => Progress::Synced { version, summary },
+        Err(failure) if replacing => {
+            waiting(format!("{ROLLING_OUT}; syncing: {}", failure.message))
+        }
+        Err(failure) => Progress::SyncFailed {
+            version,
+            reason: failure.reason.to_string(),
+            error: failure.message,
+        },
+    })
+}
+
+/// The tenant API server does not answer: Degraded, unless a change is rolling out.
+fn unreachable(replacing: bool, detail: String) -> Progress {
+    if replacing {
+        waiting(format!("{ROLLING_OUT}; the tenant API server: {detail}"))
+    } else {
+        Progress::Unreachable(detail)
+    }
+}
