@@ -5,7 +5,6 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use backon::{BackoffBuilder, ExponentialBuilder};
 use k8s_openapi::api::core::v1::Namespace;
 use kube::ResourceExt;
 use kube::api::Api;
@@ -27,18 +26,10 @@ const RETRY_FIRST: Duration = Duration::from_secs(5);
 const RETRY_MAX: Duration = Duration::from_secs(300);
 
 /// The wait before retry number `failures` (1 for the first failure): exponential, capped, no
-/// jitter (one reconcile per tenant at a time, so there is no herd to spread). The one place the
-/// controller's back-off is decided.
+/// jitter (one reconcile per tenant at a time, so there is no herd to spread), by the syncer's
+/// one back-off.
 pub fn retry_after(failures: u32) -> Duration {
-    let mut waits = ExponentialBuilder::default()
-        .with_min_delay(RETRY_FIRST)
-        .with_factor(2.0)
-        .with_max_delay(RETRY_MAX)
-        .without_max_times()
-        .build();
-    // Past the cap every wait is the cap: no need to walk further than it takes to reach it.
-    let steps = failures.saturating_sub(1).min(16) as usize;
-    waits.nth(steps).unwrap_or(RETRY_MAX)
+    tenantplane_syncer::backoff::delay(failures, RETRY_FIRST, RETRY_MAX)
 }
 
 pub(crate) fn error_policy(tc: Arc<TenantCluster>, error: &Error, ctx: Arc<Context>) -> Action {
