@@ -4,7 +4,7 @@
 //! walks k8s-openapi's schema and fails on an undecided field).
 //!
 //! The decisions that need a value (a seccomp type, a capability, a node label key) are made by
-//! the checks in `pods.rs` and the translation in `kinds/pod_translate.rs`; this table says
+//! the checks in `pods.rs` and the translation in `kinds/pods/translate.rs`; this table says
 //! which field goes where, and refuses outright what is refused whatever its value.
 
 use std::collections::BTreeMap;
@@ -19,7 +19,7 @@ use tenantplane_api::Allowances;
 pub enum Decision {
     /// Copied as written: it acts only inside the pod's own sandbox.
     Copy,
-    /// Rewritten into host names, or to the tenant's own resources (`pod_translate`).
+    /// Rewritten into host names, or to the tenant's own resources (`kinds::pods::translate`).
     Translate,
     /// Left off the copy: the host decides it (scheduling, priority, identity).
     Clear,
