@@ -220,7 +220,7 @@ pub fn changed_conditions<'a>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::build::tests::tenant;
+    use crate::build::fixtures::tenant;
     use k8s_openapi::jiff::Timestamp;
 
     fn at(s: i64) -> Time {

@@ -19,7 +19,7 @@ mod dns_pods;
 mod health;
 mod launch;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -534,5 +534,43 @@ impl LocalRuntime {
                 process::stop(h);
             }
         }
+    }
+}
+
+/// What tests may ask of the runtime about a tenant's data.
+impl LocalRuntime {
+    /// The data folder of the tenant pod `namespace/pod` while the runtime runs it.
+    pub fn data_dir(&self, namespace: &str, pod: &str) -> Option<PathBuf> {
+        let tenants = self.tenants.lock().ok()?;
+        let t = tenants
+            .values()
+            .find(|t| t.namespace == namespace && t.pod == pod)?;
+        Some(t.dir.clone())
+    }
+
+    /// Its sqlite database (kine's), in the data folder.
+    pub fn database(&self, namespace: &str, pod: &str) -> Option<PathBuf> {
+        self.data_dir(namespace, pod)
+            .map(|dir| datastore::database(&dir))
+    }
+
+    /// The names of the processes the runtime runs for the tenant pod `namespace/pod`.
+    pub fn process_names(&self, namespace: &str, pod: &str) -> Vec<String> {
+        let Ok(tenants) = self.tenants.lock() else {
+            return Vec::new();
+        };
+        tenants
+            .values()
+            .filter(|t| t.namespace == namespace && t.pod == pod)
+            .flat_map(|t| t.processes.iter().map(|h| h.name.clone()))
+            .collect()
+    }
+
+    /// The data folders of the tenants that run.
+    fn data_dirs(&self) -> HashSet<PathBuf> {
+        self.tenants
+            .lock()
+            .map(|t| t.values().map(|t| t.dir.clone()).collect())
+            .unwrap_or_default()
     }
 }

@@ -289,7 +289,7 @@ mod tests {
     use serde_json::{Value, json};
 
     use super::*;
-    use crate::build::tests::{profile, tenant};
+    use crate::build::fixtures::{profile, tenant};
 
     #[test]
     fn pod_security_labels_follow_the_profile() {
@@ -453,7 +453,7 @@ mod tests {
         let without = policy(&BuildOptions::default());
         assert_eq!(without.policy_types.unwrap(), ["Ingress"]);
         assert!(without.egress.is_none());
-        let options = crate::build::tests::with_kubelet(BuildOptions {
+        let options = crate::build::fixtures::with_kubelet(BuildOptions {
             operator_namespace: Some("tenantplane-system".into()),
             ..Default::default()
         });

@@ -335,7 +335,7 @@ pub fn pki_secret(tc: &TenantCluster, pki: &TenantPki) -> Result<Secret, Error> 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::build::tests::tenant;
+    use crate::build::fixtures::tenant;
 
     const TEST_API_IP: &str = "10.96.0.10";
 
@@ -406,7 +406,7 @@ mod tests {
         let plain = serde_json::to_value(plain).unwrap();
         let plain_init = &plain["spec"]["template"]["spec"]["initContainers"][0];
         assert!(plain_init.get("env").is_none());
-        let options = crate::build::tests::with_kubelet(BuildOptions::default());
+        let options = crate::build::fixtures::with_kubelet(BuildOptions::default());
         let sts =
             serde_json::to_value(desired_statefulset(&tenant(), &addressing(), &options).unwrap())
                 .unwrap();

@@ -125,7 +125,7 @@ pub fn needs_rewrite(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::build::tests::tenant;
+    use crate::build::fixtures::tenant;
     use std::time::Duration;
 
     const MONTH: i64 = 30 * 24 * 3600;

@@ -56,7 +56,7 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::build::tests::tenant;
+    use crate::build::fixtures::tenant;
 
     #[test]
     fn owned_objects_carry_the_tenants_labels_and_its_controller_reference() {

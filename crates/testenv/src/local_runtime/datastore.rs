@@ -11,7 +11,6 @@ use kube::api::{Api, ListParams};
 use kube::{Client, ResourceExt};
 use tenantplane_controller::names::DATA_VOLUME;
 
-use super::LocalRuntime;
 use crate::process::tail;
 use crate::process::{self, Handle};
 use crate::{Error, Result};
@@ -198,43 +197,6 @@ fn subfolders(dir: &Path) -> Vec<PathBuf> {
         .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
         .map(|e| e.path())
         .collect()
-}
-
-/// What tests may ask of the runtime about a tenant's data.
-impl LocalRuntime {
-    /// The data folder of the tenant pod `namespace/pod` while the runtime runs it.
-    pub fn data_dir(&self, namespace: &str, pod: &str) -> Option<PathBuf> {
-        let tenants = self.tenants.lock().ok()?;
-        let t = tenants
-            .values()
-            .find(|t| t.namespace == namespace && t.pod == pod)?;
-        Some(t.dir.clone())
-    }
-
-    /// Its sqlite database (kine's), in the data folder.
-    pub fn database(&self, namespace: &str, pod: &str) -> Option<PathBuf> {
-        self.data_dir(namespace, pod).map(|dir| database(&dir))
-    }
-
-    /// The names of the processes the runtime runs for the tenant pod `namespace/pod`.
-    pub fn process_names(&self, namespace: &str, pod: &str) -> Vec<String> {
-        let Ok(tenants) = self.tenants.lock() else {
-            return Vec::new();
-        };
-        tenants
-            .values()
-            .filter(|t| t.namespace == namespace && t.pod == pod)
-            .flat_map(|t| t.processes.iter().map(|h| h.name.clone()))
-            .collect()
-    }
-
-    /// The data folders of the tenants that run.
-    pub(super) fn data_dirs(&self) -> HashSet<PathBuf> {
-        self.tenants
-            .lock()
-            .map(|t| t.values().map(|t| t.dir.clone()).collect())
-            .unwrap_or_default()
-    }
 }
 
 #[cfg(test)]

@@ -1,0 +1,143 @@
+//! The control plane one test binary shares ([`shared`]), a fresh namespace for each test
+//! ([`namespace`]), and the small waits and paths the behaviour tests use.
+
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
+use kube::api::{Api, PostParams};
+
+use crate::host_cluster::{ControlPlane, Options};
+use crate::process;
+
+static SHARED: OnceLock<Result<ControlPlane, String>> = OnceLock::new();
+
+/// The control plane of this test binary, started on first use and stopped when the binary exits.
+/// Panics (this is for tests) with the reason and the components' logs when it cannot start.
+pub fn shared() -> &'static ControlPlane {
+    let plane = SHARED.get_or_init(|| {
+        let progress = std::env::var_os("TENANTPLANE_TESTENV_QUIET").is_none();
+        let plane = ControlPlane::start(Options {
+            dir: None,
+            progress,
+        })
+        .map_err(|e| e.to_string())?;
+        process::remove_at_exit(plane.dir());
+        Ok(plane)
+    });
+    match plane {
+        Ok(plane) => plane,
+        Err(e) => panic!("the test control plane did not start: {e}"),
+    }
+}
+
+/// A namespace of its own for one test. When the test panics, dropping it prints the last lines
+/// of every component's log.
+pub struct TestNamespace {
+    pub name: String,
+    pub client: kube::Client,
+}
+
+impl Drop for TestNamespace {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!(
+                "test in namespace {} failed; control plane logs (last lines):\n{}",
+                self.name,
+                shared().logs_tail(30)
+            );
+        }
+    }
+}
+
+static NAMESPACES: AtomicUsize = AtomicUsize::new(0);
+
+/// A fresh namespace named `<prefix>-<n>` on the shared control plane, with its `default`
+/// service account in place, and an admin client for this test's runtime.
+pub async fn namespace(prefix: &str) -> TestNamespace {
+    let plane = shared();
+    let client = plane
+        .client()
+        .await
+        .expect("a client for the test control plane");
+    let name = format!("{prefix}-{}", NAMESPACES.fetch_add(1, Ordering::SeqCst));
+    let ns = Namespace {
+        metadata: kube::api::ObjectMeta {
+            name: Some(name.clone()),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    Api::<Namespace>::all(client.clone())
+        .create(&PostParams::default(), &ns)
+        .await
+        .expect("the test namespace can be created");
+    let accounts = Api::<ServiceAccount>::namespaced(client.clone(), &name);
+    for _ in 0..300 {
+        if accounts.get_opt("default").await.ok().flatten().is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    TestNamespace { name, client }
+}
+
+/// Run the shared control plane's kubectl; stdout on success, stdout and stderr on failure.
+pub fn kubectl(args: &[&str]) -> std::result::Result<String, String> {
+    let out = shared()
+        .kubectl()
+        .args(args)
+        .output()
+        .map_err(|e| format!("running kubectl: {e}"))?;
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    if out.status.success() {
+        Ok(stdout)
+    } else {
+        Err(format!("{stdout}{}", String::from_utf8_lossy(&out.stderr)))
+    }
+}
+
+/// A path in this repository.
+pub fn repo_path(path: &str) -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .join(path)
+}
+
+/// Wait until the shared control plane serves the three CRDs (as the README's install steps do).
+pub fn wait_for_crds() {
+    shared()
+        .wait_for_crds()
+        .expect("the CRDs become established");
+}
+
+/// Apply the committed CRDs and default policies to the shared control plane, once per test
+/// binary.
+pub fn install_crds_and_policies() {
+    static DONE: OnceLock<()> = OnceLock::new();
+    DONE.get_or_init(|| {
+        shared()
+            .install_crds_and_policies()
+            .expect("the CRDs and the default policies apply");
+    });
+}
+
+/// Poll `check` every 200 ms until it returns `Some`, for at most `timeout`; `None` on time-out.
+/// Tests use this to wait for the control plane's controllers, never to measure speed.
+pub async fn eventually<T, F, Fut>(timeout: Duration, mut check: F) -> Option<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        if let Some(v) = check().await {
+            return Some(v);
+        }
+        if tokio::time::Instant::now() > deadline {
+            return None;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
