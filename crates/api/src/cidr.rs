@@ -4,66 +4,64 @@
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-/// A CIDR block, normalised to its network address.
+use ipnet::IpNet;
+
+/// A CIDR block, normalised to its network address. A thin wrapper over `ipnet` (parsing,
+/// masking, containment) that adds what the project needs on top: a bare address is its own
+/// block, and the `n`th address of a block.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct Cidr {
-    network: IpAddr,
-    prefix: u8,
-}
+pub struct Cidr(IpNet);
 
 impl Cidr {
     /// `addr/prefix`, or a bare address (a /32 or /128); `None` when it is neither.
     pub fn parse(text: &str) -> Option<Self> {
         let text = text.trim();
-        let (addr, prefix) = match text.split_once('/') {
-            Some((a, p)) => (a, Some(p.parse::<u8>().ok()?)),
-            None => (text, None),
+        let net = if text.contains('/') {
+            text.parse::<IpNet>().ok()?
+        } else {
+            IpNet::from(text.parse::<IpAddr>().ok()?)
         };
-        let addr: IpAddr = addr.parse().ok()?;
-        let max = max_prefix(addr);
-        let prefix = prefix.unwrap_or(max);
-        (prefix <= max).then(|| Self::new(addr, prefix))
+        Some(Self(net.trunc()))
     }
 
-    /// The block of `prefix` bits around `addr`.
+    /// The block of `prefix` bits around `addr` (a prefix past the family's length is its full
+    /// length).
     pub fn new(addr: IpAddr, prefix: u8) -> Self {
-        let prefix = prefix.min(max_prefix(addr));
-        let network = match addr {
-            IpAddr::V4(a) => IpAddr::V4(Ipv4Addr::from(u32::from(a) & mask32(prefix))),
-            IpAddr::V6(a) => IpAddr::V6(Ipv6Addr::from(u128::from(a) & mask128(prefix))),
-        };
-        Self { network, prefix }
+        let max = if addr.is_ipv4() { 32 } else { 128 };
+        // Cannot fail: the prefix is clamped to the family's length.
+        let net = IpNet::new(addr, prefix.min(max)).unwrap_or_else(|_| IpNet::from(addr));
+        Self(net.trunc())
     }
 
     pub fn network(&self) -> IpAddr {
-        self.network
+        self.0.network()
     }
 
     pub fn prefix(&self) -> u8 {
-        self.prefix
+        self.0.prefix_len()
     }
 
     pub fn is_ipv4(&self) -> bool {
-        self.network.is_ipv4()
+        matches!(self.0, IpNet::V4(_))
     }
 
     /// Is `ip` inside this block?
     pub fn contains(&self, ip: IpAddr) -> bool {
-        Self::new(ip, self.prefix).network == self.network && ip.is_ipv4() == self.is_ipv4()
+        self.0.contains(&ip)
     }
 
     /// Is all of `other` inside this block (equal included)?
     pub fn covers(&self, other: &Cidr) -> bool {
-        other.prefix >= self.prefix && self.contains(other.network)
+        self.0.contains(&other.0)
     }
 
     /// The address `n` past the network address (`None` past the block's end).
     pub fn nth(&self, n: u128) -> Option<IpAddr> {
-        let size_bits = u32::from(max_prefix(self.network) - self.prefix);
+        let size_bits = u32::from(self.0.max_prefix_len() - self.0.prefix_len());
         if size_bits < 128 && n >> size_bits != 0 {
             return None;
         }
-        Some(match self.network {
+        Some(match self.network() {
             IpAddr::V4(a) => IpAddr::V4(Ipv4Addr::from(u32::from(a) + u32::try_from(n).ok()?)),
             IpAddr::V6(a) => IpAddr::V6(Ipv6Addr::from(u128::from(a) + n)),
         })
@@ -72,27 +70,7 @@ impl Cidr {
 
 impl fmt::Display for Cidr {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}/{}", self.network, self.prefix)
-    }
-}
-
-fn max_prefix(addr: IpAddr) -> u8 {
-    if addr.is_ipv4() { 32 } else { 128 }
-}
-
-fn mask32(prefix: u8) -> u32 {
-    if prefix == 0 {
-        0
-    } else {
-        u32::MAX << (32 - u32::from(prefix.min(32)))
-    }
-}
-
-fn mask128(prefix: u8) -> u128 {
-    if prefix == 0 {
-        0
-    } else {
-        u128::MAX << (128 - u32::from(prefix.min(128)))
+        write!(f, "{}/{}", self.network(), self.prefix())
     }
 }
 
