@@ -95,13 +95,13 @@ pub fn own_address(tr: &Translator, svc: &Service) -> OwnAddress {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::translate::tests::translator;
     use serde_json::json;
 
     /// Service `default/web` at `ip`, its address set by `manager` (none: by the allocator).
-    fn at(ip: &str, manager: Option<&str>) -> Service {
+    pub(crate) fn at(ip: &str, manager: Option<&str>) -> Service {
         let managed = manager.map(|m| {
             json!([{"manager": m, "operation": "Update", "apiVersion": "v1", "fieldsType": "FieldsV1",
                     "fieldsV1": {"f:spec": {"f:clusterIP": {}, "f:ports": {}}}}])

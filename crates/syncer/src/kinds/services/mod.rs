@@ -548,17 +548,7 @@ mod tests {
     /// Moved from `address`'s tests: the review says what `own_address` decided.
     #[test]
     fn a_reserved_address_is_told_and_an_allocated_one_is_not() {
-        let at = |ip: &str, manager: Option<&str>| -> Service {
-            let managed = manager.map(|m| {
-                json!([{"manager": m, "operation": "Update", "apiVersion": "v1", "fieldsType": "FieldsV1",
-                        "fieldsV1": {"f:spec": {"f:clusterIP": {}, "f:ports": {}}}}])
-            });
-            serde_json::from_value(json!({
-                "metadata": {"name": "web", "namespace": "default", "managedFields": managed},
-                "spec": {"clusterIP": ip, "clusterIPs": [ip], "ports": [{"port": 80}]}
-            }))
-            .unwrap()
-        };
+        use super::address::tests::at;
         let tr = translator();
         // The copy never asks for a reserved address, even the first time.
         let t = at("10.96.0.10", Some("kubectl"));
