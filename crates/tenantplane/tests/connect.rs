@@ -196,11 +196,11 @@ async fn tenant_namespaces(kubeconfig: &Path) -> String {
 
 #[tokio::test]
 async fn connect_reaches_the_tenant_through_the_host_api_server() {
-    let t = ReadyTenant::start("connect").await;
-    let (ns, operator) = (&t.ns, &t.operator);
+    let world = ReadyTenant::start("connect").await;
+    let (ns, operator) = (&world.ns, &world.operator);
     let n = ns.name.as_str();
     // A namespace only the tenant has: what answers through the forward is the tenant.
-    let tenant = t.tenant.clone();
+    let tenant = world.tenant.clone();
     let only_in_tenant = format!("only-in-{n}");
     let marker: Namespace =
         serde_json::from_value(serde_json::json!({"metadata": {"name": only_in_tenant}})).unwrap();

@@ -22,8 +22,8 @@ use tenantplane_testenv::{eventually, operator, repo_path, shared};
 
 #[tokio::test]
 async fn the_seed_lifecycle_from_apply_to_deletion() {
-    let h = TestHost::start("lifecycle").await;
-    let (ns, c) = (&h.ns, &h.host);
+    let world = TestHost::start("lifecycle").await;
+    let (ns, c) = (&world.ns, &world.host);
     let tenants: Api<TenantCluster> = Api::namespaced(c.clone(), &ns.name);
     tenants
         .create(&PostParams::default(), &example(&ns.name))
@@ -266,13 +266,13 @@ async fn the_seed_lifecycle_from_apply_to_deletion() {
             .labels()
             .contains_key("pod-security.kubernetes.io/enforce")
     );
-    drop(h);
+    drop(world);
 }
 
 #[tokio::test]
 async fn a_missing_profile_degrades_the_tenant_until_it_appears() {
-    let h = TestHost::start("missing-ref").await;
-    let (ns, c) = (&h.ns, &h.host);
+    let world = TestHost::start("missing-ref").await;
+    let (ns, c) = (&world.ns, &world.host);
     let profile_name = format!("profile-{}", ns.name);
     let mut tc = example(&ns.name);
     tc.spec.isolation_profile_ref.name = profile_name.clone();
@@ -311,8 +311,8 @@ async fn a_missing_profile_degrades_the_tenant_until_it_appears() {
 
 #[tokio::test]
 async fn dedicated_mode_runs_as_shared_and_says_so() {
-    let h = TestHost::start("dedicated").await;
-    let (ns, c) = (&h.ns, &h.host);
+    let world = TestHost::start("dedicated").await;
+    let (ns, c) = (&world.ns, &world.host);
     let mut tc = example(&ns.name);
     tc.spec.mode = TenantMode::Dedicated;
     Api::<TenantCluster>::namespaced(c.clone(), &ns.name)
@@ -333,9 +333,9 @@ async fn dedicated_mode_runs_as_shared_and_says_so() {
 
 #[tokio::test]
 async fn a_tenant_api_server_that_goes_away_degrades_and_recovers() {
-    let h = TestHost::start("outage").await;
-    let (ns, c) = (&h.ns, &h.host);
-    let operator = &h.operator;
+    let world = TestHost::start("outage").await;
+    let (ns, c) = (&world.ns, &world.host);
+    let operator = &world.operator;
     example_ready(ns).await;
 
     assert!(operator.runtime.crash_api_server(&ns.name, "dev-0"));
@@ -351,9 +351,9 @@ async fn a_tenant_api_server_that_goes_away_degrades_and_recovers() {
 
 #[tokio::test]
 async fn tenant_data_lives_in_sqlite_on_its_claim_and_survives_a_datastore_crash() {
-    let h = TestHost::start("datastore").await;
-    let (ns, c) = (&h.ns, &h.host);
-    let operator = &h.operator;
+    let world = TestHost::start("datastore").await;
+    let (ns, c) = (&world.ns, &world.host);
+    let operator = &world.operator;
     example_ready(ns).await;
     let runtime = &operator.runtime;
 
@@ -428,8 +428,8 @@ async fn tenant_data_lives_in_sqlite_on_its_claim_and_survives_a_datastore_crash
 
 #[tokio::test]
 async fn hand_edits_tampering_and_operator_restarts_converge() {
-    let h = TestHost::start("faults").await;
-    let (ns, c) = (&h.ns, &h.host);
+    let world = TestHost::start("faults").await;
+    let (ns, c) = (&world.ns, &world.host);
     example_ready(ns).await;
     let secrets = Api::<Secret>::namespaced(c.clone(), &ns.name);
     let pki = secrets.get("dev-pki").await.unwrap().data;
@@ -481,7 +481,7 @@ async fn hand_edits_tampering_and_operator_restarts_converge() {
     assert!(rewritten.is_some(), "the kubeconfig Secret is rewritten");
 
     // The operator restarted: it converges on a changed spec with the same CA and no duplicates.
-    drop(h.operator);
+    drop(world.operator);
     let _operator = start_operator(ns);
     let tenants = Api::<TenantCluster>::namespaced(c.clone(), &ns.name);
     let change = serde_json::json!({"spec": {"networking": {"egressPolicy": "allow-all"}}});
@@ -534,8 +534,8 @@ async fn a_reconcile_with_nothing_changed_writes_nothing() {
     let counter = std::sync::Arc::new(RequestCounter::default());
     // Counting what the operator sends as its ServiceAccount.
     let client = counting(operator::config(), counter.clone()).unwrap();
-    let h = TestHost::start_using("no-writes", client).await;
-    let ns = &h.ns;
+    let world = TestHost::start_using("no-writes", client).await;
+    let ns = &world.ns;
     example_ready(ns).await;
     let (_, creation) = counter.get();
     assert!(creation > 5, "creating a tenant takes writes ({creation})");
@@ -549,5 +549,5 @@ async fn a_reconcile_with_nothing_changed_writes_nothing() {
     counter.reset();
     tokio::time::sleep(Duration::from_secs(10)).await;
     assert_eq!(counter.get().1, 0, "steady-state reconciles sent writes");
-    drop(h);
+    drop(world);
 }

@@ -130,12 +130,12 @@ fn web_pod() -> Pod {
 
 #[tokio::test]
 async fn logs_exec_attach_port_forward_and_cp_work_in_a_tenant() {
-    let t = TestHost::start_with_kubelet("kubectl")
+    let world = TestHost::start_with_kubelet("kubectl")
         .await
         .ready(TenantSetup::seed())
         .await;
-    let (ns, host, tenant) = (&t.ns, &t.host, &t.tenant);
-    let operator = &t.operator;
+    let (ns, host, tenant) = (&world.ns, &world.host, &world.tenant);
+    let operator = &world.operator;
     let kubelet = operator.kubelet.clone().unwrap();
     let pods: Api<Pod> = Api::namespaced(tenant.clone(), "default");
     pods.create(&PostParams::default(), &web_pod())

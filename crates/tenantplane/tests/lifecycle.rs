@@ -40,8 +40,8 @@ fn owned_by(meta: &kube::api::ObjectMeta, tc: &TenantCluster) -> bool {
 
 #[tokio::test]
 async fn a_headless_service_governs_the_statefulset_and_old_tenants_move_to_it_keeping_data() {
-    let mut h = TestHost::start("lc-headless").await;
-    let ns = &h.ns;
+    let mut world = TestHost::start("lc-headless").await;
+    let ns = &world.ns;
     let tc = example_ready(ns).await;
     let services: Api<Service> = Api::namespaced(ns.client.clone(), &ns.name);
     let statefulsets: Api<StatefulSet> = Api::namespaced(ns.client.clone(), &ns.name);
@@ -77,7 +77,7 @@ async fn a_headless_service_governs_the_statefulset_and_old_tenants_move_to_it_k
     let claim_uid = claims.get("data-dev-0").await.unwrap().uid();
 
     // What an earlier version left: the StatefulSet governed by the API Service, no headless one.
-    h.operator.tasks[0].abort();
+    world.operator.tasks[0].abort();
     let orphan = DeleteParams {
         propagation_policy: Some(PropagationPolicy::Orphan),
         ..Default::default()
@@ -112,7 +112,7 @@ async fn a_headless_service_governs_the_statefulset_and_old_tenants_move_to_it_k
         .await
         .unwrap();
 
-    h.operator.restart_controller(ns);
+    world.operator.restart_controller(ns);
     let migrated = eventually(WAIT, || async {
         let sts = statefulsets.get_opt("dev").await.ok()??;
         let governed = sts.spec.as_ref()?.service_name.as_deref() == Some("dev-headless");
@@ -141,8 +141,8 @@ async fn a_headless_service_governs_the_statefulset_and_old_tenants_move_to_it_k
 
 #[tokio::test]
 async fn a_deleted_tenant_takes_its_data_and_a_new_one_of_the_same_name_starts_empty() {
-    let t = ReadyTenant::start("lc-data").await;
-    let (ns, tenant, tc) = (&t.ns, &t.tenant, &t.ready);
+    let world = ReadyTenant::start("lc-data").await;
+    let (ns, tenant, tc) = (&world.ns, &world.tenant, &world.ready);
     put_config_map(tenant, "from-the-first").await;
     let claims: Api<PersistentVolumeClaim> = Api::namespaced(ns.client.clone(), &ns.name);
     let first = claims.get("data-dev-0").await.unwrap();
@@ -214,8 +214,8 @@ async fn a_deleted_tenant_takes_its_data_and_a_new_one_of_the_same_name_starts_e
 
 #[tokio::test]
 async fn an_upgrade_reads_as_provisioning_and_the_endpoint_is_there_only_while_it_answers() {
-    let h = TestHost::start("lc-upgrade").await;
-    let ns = &h.ns;
+    let world = TestHost::start("lc-upgrade").await;
+    let ns = &world.ns;
     let ready = example_ready(ns).await;
     let endpoint = names::endpoint("dev", &ns.name);
     assert_eq!(
@@ -294,9 +294,9 @@ async fn an_upgrade_reads_as_provisioning_and_the_endpoint_is_there_only_while_i
 
 #[tokio::test]
 async fn a_wedged_control_plane_is_restarted_by_its_liveness_probe() {
-    let h = TestHost::start("lc-wedged").await;
-    let ns = &h.ns;
-    let operator = &h.operator;
+    let world = TestHost::start("lc-wedged").await;
+    let ns = &world.ns;
+    let operator = &world.operator;
     example_ready(ns).await;
     let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(ns.client.clone(), &ns.name);
     let restarts = |pod: &k8s_openapi::api::core::v1::Pod| {

@@ -189,12 +189,8 @@ async fn shared_address(
 
 #[tokio::test]
 async fn a_deployment_runs_on_the_host_and_everything_converges() {
-    install_crds_and_policies();
-    let ns = namespace("sync").await;
-    let mut operator = start_operator(&ns);
-    let host = ns.client.clone();
-    example_ready(&ns).await;
-    let tenant = tenant_client(&host, &ns.name, "dev").await;
+    let mut world = ReadyTenant::start("sync").await;
+    let (ns, host, tenant) = (&world.ns, &world.host, &world.tenant);
     let pp = PostParams::default();
 
     // What the pods use, and something they do not.
@@ -223,8 +219,8 @@ async fn a_deployment_runs_on_the_host_and_everything_converges() {
         .unwrap();
 
     // 3 pods in the tenant, 3 copies on the host, Running on both sides, bound to a virtual node.
-    let tenant_pods = converged(&host, &tenant, &ns.name, "dev", 3).await;
-    let copies = host_pods(&host, &ns.name, "dev").await;
+    let tenant_pods = converged(host, tenant, &ns.name, "dev", 3).await;
+    let copies = host_pods(host, &ns.name, "dev").await;
     let api_ip = Api::<Service>::namespaced(host.clone(), &ns.name)
         .get("dev")
         .await
@@ -359,7 +355,7 @@ async fn a_deployment_runs_on_the_host_and_everything_converges() {
     );
 
     // The tenant Service carries its host copy's cluster IP.
-    let ip = shared_address(&host, &tenant, &ns.name, "web").await;
+    let ip = shared_address(host, tenant, &ns.name, "web").await;
     assert!(
         ip.is_some(),
         "the tenant Service never took the host's cluster IP"
@@ -384,7 +380,7 @@ async fn a_deployment_runs_on_the_host_and_everything_converges() {
             .any(|p| p.uid() == scheduled.involved_object.uid),
         "the event is about a tenant pod"
     );
-    assert_eq!(synced_condition(&host, &ns.name, "dev").await.0, "True");
+    assert_eq!(synced_condition(host, &ns.name, "dev").await.0, "True");
 
     // Scale down: copies go with their pods.
     deployments
@@ -395,7 +391,7 @@ async fn a_deployment_runs_on_the_host_and_everything_converges() {
         )
         .await
         .unwrap();
-    let left = converged(&host, &tenant, &ns.name, "dev", 1).await;
+    let left = converged(host, tenant, &ns.name, "dev", 1).await;
 
     // A hand edit on the host is undone: a label and the ConfigMap's data.
     let host_pods_api: Api<Pod> = Api::namespaced(host.clone(), &ns.name);
@@ -451,7 +447,7 @@ async fn a_deployment_runs_on_the_host_and_everything_converges() {
         .await
         .unwrap();
     let replaced = eventually(WAIT, || async {
-        let t = converged_once(&host, &tenant, &ns.name, "dev").await?;
+        let t = converged_once(host, tenant, &ns.name, "dev").await?;
         (t.len() == 1 && t[0].uid() != before).then_some(())
     })
     .await;
@@ -495,7 +491,7 @@ async fn a_deployment_runs_on_the_host_and_everything_converges() {
 
     // An operator restart mid-sync: objects made while it is down converge once it is back,
     // with no duplicates.
-    operator.tasks[0].abort();
+    world.operator.tasks[0].abort();
     deployments
         .patch(
             "web",
@@ -504,8 +500,8 @@ async fn a_deployment_runs_on_the_host_and_everything_converges() {
         )
         .await
         .unwrap();
-    operator.restart_controller(&ns);
-    converged(&host, &tenant, &ns.name, "dev", 2).await;
+    world.operator.restart_controller(ns);
+    converged(host, tenant, &ns.name, "dev", 2).await;
 
     // Deleting the Deployment removes every copy; deleting the tenant leaves nothing synced.
     deployments
@@ -513,7 +509,7 @@ async fn a_deployment_runs_on_the_host_and_everything_converges() {
         .await
         .unwrap();
     let emptied = eventually(WAIT, || async {
-        host_pods(&host, &ns.name, "dev")
+        host_pods(host, &ns.name, "dev")
             .await
             .is_empty()
             .then_some(())
@@ -538,7 +534,7 @@ async fn a_deployment_runs_on_the_host_and_everything_converges() {
             .list(&lp)
             .await
             .ok()?;
-        let pods = host_pods(&host, &ns.name, "dev").await;
+        let pods = host_pods(host, &ns.name, "dev").await;
         (cms.items.is_empty()
             && secrets.items.is_empty()
             && services.items.is_empty()
@@ -550,7 +546,7 @@ async fn a_deployment_runs_on_the_host_and_everything_converges() {
         clean.is_some(),
         "synced objects outlived their TenantCluster"
     );
-    drop(operator);
+    drop(world);
 }
 
 /// A host ConfigMap carrying the marks of a copy of tenant ConfigMap `default/<name>` of tenant
@@ -620,13 +616,9 @@ async fn create_privileged_pod(tenant: &Client) -> Api<Pod> {
 
 #[tokio::test]
 async fn a_privileged_pod_never_runs_and_the_tenant_is_told_why() {
-    install_crds_and_policies();
-    let ns = namespace("sync-psa").await;
-    let _operator = start_operator(&ns);
-    let host = ns.client.clone();
-    example_ready(&ns).await;
-    let tenant = tenant_client(&host, &ns.name, "dev").await;
-    let pods = create_privileged_pod(&tenant).await;
+    let world = ReadyTenant::start("sync-psa").await;
+    let (ns, host, tenant) = (&world.ns, &world.host, &world.tenant);
+    let pods = create_privileged_pod(tenant).await;
 
     // The tenant pod says why it does not run, and so does an Event on it.
     let told = eventually(WAIT, || async {
@@ -657,7 +649,7 @@ async fn a_privileged_pod_never_runs_and_the_tenant_is_told_why() {
     assert!(event.is_some(), "no HostRejected Event on the tenant pod");
     // The TenantCluster names the pod and the reason.
     let (status, _, message) = eventually(WAIT, || async {
-        let c = synced_condition(&host, &ns.name, "dev").await;
+        let c = synced_condition(host, &ns.name, "dev").await;
         (c.1 == "HostRejected").then_some(c)
     })
     .await
@@ -667,11 +659,11 @@ async fn a_privileged_pod_never_runs_and_the_tenant_is_told_why() {
         message.starts_with("Pod default/priv: the host refused it"),
         "{message}"
     );
-    assert!(host_pods(&host, &ns.name, "dev").await.is_empty());
+    assert!(host_pods(host, &ns.name, "dev").await.is_empty());
 
     // Deleting the pod clears the condition.
     pods.delete("priv", &DeleteParams::default()).await.unwrap();
-    let healed = synced_again(&host, &ns.name, "dev").await;
+    let healed = synced_again(host, &ns.name, "dev").await;
     assert!(healed, "Synced stayed False after the pod went");
 }
 
@@ -711,18 +703,15 @@ async fn two_tenants_with_the_same_pod_never_collide() {
 
 #[tokio::test]
 async fn the_syncer_resumes_when_the_tenant_api_server_returns() {
-    install_crds_and_policies();
-    let ns = namespace("sync-outage").await;
-    let operator = start_operator(&ns);
-    let host = ns.client.clone();
-    example_ready(&ns).await;
-    let tenant = tenant_client(&host, &ns.name, "dev").await;
+    let world = ReadyTenant::start("sync-outage").await;
+    let (ns, host, tenant) = (&world.ns, &world.host, &world.tenant);
+    let operator = &world.operator;
     let pods: Api<Pod> = Api::namespaced(tenant.clone(), "default");
     let pod = |name: &str| bare_pod(name, json!({}));
     pods.create(&PostParams::default(), &pod("before"))
         .await
         .unwrap();
-    converged(&host, &tenant, &ns.name, "dev", 1).await;
+    converged(host, tenant, &ns.name, "dev", 1).await;
 
     // The tenant API server goes away; meanwhile the copy is deleted on the host.
     assert!(operator.runtime.crash_api_server(&ns.name, "dev-0"));
@@ -741,20 +730,16 @@ async fn the_syncer_resumes_when_the_tenant_api_server_returns() {
     pods.create(&PostParams::default(), &pod("after"))
         .await
         .unwrap();
-    let t = converged(&host, &tenant, &ns.name, "dev", 1).await;
+    let t = converged(host, tenant, &ns.name, "dev", 1).await;
     assert_eq!(t[0].name_any(), "after");
-    let healed = synced_again(&host, &ns.name, "dev").await;
+    let healed = synced_again(host, &ns.name, "dev").await;
     assert!(healed, "Synced did not return to True");
 }
 
 #[tokio::test]
 async fn the_readme_example_workload_runs_in_a_tenant() {
-    install_crds_and_policies();
-    let ns = namespace("sync-example").await;
-    let _operator = start_operator(&ns);
-    let host = ns.client.clone();
-    example_ready(&ns).await;
-    let tenant = tenant_client(&host, &ns.name, "dev").await;
+    let world = ReadyTenant::start("sync-example").await;
+    let (ns, host, tenant) = (&world.ns, &world.host, &world.tenant);
     let text = std::fs::read_to_string(tenantplane_testenv::repo_path(
         "examples/tenant-workload.yaml",
     ))
@@ -784,7 +769,7 @@ async fn the_readme_example_workload_runs_in_a_tenant() {
             other => panic!("the example has a {other}; teach this test about it"),
         }
     }
-    converged(&host, &tenant, &ns.name, "dev", 3).await;
+    converged(host, tenant, &ns.name, "dev", 3).await;
     assert!(
         Api::<ConfigMap>::namespaced(host.clone(), &ns.name)
             .get_opt("web-config-x-default-x-dev")
@@ -794,52 +779,9 @@ async fn the_readme_example_workload_runs_in_a_tenant() {
     );
 }
 
-/// The example tenant under a SyncPolicy of its own (`<namespace>-policy`, with `spec`), Ready:
-/// a client for the tenant, and the policies' Api and the policy's name for the clean-up.
-async fn tenant_with_policy(
-    ns: &TestNamespace,
-    spec: serde_json::Value,
-) -> (Client, Api<SyncPolicy>, String) {
-    tenant_with_policies(ns, spec, None).await
-}
-
-/// [`tenant_with_policy`], under an IsolationProfile of its own with `allow` when given.
-async fn tenant_with_policies(
-    ns: &TestNamespace,
-    spec: serde_json::Value,
-    allow: Option<serde_json::Value>,
-) -> (Client, Api<SyncPolicy>, String) {
-    let host = ns.client.clone();
-    let policy_name = format!("{}-policy", ns.name);
-    let policy: SyncPolicy = serde_json::from_value(json!({
-        "apiVersion": "tenantplane.io/v1alpha1",
-        "kind": "SyncPolicy",
-        "metadata": {"name": policy_name},
-        "spec": spec
-    }))
-    .unwrap();
-    let policies: Api<SyncPolicy> = Api::all(host.clone());
-    policies
-        .create(&PostParams::default(), &policy)
-        .await
-        .unwrap();
-    let mut tc = example(&ns.name);
-    tc.spec.sync_policy_ref.name = policy_name.clone();
-    if let Some(allow) = allow {
-        let profile = format!("{}-profile", ns.name);
-        profile_allowing(&host, &profile, allow).await;
-        tc.spec.isolation_profile_ref.name = profile;
-    }
-    create_ready(&host, &tc).await;
-    (
-        tenant_client(&host, &ns.name, "dev").await,
-        policies,
-        policy_name,
-    )
-}
-
-/// Delete the tenant made by [`tenant_with_policy`], wait until it is gone, then its policy.
-async fn delete_tenant_and_policy(ns: &TestNamespace, policies: &Api<SyncPolicy>, policy: &str) {
+/// Delete the tenant made with a SyncPolicy of its own ([`TenantSetup::sync_policy`]), wait until
+/// it is gone, then its policy.
+async fn delete_tenant_and_policy(ns: &TestNamespace, policy: &str) {
     let tenants = Api::<TenantCluster>::namespaced(ns.client.clone(), &ns.name);
     tenants
         .delete("dev", &DeleteParams::default())
@@ -851,7 +793,7 @@ async fn delete_tenant_and_policy(ns: &TestNamespace, policies: &Api<SyncPolicy>
     })
     .await;
     assert!(gone.is_some(), "the TenantCluster never went");
-    policies
+    Api::<SyncPolicy>::all(ns.client.clone())
         .delete(policy, &DeleteParams::default())
         .await
         .unwrap();
@@ -859,22 +801,19 @@ async fn delete_tenant_and_policy(ns: &TestNamespace, policies: &Api<SyncPolicy>
 
 #[tokio::test]
 async fn a_policy_picks_what_syncs_selectors_accounts_and_classes() {
-    install_crds_and_policies();
-    let ns = namespace("sync-policy").await;
-    let _operator = start_operator(&ns);
-    let host = ns.client.clone();
     // Only pods labelled sync=yes go down; ServiceAccounts go down; StorageClasses come up.
-    let (tenant, policies, policy_name) = tenant_with_policy(
-        &ns,
-        json!({
+    let world = TenantSetup::seed()
+        .sync_policy(json!({
             "toHost": {
                 "pods": {"enabled": true, "selector": {"matchLabels": {"sync": "yes"}}},
                 "serviceAccounts": {"enabled": true}
             },
             "fromHost": {"storageClasses": {"enabled": true}}
-        }),
-    )
-    .await;
+        }))
+        .start("sync-policy")
+        .await;
+    let (ns, host, tenant) = (&world.ns, &world.host, &world.tenant);
+    let policy_name = world.sync_policy.clone().unwrap();
 
     let pods: Api<Pod> = Api::namespaced(tenant.clone(), "default");
     for (name, sync) in [("kept", "yes"), ("skipped", "no")] {
@@ -891,7 +830,7 @@ async fn a_policy_picks_what_syncs_selectors_accounts_and_classes() {
         .unwrap();
 
     let seen = eventually(WAIT, || async {
-        let copies = host_pods(&host, &ns.name, "dev").await;
+        let copies = host_pods(host, &ns.name, "dev").await;
         let account = Api::<ServiceAccount>::namespaced(host.clone(), &ns.name)
             .get_opt("builder-x-default-x-dev")
             .await
@@ -913,15 +852,13 @@ async fn a_policy_picks_what_syncs_selectors_accounts_and_classes() {
         skipped.spec.unwrap().node_name.is_none(),
         "a pod the selector leaves out is not run"
     );
-    delete_tenant_and_policy(&ns, &policies, &policy_name).await;
+    delete_tenant_and_policy(ns, &policy_name).await;
 }
 
 #[tokio::test]
 async fn an_ingress_goes_down_with_its_tls_secret_and_its_address_comes_back() {
-    install_crds_and_policies();
-    let ns = namespace("sync-ingress").await;
-    let _operator = start_operator(&ns);
-    let host = ns.client.clone();
+    let world = TestHost::start("sync-ingress").await;
+    let (ns, host) = (&world.ns, &world.host);
     // A host IngressClass the tenant is shown; Ingresses go down.
     let class_name = format!("{}-nginx", ns.name);
     let class: IngressClass = serde_json::from_value(json!({
@@ -934,15 +871,15 @@ async fn an_ingress_goes_down_with_its_tls_secret_and_its_address_comes_back() {
         .create(&PostParams::default(), &class)
         .await
         .unwrap();
-    let (tenant, policies, policy_name) = tenant_with_policies(
-        &ns,
-        json!({
+    let tenant = TenantSetup::seed()
+        .sync_policy(json!({
             "toHost": {"ingresses": {"enabled": true}},
             "fromHost": {"ingressClasses": {"enabled": true}}
-        }),
-        Some(json!({"ingressClasses": [class_name], "ingressHosts": ["*.example.org"]})),
-    )
-    .await;
+        }))
+        .allow(json!({"ingressClasses": [class_name], "ingressHosts": ["*.example.org"]}))
+        .ready_in(ns)
+        .await;
+    let policy_name = format!("{}-policy", ns.name);
 
     let service: Service = serde_json::from_value(json!({
         "metadata": {"name": "web", "namespace": "default"},
@@ -1060,7 +997,7 @@ async fn an_ingress_goes_down_with_its_tls_secret_and_its_address_comes_back() {
         .delete("dev", &DeleteParams::default())
         .await
         .unwrap();
-    policies
+    Api::<SyncPolicy>::all(host.clone())
         .delete(&policy_name, &DeleteParams::default())
         .await
         .unwrap();
@@ -1089,12 +1026,8 @@ fn refused_writes(namespace: &str, resource: &str, name: &str, code: i64) -> usi
 
 #[tokio::test]
 async fn removals_reach_the_host_copies_and_forged_copies_are_left_alone() {
-    install_crds_and_policies();
-    let ns = namespace("sync-removals").await;
-    let _operator = start_operator(&ns);
-    let host = ns.client.clone();
-    example_ready(&ns).await;
-    let tenant = tenant_client(&host, &ns.name, "dev").await;
+    let world = ReadyTenant::start("sync-removals").await;
+    let (ns, host, tenant) = (&world.ns, &world.host, &world.tenant);
     let pp = PostParams::default();
     let cms: Api<ConfigMap> = Api::namespaced(tenant.clone(), "default");
     let mut conf = config_map("conf", "one");
@@ -1122,8 +1055,8 @@ async fn removals_reach_the_host_copies_and_forged_copies_are_left_alone() {
     .unwrap();
     let services: Api<Service> = Api::namespaced(tenant.clone(), "default");
     services.create(&pp, &svc).await.unwrap();
-    converged(&host, &tenant, &ns.name, "dev", 1).await;
-    let before = host_pods(&host, &ns.name, "dev").await[0].uid();
+    converged(host, tenant, &ns.name, "dev", 1).await;
+    let before = host_pods(host, &ns.name, "dev").await[0].uid();
 
     // A host pod and ConfigMap that carry dev's marks but that the syncer did not make.
     let h_pods: Api<Pod> = Api::namespaced(host.clone(), &ns.name);
@@ -1205,7 +1138,7 @@ async fn removals_reach_the_host_copies_and_forged_copies_are_left_alone() {
     });
     assert_eq!(p.uid(), before, "the pod copy was changed in place");
     assert!(
-        synced_again(&host, &ns.name, "dev").await,
+        synced_again(host, &ns.name, "dev").await,
         "Synced did not stay True"
     );
     // The forged objects are still there: no syncer took them for copies.
@@ -1225,13 +1158,9 @@ async fn removals_reach_the_host_copies_and_forged_copies_are_left_alone() {
 
 #[tokio::test]
 async fn a_pod_the_host_refuses_backs_off() {
-    install_crds_and_policies();
-    let ns = namespace("sync-backoff").await;
-    let _operator = start_operator(&ns);
-    let host = ns.client.clone();
-    example_ready(&ns).await;
-    let tenant = tenant_client(&host, &ns.name, "dev").await;
-    create_privileged_pod(&tenant).await;
+    let world = ReadyTenant::start("sync-backoff").await;
+    let (ns, host, tenant) = (&world.ns, &world.host, &world.tenant);
+    create_privileged_pod(tenant).await;
     let copy = "priv-x-default-x-dev";
     let first = eventually(WAIT, || async {
         (refused_writes(&ns.name, "pods", copy, 403) > 0).then_some(())
@@ -1250,7 +1179,7 @@ async fn a_pod_the_host_refuses_backs_off() {
         (2..=6).contains(&attempts),
         "{attempts} host create attempts in 5 minutes (1 refused pod)"
     );
-    let (status, reason, _) = synced_condition(&host, &ns.name, "dev").await;
+    let (status, reason, _) = synced_condition(host, &ns.name, "dev").await;
     assert_eq!(
         (status.as_str(), reason.as_str()),
         ("False", "HostRejected")
@@ -1275,12 +1204,8 @@ fn plain_deployment(replicas: i32) -> serde_json::Value {
 
 #[tokio::test]
 async fn a_plain_deployment_runs_and_a_job_completes() {
-    install_crds_and_policies();
-    let ns = namespace("sync-workloads").await;
-    let _operator = start_operator(&ns);
-    let host = ns.client.clone();
-    example_ready(&ns).await;
-    let tenant = tenant_client(&host, &ns.name, "dev").await;
+    let world = ReadyTenant::start("sync-workloads").await;
+    let (ns, host, tenant) = (&world.ns, &world.host, &world.tenant);
     let pp = PostParams::default();
     Api::<Deployment>::namespaced(tenant.clone(), "default")
         .create(&pp, &serde_json::from_value(plain_deployment(2)).unwrap())
@@ -1307,7 +1232,7 @@ async fn a_plain_deployment_runs_and_a_job_completes() {
         .create(&pp, &claim)
         .await
         .unwrap();
-    let pods = converged(&host, &tenant, &ns.name, "dev", 2).await;
+    let pods = converged(host, tenant, &ns.name, "dev", 2).await;
     let copied = eventually(WAIT, || async {
         Api::<PersistentVolumeClaim>::namespaced(host.clone(), &ns.name)
             .get_opt("data-x-default-x-dev")
@@ -1359,20 +1284,18 @@ async fn a_plain_deployment_runs_and_a_job_completes() {
         "the Job never completed: {}",
         last.lock().unwrap()
     );
-    let (status, reason, message) = synced_condition(&host, &ns.name, "dev").await;
+    let (status, reason, message) = synced_condition(host, &ns.name, "dev").await;
     assert_eq!(status, "True", "{reason}: {message}");
 }
 
 #[tokio::test]
 async fn in_all_mode_the_tenant_sees_schedulable_nodes_before_any_pod_runs() {
-    install_crds_and_policies();
-    let ns = namespace("sync-nodes").await;
-    let _operator = start_operator(&ns);
-    let (tenant, policies, policy_name) = tenant_with_policy(
-        &ns,
-        json!({"fromHost": {"nodes": {"enabled": true, "mode": "all"}}}),
-    )
-    .await;
+    let world = TenantSetup::seed()
+        .sync_policy(json!({"fromHost": {"nodes": {"enabled": true, "mode": "all"}}}))
+        .start("sync-nodes")
+        .await;
+    let (ns, tenant) = (&world.ns, &world.tenant);
+    let policy_name = world.sync_policy.clone().unwrap();
     let nodes: Api<Node> = Api::all(tenant.clone());
     let last = std::sync::Mutex::new(String::new());
     let node = eventually(WAIT, || async {
@@ -1408,17 +1331,14 @@ async fn in_all_mode_the_tenant_sees_schedulable_nodes_before_any_pod_runs() {
         .await
         .unwrap();
     assert!(pods.items.is_empty(), "no pod runs in the tenant");
-    delete_tenant_and_policy(&ns, &policies, &policy_name).await;
+    delete_tenant_and_policy(ns, &policy_name).await;
 }
 
 #[tokio::test]
 async fn the_tenant_gets_a_cluster_dns_and_synced_pods_resolve_through_it() {
-    install_crds_and_policies();
-    let ns = namespace("sync-dns").await;
-    let operator = start_operator(&ns);
-    let host = ns.client.clone();
-    example_ready(&ns).await;
-    let tenant = tenant_client(&host, &ns.name, "dev").await;
+    let world = ReadyTenant::start("sync-dns").await;
+    let (ns, host, tenant) = (&world.ns, &world.host, &world.tenant);
+    let operator = &world.operator;
     // CoreDNS in the tenant's kube-system, its Service at its host copy's address, and its pod
     // admitted by the host under `restricted` and Running there.
     let last = std::sync::Mutex::new(String::new());
@@ -1481,7 +1401,7 @@ async fn the_tenant_gets_a_cluster_dns_and_synced_pods_resolve_through_it() {
         )
         .await
         .unwrap();
-    let (web_ip, _) = shared_address(&host, &tenant, &ns.name, "web")
+    let (web_ip, _) = shared_address(host, tenant, &ns.name, "web")
         .await
         .expect("the tenant Service never took its copy's address");
     let api_ip = Api::<Service>::namespaced(host.clone(), &ns.name)
@@ -1547,7 +1467,7 @@ async fn the_tenant_gets_a_cluster_dns_and_synced_pods_resolve_through_it() {
             .collect::<Vec<_>>(),
         [web_ip]
     );
-    assert!(synced_again(&host, &ns.name, "dev").await);
+    assert!(synced_again(host, &ns.name, "dev").await);
 }
 
 /// The tenant pod's status field by field, as `pod_status_up` brings it: what a user reads.
@@ -1580,12 +1500,8 @@ fn status_view(p: &Pod) -> serde_json::Value {
 
 #[tokio::test]
 async fn a_pod_with_init_and_several_containers_shows_the_host_status_as_it_changes() {
-    install_crds_and_policies();
-    let ns = namespace("sync-status").await;
-    let _operator = start_operator(&ns);
-    let host = ns.client.clone();
-    example_ready(&ns).await;
-    let tenant = tenant_client(&host, &ns.name, "dev").await;
+    let world = ReadyTenant::start("sync-status").await;
+    let (ns, host, tenant) = (&world.ns, &world.host, &world.tenant);
     let pod: Pod = serde_json::from_value(json!({
         "metadata": {"name": "multi", "namespace": "default", "labels": {"app": "web"}},
         "spec": {
@@ -1597,7 +1513,7 @@ async fn a_pod_with_init_and_several_containers_shows_the_host_status_as_it_chan
     .unwrap();
     let pods: Api<Pod> = Api::namespaced(tenant.clone(), "default");
     pods.create(&PostParams::default(), &pod).await.unwrap();
-    converged(&host, &tenant, &ns.name, "dev", 1).await;
+    converged(host, tenant, &ns.name, "dev", 1).await;
     let h_pods: Api<Pod> = Api::namespaced(host.clone(), &ns.name);
     let copy = "multi-x-default-x-dev";
     let same = || async {
@@ -1668,15 +1584,13 @@ async fn a_pod_with_init_and_several_containers_shows_the_host_status_as_it_chan
     })
     .await;
     assert!(gone.is_some(), "the pod and its copy did not go");
-    assert!(synced_again(&host, &ns.name, "dev").await);
+    assert!(synced_again(host, &ns.name, "dev").await);
 }
 
 #[tokio::test]
 async fn a_daemonset_runs_a_pod_on_every_node_and_a_statefulset_claim_binds() {
-    install_crds_and_policies();
-    let ns = namespace("sync-sets").await;
-    let _operator = start_operator(&ns);
-    let host = ns.client.clone();
+    let world = TestHost::start("sync-sets").await;
+    let (ns, host) = (&world.ns, &world.host);
     // A host volume for the StatefulSet's claim, of a class only this test uses.
     let class = format!("{}-manual", ns.name);
     let pv: k8s_openapi::api::core::v1::PersistentVolume = serde_json::from_value(json!({
@@ -1687,12 +1601,12 @@ async fn a_daemonset_runs_a_pod_on_every_node_and_a_statefulset_claim_binds() {
     .unwrap();
     let pvs: Api<k8s_openapi::api::core::v1::PersistentVolume> = Api::all(host.clone());
     pvs.create(&PostParams::default(), &pv).await.unwrap();
-    let (tenant, policies, policy_name) = tenant_with_policies(
-        &ns,
-        json!({"fromHost": {"nodes": {"enabled": true, "mode": "all"}}}),
-        Some(json!({"storageClasses": [class]})),
-    )
-    .await;
+    let tenant = TenantSetup::seed()
+        .sync_policy(json!({"fromHost": {"nodes": {"enabled": true, "mode": "all"}}}))
+        .allow(json!({"storageClasses": [class]}))
+        .ready_in(ns)
+        .await;
+    let policy_name = format!("{}-policy", ns.name);
     let pp = PostParams::default();
     let ds: k8s_openapi::api::apps::v1::DaemonSet = serde_json::from_value(json!({
         "metadata": {"name": "agent", "namespace": "default"},
@@ -1760,7 +1674,7 @@ async fn a_daemonset_runs_a_pod_on_every_node_and_a_statefulset_claim_binds() {
         "the DaemonSet or the StatefulSet never ran: {}",
         last.lock().unwrap()
     );
-    delete_tenant_and_policy(&ns, &policies, &policy_name).await;
+    delete_tenant_and_policy(ns, &policy_name).await;
     let _ = pvs
         .delete(&format!("{}-pv", ns.name), &DeleteParams::default())
         .await;
@@ -1768,12 +1682,8 @@ async fn a_daemonset_runs_a_pod_on_every_node_and_a_statefulset_claim_binds() {
 
 #[tokio::test]
 async fn a_deployment_rolls_out_a_pdb_guards_eviction_and_a_cronjob_runs() {
-    install_crds_and_policies();
-    let ns = namespace("sync-rollout").await;
-    let _operator = start_operator(&ns);
-    let host = ns.client.clone();
-    example_ready(&ns).await;
-    let tenant = tenant_client(&host, &ns.name, "dev").await;
+    let world = ReadyTenant::start("sync-rollout").await;
+    let (ns, host, tenant) = (&world.ns, &world.host, &world.tenant);
     let pp = PostParams::default();
     let mut deployment = plain_deployment(2);
     deployment["spec"]["strategy"] = json!({"rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}});
@@ -1783,7 +1693,7 @@ async fn a_deployment_rolls_out_a_pdb_guards_eviction_and_a_cronjob_runs() {
         .create(&pp, &serde_json::from_value(deployment).unwrap())
         .await
         .unwrap();
-    converged(&host, &tenant, &ns.name, "dev", 2).await;
+    converged(host, tenant, &ns.name, "dev", 2).await;
 
     // A rolling update: new pods come up (Ready through their host copies) before old ones go.
     deployments
@@ -1803,7 +1713,7 @@ async fn a_deployment_rolls_out_a_pdb_guards_eviction_and_a_cronjob_runs() {
             && s.updated_replicas == Some(2)
             && s.available_replicas == Some(2)
             && s.replicas == Some(2);
-        let copies = host_pods(&host, &ns.name, "dev").await;
+        let copies = host_pods(host, &ns.name, "dev").await;
         let images: Vec<String> = copies
             .iter()
             .filter(|p| p.metadata.deletion_timestamp.is_none())
@@ -1854,7 +1764,7 @@ async fn a_deployment_rolls_out_a_pdb_guards_eviction_and_a_cronjob_runs() {
     .await;
     assert!(evicted.is_some(), "an allowed eviction was refused");
     let replaced = eventually(WAIT, || async {
-        let copies = host_pods(&host, &ns.name, "dev").await;
+        let copies = host_pods(host, &ns.name, "dev").await;
         let live: Vec<_> = copies
             .iter()
             .filter(|p| p.metadata.deletion_timestamp.is_none())
@@ -1887,7 +1797,7 @@ async fn a_deployment_rolls_out_a_pdb_guards_eviction_and_a_cronjob_runs() {
     })
     .await;
     assert!(succeeded.is_some(), "the CronJob's Job never completed");
-    let (status, reason, message) = synced_condition(&host, &ns.name, "dev").await;
+    let (status, reason, message) = synced_condition(host, &ns.name, "dev").await;
     assert_eq!(status, "True", "{reason}: {message}");
 }
 
@@ -1895,18 +1805,15 @@ async fn a_deployment_rolls_out_a_pdb_guards_eviction_and_a_cronjob_runs() {
 async fn a_selectorless_service_keeps_its_endpoints_and_a_deleted_service_stays_deleted() {
     use k8s_openapi::api::core::v1::Endpoints;
     use k8s_openapi::api::discovery::v1::EndpointSlice;
-    install_crds_and_policies();
-    let ns = namespace("sync-endpoints").await;
-    let _operator = start_operator(&ns);
-    let host = ns.client.clone();
+    let world = TestHost::start("sync-endpoints").await;
+    let (ns, host) = (&world.ns, &world.host);
     // The database outside the cluster is at an address the profile lets Endpoints name; the
     // profile honours the tenant's own Service addresses (the default lets the host choose).
-    let (tenant, _, _) = tenant_with_policies(
-        &ns,
-        json!({}),
-        Some(json!({"endpointCIDRs": ["10.1.2.0/24"], "chosenClusterIPs": true})),
-    )
-    .await;
+    let tenant = TenantSetup::seed()
+        .sync_policy(json!({}))
+        .allow(json!({"endpointCIDRs": ["10.1.2.0/24"], "chosenClusterIPs": true}))
+        .ready_in(ns)
+        .await;
     let pp = PostParams::default();
     let services = Api::<Service>::namespaced(tenant.clone(), "default");
     let endpoints = Api::<Endpoints>::namespaced(tenant.clone(), "default");
@@ -1935,7 +1842,7 @@ async fn a_selectorless_service_keeps_its_endpoints_and_a_deleted_service_stays_
         .await
         .unwrap();
     let uid = services.get("db").await.unwrap().uid().unwrap();
-    let took = shared_address(&host, &tenant, &ns.name, "db")
+    let took = shared_address(host, &tenant, &ns.name, "db")
         .await
         .map(|(_, uid)| uid);
     // The copy asked the host for the tenant's own address, so the Service was never made again.
@@ -2007,7 +1914,7 @@ async fn a_selectorless_service_keeps_its_endpoints_and_a_deleted_service_stays_
         )
         .await
         .unwrap();
-    let moved = shared_address(&host, &tenant, &ns.name, "clash")
+    let moved = shared_address(host, &tenant, &ns.name, "clash")
         .await
         .map(|(ip, _)| ip);
     assert!(

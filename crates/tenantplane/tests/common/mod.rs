@@ -286,8 +286,9 @@ pub async fn dns_settled(host: &Client, ns: &str, name: &str) {
 
 /// The start most behaviour tests share: the CRDs and policies installed, a fresh namespace, and
 /// the operator (with the local runtime) for it. A test that sets something up on the host before
-/// its tenant exists starts here and then calls [`TestHost::ready`]. Like [`ReadyTenant`], a test
-/// keeps it whole while it runs and borrows its parts: `let (ns, host) = (&h.ns, &h.host);`.
+/// its tenant exists starts here and then calls [`TestHost::ready`] or [`TenantSetup::ready_in`].
+/// Like [`ReadyTenant`], a test keeps it whole while it runs and borrows its parts:
+/// `let (ns, host) = (&world.ns, &world.host);`.
 pub struct TestHost {
     // Declared before `ns`, so the operator stops first, as when a test binds them in order.
     pub operator: Operator,
@@ -335,7 +336,7 @@ impl TestHost {
 /// A tenant Ready in a fresh namespace with its operator, and a client for it.
 ///
 /// Tests keep it whole for as long as they run (dropping it stops the operator) and borrow its
-/// parts: `let (ns, host, tenant) = (&t.ns, &t.host, &t.tenant);`.
+/// parts: `let (ns, host, tenant) = (&world.ns, &world.host, &world.tenant);`.
 pub struct ReadyTenant {
     pub operator: Operator,
     pub ns: TestNamespace,
@@ -418,8 +419,28 @@ impl TenantSetup {
         TestHost::start(prefix).await.ready(self).await
     }
 
+    /// This tenant made in `ns` (whose operator runs) and Ready: a client for it. For a test that
+    /// sets something up on the host between [`TestHost::start`] and its tenant.
+    pub async fn ready_in(self, ns: &TestNamespace) -> Client {
+        self.make(ns).await.tenant
+    }
+
     async fn ready_on(self, test_host: TestHost) -> ReadyTenant {
         let TestHost { operator, ns, host } = test_host;
+        let made = self.make(&ns).await;
+        ReadyTenant {
+            operator,
+            ns,
+            host,
+            tenant: made.tenant,
+            name: made.name,
+            ready: made.ready,
+            sync_policy: made.sync_policy,
+        }
+    }
+
+    async fn make(self, ns: &TestNamespace) -> Made {
+        let host = ns.client.clone();
         let mut tc = tenant_named(&ns.name, &self.name);
         let mut sync_policy = None;
         if let Some(spec) = self.sync_policy {
@@ -459,14 +480,18 @@ impl TenantSetup {
         }
         let ready = create_ready(&host, &tc).await;
         let tenant = tenant_client(&host, &ns.name, &self.name).await;
-        ReadyTenant {
-            operator,
-            ns,
-            host,
+        Made {
             tenant,
             name: self.name,
             ready,
             sync_policy,
         }
     }
+}
+
+struct Made {
+    tenant: Client,
+    name: String,
+    ready: TenantCluster,
+    sync_policy: Option<String>,
 }
