@@ -200,7 +200,7 @@ async fn connect_reaches_the_tenant_through_the_host_api_server() {
     let (ns, operator) = (&world.ns, &world.operator);
     let n = ns.name.as_str();
     // A namespace only the tenant has: what answers through the forward is the tenant.
-    let tenant = world.tenant.clone();
+    let tenant = world.tenant;
     let only_in_tenant = format!("only-in-{n}");
     let marker: Namespace =
         serde_json::from_value(serde_json::json!({"metadata": {"name": only_in_tenant}})).unwrap();
