@@ -9,21 +9,19 @@
 //! tenant), and the process's peak memory and CPU.
 //! A benchmark prints figures; it asserts only that the work was done.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
-use k8s_openapi::api::core::v1::{Pod, ServiceAccount};
+use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams, PostParams};
 use kube::runtime::watcher;
 use kube::{Client, ResourceExt};
-use tenantplane_api::conditions::{self, READY, SYNCED};
 use tenantplane_api::isolation_profile::QuantityString;
-use tenantplane_api::{IsolationProfile, Phase, TenantCluster};
+use tenantplane_api::{IsolationProfile, TenantCluster};
 use tenantplane_controller::telemetry::Role;
 use tenantplane_testenv::kubeconfig::{RequestCounter, counting_client};
-use tenantplane_testenv::metrics::{SYNCED_RESOURCES, open_watches, synced_watches};
+use tenantplane_testenv::metrics::synced_watches;
 use tenantplane_testenv::{
     TestNamespace, install_crds_and_policies, local_runtime, namespace, repo_path, shared, tenant,
 };
@@ -36,202 +34,14 @@ mod common;
 use common::{cpu_time, memory_kib, percentile};
 mod sync_pods;
 use sync_pods::*;
+mod sync_tenants;
+use sync_tenants::*;
+mod sync_watches;
+use sync_watches::*;
 
-/// The tenant, as named in examples/tenantcluster-dev.yaml.
-const TENANT: &str = "dev";
-/// The tenant namespace the pods are created in.
-const TENANT_NAMESPACE: &str = "default";
 /// Server-side timeout of the tenant watch: the tenant client from [`Connector::client`] gives up
 /// on a connection that is silent for 15 s, so the watch is renewed before that.
 const TENANT_WATCH_TIMEOUT_SECS: u32 = 10;
-
-/// The phase and the Ready and Synced conditions, in one line.
-fn describe(tc: &TenantCluster) -> String {
-    let Some(status) = &tc.status else {
-        return "no status yet".into();
-    };
-    let phase = status
-        .phase
-        .map(|p| p.to_string())
-        .unwrap_or_else(|| "-".into());
-    let mut line = format!("phase {phase}");
-    for type_ in [READY, SYNCED] {
-        match conditions::find(&status.conditions, type_) {
-            Some(c) => line.push_str(&format!(
-                "; {type_} {} {}: {}",
-                c.status, c.reason, c.message
-            )),
-            None => line.push_str(&format!("; no {type_} condition")),
-        }
-    }
-    line
-}
-
-/// Ready with Synced True.
-fn ready_and_synced(tc: &TenantCluster) -> bool {
-    let status = tc.status.as_ref();
-    status.and_then(|s| s.phase) == Some(Phase::Ready)
-        && status.is_some_and(|s| conditions::is_true(&s.conditions, SYNCED))
-}
-
-/// Every tenant's TenantCluster that is not Ready and Synced, one per line, at most `max`.
-async fn tenants_status(admin: &Client, namespaces: &[String], max: usize) -> String {
-    let mut lines = Vec::new();
-    for ns in namespaces {
-        let api: Api<TenantCluster> = Api::namespaced(admin.clone(), ns);
-        match api.get(TENANT).await {
-            Ok(tc) if ready_and_synced(&tc) => {}
-            Ok(tc) => lines.push(format!("{ns}/{TENANT}: {}", describe(&tc))),
-            Err(e) => lines.push(format!(
-                "{ns}/{TENANT}: reading the TenantCluster failed: {e}"
-            )),
-        }
-    }
-    let more = lines.len().saturating_sub(max);
-    lines.truncate(max);
-    if more > 0 {
-        lines.push(format!("and {more} more"));
-    }
-    if lines.is_empty() {
-        "every TenantCluster is Ready and Synced".into()
-    } else {
-        lines.join("\n  ")
-    }
-}
-
-/// Wait until the tenant in every one of `namespaces` is Ready with Synced True, printing how
-/// many are every few seconds.
-async fn tenants_ready(
-    start: Instant,
-    admin: &Client,
-    namespaces: &[String],
-) -> anyhow::Result<()> {
-    let total = namespaces.len();
-    let timeout = Duration::from_secs(300) + Duration::from_secs(30) * total as u32;
-    let deadline = Instant::now() + timeout;
-    let mut last_report = Instant::now();
-    let api: Api<TenantCluster> = Api::all(admin.clone());
-    loop {
-        let (done, last) = match api.list(&Default::default()).await {
-            Ok(list) => {
-                let mut done = 0;
-                let mut pending = None;
-                for ns in namespaces {
-                    match list.items.iter().find(|tc| {
-                        tc.namespace().as_deref() == Some(ns.as_str()) && tc.name_any() == TENANT
-                    }) {
-                        Some(tc) if ready_and_synced(tc) => done += 1,
-                        Some(tc) => {
-                            pending
-                                .get_or_insert_with(|| format!("{ns}/{TENANT}: {}", describe(tc)));
-                        }
-                        None => {
-                            pending.get_or_insert_with(|| format!("{ns}/{TENANT}: not found"));
-                        }
-                    }
-                }
-                (done, pending.unwrap_or_default())
-            }
-            Err(e) => (0, format!("listing the TenantClusters failed: {e}")),
-        };
-        if done == total {
-            return Ok(());
-        }
-        if last_report.elapsed() >= PROGRESS_EVERY {
-            say(
-                start,
-                &format!("{done}/{total} tenants Ready and Synced; e.g. {last}"),
-            );
-            last_report = Instant::now();
-        }
-        if Instant::now() > deadline {
-            bail!(
-                "only {done}/{total} tenants Ready and Synced within {}s:\n  {}",
-                timeout.as_secs(),
-                tenants_status(admin, namespaces, 10).await
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
-}
-
-/// Wait until the tenant's controller manager has made the `default` service account, which
-/// pod admission in the tenant needs.
-async fn tenant_service_account(
-    start: Instant,
-    tenant: &Client,
-    which: &str,
-) -> anyhow::Result<()> {
-    let accounts = Api::<ServiceAccount>::namespaced(tenant.clone(), TENANT_NAMESPACE);
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let mut last_report = Instant::now();
-    loop {
-        match accounts.get_opt("default").await {
-            Ok(Some(_)) => return Ok(()),
-            Ok(None) => {}
-            Err(e) if Instant::now() > deadline => {
-                bail!("the default service account of tenant {which}: {e}")
-            }
-            Err(_) => {}
-        }
-        if Instant::now() > deadline {
-            bail!("tenant {which} has no default service account in {TENANT_NAMESPACE} after 60s");
-        }
-        if last_report.elapsed() >= PROGRESS_EVERY {
-            say(
-                start,
-                &format!("waiting for the default service account of tenant {which}"),
-            );
-            last_report = Instant::now();
-        }
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
-}
-
-/// The host API server's open WATCH requests by resource, once the sum over the synced kinds
-/// reads the same twice a second apart (watches being opened or closed have settled), or after
-/// 20 s.
-async fn settled_watches(admin: &Client) -> anyhow::Result<BTreeMap<String, f64>> {
-    let read = async || {
-        open_watches(admin)
-            .await
-            .context("reading the host API server's /metrics")
-    };
-    let mut last = read().await?;
-    for _ in 0..20 {
-        tokio::time::sleep(Duration::from_secs(1)).await;
-        let now = read().await?;
-        if synced_watches(&now) == synced_watches(&last) {
-            return Ok(now);
-        }
-        last = now;
-    }
-    Ok(last)
-}
-
-/// `kind a/b/c` for every synced kind with an open watch in any of the readings.
-fn watches_by_kind(readings: &[&BTreeMap<String, f64>]) -> String {
-    let kinds: Vec<String> = SYNCED_RESOURCES
-        .iter()
-        .filter(|kind| {
-            readings
-                .iter()
-                .any(|r| r.get(**kind).is_some_and(|v| *v > 0.0))
-        })
-        .map(|kind| {
-            let counts: Vec<String> = readings
-                .iter()
-                .map(|r| r.get(*kind).copied().unwrap_or(0.0).to_string())
-                .collect();
-            format!("{kind} {}", counts.join("/"))
-        })
-        .collect();
-    if kinds.is_empty() {
-        "none".into()
-    } else {
-        kinds.join(", ")
-    }
-}
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {

@@ -13,7 +13,7 @@ use serde_json::Value;
 use tenantplane_api::TenantCluster;
 use tenantplane_testenv::{install_crds_and_policies, namespace, shared};
 
-use common::{example, start_operator};
+use common::{TestHost, example};
 
 /// Longest any one command may take (`create --wait` included).
 const COMMAND_LIMIT: Duration = Duration::from_secs(240);
@@ -124,9 +124,8 @@ fn kubeconfig_with_namespace(namespace: &str) -> OsString {
 
 #[tokio::test]
 async fn a_tenant_user_creates_lists_inspects_connects_to_and_deletes_a_tenant() {
-    install_crds_and_policies();
-    let ns = namespace("cli").await;
-    let _operator = start_operator(&ns);
+    let world = TestHost::start("cli").await;
+    let ns = &world.ns;
     let n = ns.name.as_str();
 
     // create --wait: a line per change, Ready at the end.
@@ -487,9 +486,8 @@ async fn errors_say_what_to_do_and_exit_1() {
 
 #[tokio::test]
 async fn create_wait_gives_up_on_a_tenant_that_stays_degraded() {
-    install_crds_and_policies();
-    let ns = namespace("cli-degraded").await;
-    let _operator = start_operator(&ns);
+    let world = TestHost::start("cli-degraded").await;
+    let ns = &world.ns;
     let n = ns.name.as_str();
     let started = Instant::now();
     let create = tp(&[

@@ -18,7 +18,7 @@ use tenantplane_testenv::{eventually, install_crds_and_policies, namespace, shar
 use tokio::io::{AsyncBufReadExt, BufReader, Lines};
 use tokio::process::{Child, ChildStdout, Command};
 
-use common::{WAIT, example_ready, start_operator, tenant_client};
+use common::{ReadyTenant, WAIT};
 
 /// Longest a one-shot command or the wait for a printed line may take.
 const LIMIT: Duration = Duration::from_secs(60);
@@ -196,13 +196,11 @@ async fn tenant_namespaces(kubeconfig: &Path) -> String {
 
 #[tokio::test]
 async fn connect_reaches_the_tenant_through_the_host_api_server() {
-    install_crds_and_policies();
-    let ns = namespace("connect").await;
-    let operator = start_operator(&ns);
+    let world = ReadyTenant::start("connect").await;
+    let (ns, operator) = (&world.ns, &world.operator);
     let n = ns.name.as_str();
-    example_ready(&ns).await;
     // A namespace only the tenant has: what answers through the forward is the tenant.
-    let tenant = tenant_client(&ns.client, n, "dev").await;
+    let tenant = world.tenant;
     let only_in_tenant = format!("only-in-{n}");
     let marker: Namespace =
         serde_json::from_value(serde_json::json!({"metadata": {"name": only_in_tenant}})).unwrap();

@@ -18,23 +18,19 @@ use tenantplane_api::conditions::{MODE_SUPPORTED, READY, SYNCED};
 use tenantplane_api::{IsolationProfile, Phase, TenantCluster, TenantMode};
 use tenantplane_controller::{Connector, names};
 use tenantplane_testenv::kubeconfig::{RequestCounter, counting};
-use tenantplane_testenv::{
-    eventually, install_crds_and_policies, namespace, operator, repo_path, shared,
-};
+use tenantplane_testenv::{eventually, operator, repo_path, shared};
 
 #[tokio::test]
 async fn the_seed_lifecycle_from_apply_to_deletion() {
-    install_crds_and_policies();
-    let ns = namespace("lifecycle").await;
-    let operator = start_operator(&ns);
-    let c = ns.client.clone();
+    let world = TestHost::start("lifecycle").await;
+    let (ns, c) = (&world.ns, &world.host);
     let tenants: Api<TenantCluster> = Api::namespaced(c.clone(), &ns.name);
     tenants
         .create(&PostParams::default(), &example(&ns.name))
         .await
         .unwrap();
 
-    let tc = wait_for_phase(&c, &ns.name, "dev", Phase::Ready).await;
+    let tc = wait_for_phase(c, &ns.name, "dev", Phase::Ready).await;
     let status = tc.status.clone().unwrap();
     let endpoint = format!("https://dev.{}.svc:6443", ns.name);
     assert_eq!(status.endpoint.as_deref(), Some(endpoint.as_str()));
@@ -270,15 +266,13 @@ async fn the_seed_lifecycle_from_apply_to_deletion() {
             .labels()
             .contains_key("pod-security.kubernetes.io/enforce")
     );
-    drop(operator);
+    drop(world);
 }
 
 #[tokio::test]
 async fn a_missing_profile_degrades_the_tenant_until_it_appears() {
-    install_crds_and_policies();
-    let ns = namespace("missing-ref").await;
-    let _operator = start_operator(&ns);
-    let c = ns.client.clone();
+    let world = TestHost::start("missing-ref").await;
+    let (ns, c) = (&world.ns, &world.host);
     let profile_name = format!("profile-{}", ns.name);
     let mut tc = example(&ns.name);
     tc.spec.isolation_profile_ref.name = profile_name.clone();
@@ -287,7 +281,7 @@ async fn a_missing_profile_degrades_the_tenant_until_it_appears() {
         .await
         .unwrap();
 
-    let tc = wait_for_phase(&c, &ns.name, "dev", Phase::Degraded).await;
+    let tc = wait_for_phase(c, &ns.name, "dev", Phase::Degraded).await;
     let ready = condition(&tc, READY);
     assert_eq!(ready.reason, "IsolationProfileNotFound");
     assert!(
@@ -309,7 +303,7 @@ async fn a_missing_profile_degrades_the_tenant_until_it_appears() {
         .create(&PostParams::default(), &profile)
         .await
         .unwrap();
-    wait_for_phase(&c, &ns.name, "dev", Phase::Ready).await;
+    wait_for_phase(c, &ns.name, "dev", Phase::Ready).await;
     let _ = Api::<IsolationProfile>::all(c.clone())
         .delete(&profile_name, &DeleteParams::default())
         .await;
@@ -317,17 +311,15 @@ async fn a_missing_profile_degrades_the_tenant_until_it_appears() {
 
 #[tokio::test]
 async fn dedicated_mode_runs_as_shared_and_says_so() {
-    install_crds_and_policies();
-    let ns = namespace("dedicated").await;
-    let _operator = start_operator(&ns);
-    let c = ns.client.clone();
+    let world = TestHost::start("dedicated").await;
+    let (ns, c) = (&world.ns, &world.host);
     let mut tc = example(&ns.name);
     tc.spec.mode = TenantMode::Dedicated;
     Api::<TenantCluster>::namespaced(c.clone(), &ns.name)
         .create(&PostParams::default(), &tc)
         .await
         .unwrap();
-    let tc = wait_for_phase(&c, &ns.name, "dev", Phase::Ready).await;
+    let tc = wait_for_phase(c, &ns.name, "dev", Phase::Ready).await;
     let mode = condition(&tc, MODE_SUPPORTED);
     assert_eq!(
         (mode.status.as_str(), mode.reason.as_str()),
@@ -341,30 +333,28 @@ async fn dedicated_mode_runs_as_shared_and_says_so() {
 
 #[tokio::test]
 async fn a_tenant_api_server_that_goes_away_degrades_and_recovers() {
-    install_crds_and_policies();
-    let ns = namespace("outage").await;
-    let operator = start_operator(&ns);
-    let c = ns.client.clone();
-    example_ready(&ns).await;
+    let world = TestHost::start("outage").await;
+    let (ns, c) = (&world.ns, &world.host);
+    let operator = &world.operator;
+    example_ready(ns).await;
 
     assert!(operator.runtime.crash_api_server(&ns.name, "dev-0"));
-    let tc = wait_for_phase(&c, &ns.name, "dev", Phase::Degraded).await;
+    let tc = wait_for_phase(c, &ns.name, "dev", Phase::Degraded).await;
     let ready = condition(&tc, READY);
     assert_eq!(ready.status, "False");
     assert!(
         ["TenantUnreachable", "ControlPlaneNotReady"].contains(&ready.reason.as_str()),
         "{ready:?}"
     );
-    wait_for_phase(&c, &ns.name, "dev", Phase::Ready).await;
+    wait_for_phase(c, &ns.name, "dev", Phase::Ready).await;
 }
 
 #[tokio::test]
 async fn tenant_data_lives_in_sqlite_on_its_claim_and_survives_a_datastore_crash() {
-    install_crds_and_policies();
-    let ns = namespace("datastore").await;
-    let operator = start_operator(&ns);
-    let c = ns.client.clone();
-    example_ready(&ns).await;
+    let world = TestHost::start("datastore").await;
+    let (ns, c) = (&world.ns, &world.host);
+    let operator = &world.operator;
+    example_ready(ns).await;
     let runtime = &operator.runtime;
 
     // kine over sqlite, as k3s, in the data folder of the pod's claim; no etcd.
@@ -389,7 +379,7 @@ async fn tenant_data_lives_in_sqlite_on_its_claim_and_survives_a_datastore_crash
     );
 
     // An object written before the datastore crashes is there once the tenant is back.
-    let tenant = tenant_client(&c, &ns.name, "dev").await;
+    let tenant = tenant_client(c, &ns.name, "dev").await;
     let maps: Api<ConfigMap> = Api::namespaced(tenant.clone(), "default");
     let kept: ConfigMap = serde_json::from_value(serde_json::json!({
         "metadata": {"name": "kept"},
@@ -409,7 +399,7 @@ async fn tenant_data_lives_in_sqlite_on_its_claim_and_survives_a_datastore_crash
         restarted.is_some(),
         "the tenant never came back from the crash"
     );
-    wait_for_phase(&c, &ns.name, "dev", Phase::Ready).await;
+    wait_for_phase(c, &ns.name, "dev", Phase::Ready).await;
     let read = eventually(WAIT, || async { maps.get("kept").await.ok() }).await;
     let read = read.expect("the tenant API server answers after the restart");
     assert_eq!(read.uid(), written.uid());
@@ -428,21 +418,19 @@ async fn tenant_data_lives_in_sqlite_on_its_claim_and_survives_a_datastore_crash
     })
     .await;
     assert!(removed.is_some(), "{} outlived its claim", dir.display());
-    example_ready(&ns).await;
+    example_ready(ns).await;
     let again = runtime.data_dir(&ns.name, "dev-0").unwrap();
     assert_ne!(again, dir);
-    let tenant = tenant_client(&c, &ns.name, "dev").await;
+    let tenant = tenant_client(c, &ns.name, "dev").await;
     let maps: Api<ConfigMap> = Api::namespaced(tenant, "default");
     assert!(maps.get_opt("kept").await.unwrap().is_none());
 }
 
 #[tokio::test]
 async fn hand_edits_tampering_and_operator_restarts_converge() {
-    install_crds_and_policies();
-    let ns = namespace("faults").await;
-    let operator = start_operator(&ns);
-    let c = ns.client.clone();
-    example_ready(&ns).await;
+    let world = TestHost::start("faults").await;
+    let (ns, c) = (&world.ns, &world.host);
+    example_ready(ns).await;
     let secrets = Api::<Secret>::namespaced(c.clone(), &ns.name);
     let pki = secrets.get("dev-pki").await.unwrap().data;
 
@@ -493,8 +481,8 @@ async fn hand_edits_tampering_and_operator_restarts_converge() {
     assert!(rewritten.is_some(), "the kubeconfig Secret is rewritten");
 
     // The operator restarted: it converges on a changed spec with the same CA and no duplicates.
-    drop(operator);
-    let _operator = start_operator(&ns);
+    drop(world.operator);
+    let _operator = start_operator(ns);
     let tenants = Api::<TenantCluster>::namespaced(c.clone(), &ns.name);
     let change = serde_json::json!({"spec": {"networking": {"egressPolicy": "allow-all"}}});
     tenants
@@ -543,13 +531,12 @@ async fn hand_edits_tampering_and_operator_restarts_converge() {
 
 #[tokio::test]
 async fn a_reconcile_with_nothing_changed_writes_nothing() {
-    install_crds_and_policies();
-    let ns = namespace("no-writes").await;
     let counter = std::sync::Arc::new(RequestCounter::default());
     // Counting what the operator sends as its ServiceAccount.
     let client = counting(operator::config(), counter.clone()).unwrap();
-    let operator = start_operator_with(&ns, client);
-    example_ready(&ns).await;
+    let world = TestHost::start_using("no-writes", client).await;
+    let ns = &world.ns;
+    example_ready(ns).await;
     let (_, creation) = counter.get();
     assert!(creation > 5, "creating a tenant takes writes ({creation})");
     eprintln!("writes to bring one tenant to Ready: {creation}");
@@ -562,5 +549,5 @@ async fn a_reconcile_with_nothing_changed_writes_nothing() {
     counter.reset();
     tokio::time::sleep(Duration::from_secs(10)).await;
     assert_eq!(counter.get().1, 0, "steady-state reconciles sent writes");
-    drop(operator);
+    drop(world);
 }

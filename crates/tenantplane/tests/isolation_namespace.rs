@@ -15,7 +15,7 @@ use kube::{Client, ResourceExt};
 use tenantplane_api::conditions::{READY, SYNCED};
 use tenantplane_api::{Phase, TenantCluster};
 use tenantplane_controller::names;
-use tenantplane_testenv::{eventually, install_crds_and_policies, namespace};
+use tenantplane_testenv::eventually;
 
 const FIRST: &str = "first";
 const SECOND: &str = "second";
@@ -127,17 +127,15 @@ async fn delete_and_wait(client: &Client, ns: &str, name: &str) {
 #[tokio::test]
 async fn a_second_tenant_in_a_namespace_provisions_nothing_until_the_first_is_gone() {
     let started = Instant::now();
-    install_crds_and_policies();
-    let ns = namespace("one-per-ns").await;
-    let _operator = start_operator(&ns);
-    let c = ns.client.clone();
+    let world = TestHost::start("one-per-ns").await;
+    let (ns, c) = (&world.ns, &world.host);
     let n = ns.name.as_str();
     let tenants: Api<TenantCluster> = Api::namespaced(c.clone(), n);
 
     // The first tenant holds the namespace.
-    create_ready(&c, &tenant_named(n, FIRST)).await;
+    create_ready(c, &tenant_named(n, FIRST)).await;
     assert_eq!(
-        pod_security_level(&c, n).await.as_deref(),
+        pod_security_level(c, n).await.as_deref(),
         Some("restricted"),
         "the first tenant labels its namespace"
     );
@@ -147,20 +145,20 @@ async fn a_second_tenant_in_a_namespace_provisions_nothing_until_the_first_is_go
         .create(&PostParams::default(), &tenant_named(n, SECOND))
         .await
         .unwrap();
-    in_use_by(&c, n, SECOND, FIRST).await;
+    in_use_by(c, n, SECOND, FIRST).await;
     // A few rechecks (every 10 s) later, still nothing of it on the host.
     tokio::time::sleep(Duration::from_secs(12)).await;
-    in_use_by(&c, n, SECOND, FIRST).await;
+    in_use_by(c, n, SECOND, FIRST).await;
     assert_eq!(
-        host_objects(&c, n, SECOND).await,
+        host_objects(c, n, SECOND).await,
         Vec::<String>::new(),
         "a TenantCluster whose namespace is held by another must create nothing on the host"
     );
 
     // Deleting it leaves what the first one relies on.
-    delete_and_wait(&c, n, SECOND).await;
+    delete_and_wait(c, n, SECOND).await;
     assert_eq!(
-        pod_security_level(&c, n).await.as_deref(),
+        pod_security_level(c, n).await.as_deref(),
         Some("restricted"),
         "deleting the second tenant removed the first one's Pod Security labels"
     );
@@ -173,7 +171,7 @@ async fn a_second_tenant_in_a_namespace_provisions_nothing_until_the_first_is_go
         first.status
     );
     assert!(
-        host_objects(&c, n, FIRST)
+        host_objects(c, n, FIRST)
             .await
             .contains(&format!("NetworkPolicy/{}", names::isolation_policy(FIRST))),
         "the first tenant's isolation policy should stay"
@@ -184,10 +182,10 @@ async fn a_second_tenant_in_a_namespace_provisions_nothing_until_the_first_is_go
         .create(&PostParams::default(), &tenant_named(n, SECOND))
         .await
         .unwrap();
-    in_use_by(&c, n, SECOND, FIRST).await;
+    in_use_by(c, n, SECOND, FIRST).await;
     let handover = Instant::now();
-    delete_and_wait(&c, n, FIRST).await;
-    let tc = wait_for_phase(&c, n, SECOND, Phase::Ready).await;
+    delete_and_wait(c, n, FIRST).await;
+    let tc = wait_for_phase(c, n, SECOND, Phase::Ready).await;
     eprintln!(
         "the second tenant was Ready {:.1}s after the first one's deletion",
         handover.elapsed().as_secs_f64()
@@ -195,11 +193,11 @@ async fn a_second_tenant_in_a_namespace_provisions_nothing_until_the_first_is_go
     assert_eq!(condition(&tc, READY).reason, "ControlPlaneReady");
     assert_eq!(condition(&tc, SYNCED).status, "True");
     assert_eq!(
-        pod_security_level(&c, n).await.as_deref(),
+        pod_security_level(c, n).await.as_deref(),
         Some("restricted"),
         "the namespace has the Pod Security labels of the tenant that took it over"
     );
-    let built = host_objects(&c, n, SECOND).await;
+    let built = host_objects(c, n, SECOND).await;
     for expected in [
         format!("StatefulSet/{SECOND}"),
         format!("Service/{SECOND}"),

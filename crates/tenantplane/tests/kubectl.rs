@@ -17,7 +17,7 @@ use kube::api::{Api, PostParams};
 use serde_json::json;
 use tenantplane_controller::names;
 use tenantplane_testenv::control_plane::KWOK_LOG_LINES;
-use tenantplane_testenv::{eventually, install_crds_and_policies, namespace, shared};
+use tenantplane_testenv::{eventually, shared};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// kubectl for tenant `name`: its kubeconfig Secret, pointed at where the local runtime serves it.
@@ -130,13 +130,13 @@ fn web_pod() -> Pod {
 
 #[tokio::test]
 async fn logs_exec_attach_port_forward_and_cp_work_in_a_tenant() {
-    install_crds_and_policies();
-    let ns = namespace("kubectl").await;
-    let operator = start_operator_with_kubelet(&ns).await;
+    let world = TestHost::start_with_kubelet("kubectl")
+        .await
+        .ready(TenantSetup::seed())
+        .await;
+    let (ns, host, tenant) = (&world.ns, &world.host, &world.tenant);
+    let operator = &world.operator;
     let kubelet = operator.kubelet.clone().unwrap();
-    let host = ns.client.clone();
-    example_ready(&ns).await;
-    let tenant = tenant_client(&host, &ns.name, "dev").await;
     let pods: Api<Pod> = Api::namespaced(tenant.clone(), "default");
     pods.create(&PostParams::default(), &web_pod())
         .await
@@ -187,7 +187,7 @@ async fn logs_exec_attach_port_forward_and_cp_work_in_a_tenant() {
 
     let dir = shared().dir().join(&ns.name);
     std::fs::create_dir_all(&dir).unwrap();
-    let kubectl = TenantKubectl::new(&host, &ns.name, "dev", &dir).await;
+    let kubectl = TenantKubectl::new(host, &ns.name, "dev", &dir).await;
 
     // kubectl logs: every line, then only the last.
     let logs = kubectl

@@ -17,7 +17,7 @@ use kube::{Client, ResourceExt};
 use serde_json::json;
 use tenantplane_api::{Phase, TenantCluster};
 use tenantplane_controller::names;
-use tenantplane_testenv::{eventually, install_crds_and_policies, namespace};
+use tenantplane_testenv::eventually;
 
 async fn put_config_map(tenant: &Client, name: &str) {
     let cm: ConfigMap = serde_json::from_value(json!({
@@ -40,10 +40,9 @@ fn owned_by(meta: &kube::api::ObjectMeta, tc: &TenantCluster) -> bool {
 
 #[tokio::test]
 async fn a_headless_service_governs_the_statefulset_and_old_tenants_move_to_it_keeping_data() {
-    install_crds_and_policies();
-    let ns = namespace("lc-headless").await;
-    let mut operator = start_operator(&ns);
-    let tc = example_ready(&ns).await;
+    let mut world = TestHost::start("lc-headless").await;
+    let ns = &world.ns;
+    let tc = example_ready(ns).await;
     let services: Api<Service> = Api::namespaced(ns.client.clone(), &ns.name);
     let statefulsets: Api<StatefulSet> = Api::namespaced(ns.client.clone(), &ns.name);
 
@@ -78,7 +77,7 @@ async fn a_headless_service_governs_the_statefulset_and_old_tenants_move_to_it_k
     let claim_uid = claims.get("data-dev-0").await.unwrap().uid();
 
     // What an earlier version left: the StatefulSet governed by the API Service, no headless one.
-    operator.tasks[0].abort();
+    world.operator.tasks[0].abort();
     let orphan = DeleteParams {
         propagation_policy: Some(PropagationPolicy::Orphan),
         ..Default::default()
@@ -113,7 +112,7 @@ async fn a_headless_service_governs_the_statefulset_and_old_tenants_move_to_it_k
         .await
         .unwrap();
 
-    operator.restart_controller(&ns);
+    world.operator.restart_controller(ns);
     let migrated = eventually(WAIT, || async {
         let sts = statefulsets.get_opt("dev").await.ok()??;
         let governed = sts.spec.as_ref()?.service_name.as_deref() == Some("dev-headless");
@@ -142,12 +141,9 @@ async fn a_headless_service_governs_the_statefulset_and_old_tenants_move_to_it_k
 
 #[tokio::test]
 async fn a_deleted_tenant_takes_its_data_and_a_new_one_of_the_same_name_starts_empty() {
-    install_crds_and_policies();
-    let ns = namespace("lc-data").await;
-    let _operator = start_operator(&ns);
-    let tc = example_ready(&ns).await;
-    let tenant = tenant_client(&ns.client, &ns.name, "dev").await;
-    put_config_map(&tenant, "from-the-first").await;
+    let world = ReadyTenant::start("lc-data").await;
+    let (ns, tenant, tc) = (&world.ns, &world.tenant, &world.ready);
+    put_config_map(tenant, "from-the-first").await;
     let claims: Api<PersistentVolumeClaim> = Api::namespaced(ns.client.clone(), &ns.name);
     let first = claims.get("data-dev-0").await.unwrap();
     assert!(
@@ -218,10 +214,9 @@ async fn a_deleted_tenant_takes_its_data_and_a_new_one_of_the_same_name_starts_e
 
 #[tokio::test]
 async fn an_upgrade_reads_as_provisioning_and_the_endpoint_is_there_only_while_it_answers() {
-    install_crds_and_policies();
-    let ns = namespace("lc-upgrade").await;
-    let _operator = start_operator(&ns);
-    let ready = example_ready(&ns).await;
+    let world = TestHost::start("lc-upgrade").await;
+    let ns = &world.ns;
+    let ready = example_ready(ns).await;
     let endpoint = names::endpoint("dev", &ns.name);
     assert_eq!(
         ready.status.as_ref().unwrap().endpoint.as_deref(),
@@ -299,10 +294,10 @@ async fn an_upgrade_reads_as_provisioning_and_the_endpoint_is_there_only_while_i
 
 #[tokio::test]
 async fn a_wedged_control_plane_is_restarted_by_its_liveness_probe() {
-    install_crds_and_policies();
-    let ns = namespace("lc-wedged").await;
-    let operator = start_operator(&ns);
-    example_ready(&ns).await;
+    let world = TestHost::start("lc-wedged").await;
+    let ns = &world.ns;
+    let operator = &world.operator;
+    example_ready(ns).await;
     let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(ns.client.clone(), &ns.name);
     let restarts = |pod: &k8s_openapi::api::core::v1::Pod| {
         pod.status

@@ -38,9 +38,8 @@ impl Drop for Abort {
 
 #[tokio::test]
 async fn an_object_the_api_server_refuses_is_named_in_ready_with_its_words() {
-    install_crds_and_policies();
-    let ns = namespace("rp-refused").await;
-    let _operator = start_operator(&ns);
+    let world = TestHost::start("rp-refused").await;
+    let ns = &world.ns;
     // A resource name that is neither standard nor qualified: admission refuses the LimitRange.
     let profile_name = format!("{}-bad-limits", ns.name);
     profile_allowing(&ns.client, &profile_name, json!({})).await;

@@ -13,7 +13,10 @@ use tenantplane_api::{Phase, TenantCluster};
 use tenantplane_controller::ControllerOptions;
 use tenantplane_controller::kubelet::KubeletOptions;
 use tenantplane_testenv::local_runtime::{self, LocalRuntime};
-use tenantplane_testenv::{TestNamespace, eventually, operator, repo_path, shared, tenant};
+use tenantplane_testenv::{
+    TestNamespace, eventually, install_crds_and_policies, namespace, operator, repo_path, shared,
+    tenant,
+};
 
 pub const WAIT: Duration = Duration::from_secs(90);
 
@@ -279,4 +282,216 @@ pub async fn dns_settled(host: &Client, ns: &str, name: &str) {
     })
     .await;
     assert!(settled.is_some(), "the tenant's DNS never settled");
+}
+
+/// The start most behaviour tests share: the CRDs and policies installed, a fresh namespace, and
+/// the operator (with the local runtime) for it. A test that sets something up on the host before
+/// its tenant exists starts here and then calls [`TestHost::ready`] or [`TenantSetup::ready_in`].
+/// Like [`ReadyTenant`], a test keeps it whole while it runs and borrows its parts:
+/// `let (ns, host) = (&world.ns, &world.host);`.
+pub struct TestHost {
+    // Declared before `ns`, so the operator stops first, as when a test binds them in order.
+    pub operator: Operator,
+    pub ns: TestNamespace,
+    /// The namespace's admin client: the host as a test sees it.
+    pub host: Client,
+}
+
+impl TestHost {
+    pub async fn start(prefix: &str) -> Self {
+        install_crds_and_policies();
+        let ns = namespace(prefix).await;
+        let operator = start_operator(&ns);
+        Self::of(ns, operator)
+    }
+
+    /// [`TestHost::start`] with the operator serving the virtual nodes' kubelet endpoint.
+    pub async fn start_with_kubelet(prefix: &str) -> Self {
+        install_crds_and_policies();
+        let ns = namespace(prefix).await;
+        let operator = start_operator_with_kubelet(&ns).await;
+        Self::of(ns, operator)
+    }
+
+    /// [`TestHost::start`] with the operator talking through `client` (made from
+    /// [`operator::config`]).
+    pub async fn start_using(prefix: &str, client: Client) -> Self {
+        install_crds_and_policies();
+        let ns = namespace(prefix).await;
+        let operator = start_operator_with(&ns, client);
+        Self::of(ns, operator)
+    }
+
+    fn of(ns: TestNamespace, operator: Operator) -> Self {
+        let host = ns.client.clone();
+        Self { operator, ns, host }
+    }
+
+    /// The tenant `setup` describes, made here and Ready, with a client for it.
+    pub async fn ready(self, setup: TenantSetup) -> ReadyTenant {
+        setup.ready_on(self).await
+    }
+}
+
+/// A tenant Ready in a fresh namespace with its operator, and a client for it.
+///
+/// Tests keep it whole for as long as they run (dropping it stops the operator) and borrow its
+/// parts: `let (ns, host, tenant) = (&world.ns, &world.host, &world.tenant);`.
+pub struct ReadyTenant {
+    pub operator: Operator,
+    pub ns: TestNamespace,
+    /// The namespace's admin client.
+    pub host: Client,
+    /// A client for the tenant, once its `default` ServiceAccount exists.
+    pub tenant: Client,
+    /// The tenant's name (`dev` unless [`TenantSetup::named`]).
+    pub name: String,
+    /// The TenantCluster as it was when it became Ready.
+    pub ready: TenantCluster,
+    /// The tenant's own SyncPolicy, if [`TenantSetup::sync_policy`] gave it one.
+    pub sync_policy: Option<String>,
+}
+
+impl ReadyTenant {
+    /// The seed example, Ready, in a fresh namespace named after `prefix`.
+    pub async fn start(prefix: &str) -> Self {
+        TenantSetup::seed().start(prefix).await
+    }
+}
+
+type SpecEdit = Box<dyn FnOnce(&mut TenantCluster)>;
+
+/// How a test's tenant differs from the seed example: its name, a SyncPolicy or an
+/// IsolationProfile of its own, other changes to its spec.
+pub struct TenantSetup {
+    name: String,
+    sync_policy: Option<serde_json::Value>,
+    allow: Option<serde_json::Value>,
+    profile_spec: Option<serde_json::Value>,
+    edits: Vec<SpecEdit>,
+}
+
+impl TenantSetup {
+    /// The seed example as it is, named `dev`.
+    pub fn seed() -> Self {
+        Self {
+            name: "dev".to_string(),
+            sync_policy: None,
+            allow: None,
+            profile_spec: None,
+            edits: Vec::new(),
+        }
+    }
+
+    pub fn named(mut self, name: &str) -> Self {
+        self.name = name.to_string();
+        self
+    }
+
+    /// A SyncPolicy of its own, `<namespace>-policy`, with `spec`.
+    pub fn sync_policy(mut self, spec: serde_json::Value) -> Self {
+        self.sync_policy = Some(spec);
+        self
+    }
+
+    /// An IsolationProfile of its own, `<namespace>-profile`: the shipped `restricted` one with
+    /// `allow` as its `allow` section (see [`profile_allowing`]).
+    pub fn allow(mut self, allow: serde_json::Value) -> Self {
+        self.allow = Some(allow);
+        self
+    }
+
+    /// An IsolationProfile of its own as [`TenantSetup::allow`] makes it (with an empty `allow`
+    /// unless given), and `spec` merged over its spec.
+    pub fn profile_spec(mut self, spec: serde_json::Value) -> Self {
+        self.profile_spec = Some(spec);
+        self
+    }
+
+    /// Any other change to the TenantCluster before it is created.
+    pub fn edit(mut self, edit: impl FnOnce(&mut TenantCluster) + 'static) -> Self {
+        self.edits.push(Box::new(edit));
+        self
+    }
+
+    /// Install, a fresh namespace named after `prefix`, the operator, and this tenant Ready.
+    pub async fn start(self, prefix: &str) -> ReadyTenant {
+        TestHost::start(prefix).await.ready(self).await
+    }
+
+    /// This tenant made in `ns` (whose operator runs) and Ready: a client for it. For a test that
+    /// sets something up on the host between [`TestHost::start`] and its tenant.
+    pub async fn ready_in(self, ns: &TestNamespace) -> Client {
+        self.make(ns).await.tenant
+    }
+
+    async fn ready_on(self, test_host: TestHost) -> ReadyTenant {
+        let TestHost { operator, ns, host } = test_host;
+        let made = self.make(&ns).await;
+        ReadyTenant {
+            operator,
+            ns,
+            host,
+            tenant: made.tenant,
+            name: made.name,
+            ready: made.ready,
+            sync_policy: made.sync_policy,
+        }
+    }
+
+    async fn make(self, ns: &TestNamespace) -> Made {
+        let host = ns.client.clone();
+        let mut tc = tenant_named(&ns.name, &self.name);
+        let mut sync_policy = None;
+        if let Some(spec) = self.sync_policy {
+            let name = format!("{}-policy", ns.name);
+            let policy: tenantplane_api::SyncPolicy = serde_json::from_value(serde_json::json!({
+                "apiVersion": "tenantplane.io/v1alpha1",
+                "kind": "SyncPolicy",
+                "metadata": {"name": name},
+                "spec": spec
+            }))
+            .unwrap();
+            Api::<tenantplane_api::SyncPolicy>::all(host.clone())
+                .create(&PostParams::default(), &policy)
+                .await
+                .unwrap();
+            tc.spec.sync_policy_ref.name = name.clone();
+            sync_policy = Some(name);
+        }
+        if self.allow.is_some() || self.profile_spec.is_some() {
+            let profile = format!("{}-profile", ns.name);
+            let allow = self.allow.unwrap_or_else(|| serde_json::json!({}));
+            profile_allowing(&host, &profile, allow).await;
+            if let Some(spec) = self.profile_spec {
+                Api::<tenantplane_api::IsolationProfile>::all(host.clone())
+                    .patch(
+                        &profile,
+                        &kube::api::PatchParams::default(),
+                        &kube::api::Patch::Merge(serde_json::json!({ "spec": spec })),
+                    )
+                    .await
+                    .unwrap();
+            }
+            tc.spec.isolation_profile_ref.name = profile;
+        }
+        for edit in self.edits {
+            edit(&mut tc);
+        }
+        let ready = create_ready(&host, &tc).await;
+        let tenant = tenant_client(&host, &ns.name, &self.name).await;
+        Made {
+            tenant,
+            name: self.name,
+            ready,
+            sync_policy,
+        }
+    }
+}
+
+struct Made {
+    tenant: Client,
+    name: String,
+    ready: TenantCluster,
+    sync_policy: Option<String>,
 }

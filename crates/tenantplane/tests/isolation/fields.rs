@@ -6,12 +6,12 @@ use k8s_openapi::api::core::v1::ServiceAccount;
 
 #[tokio::test]
 async fn fields_the_first_round_missed_are_refused_or_capped() {
-    install_crds_and_policies();
-    let ns = namespace("iso-fields").await;
-    let _operator = start_operator(&ns);
-    let host = ns.client.clone();
     // Pod Security lets everything through: only the syncer's field decisions stand in the way.
-    let tenant = tenant_under(&ns, json!({"podSecurity": "privileged"}), json!({})).await;
+    let world = TenantSetup::seed()
+        .profile_spec(json!({"podSecurity": "privileged"}))
+        .start("iso-fields")
+        .await;
+    let (ns, host, tenant) = (&world.ns, &world.host, &world.tenant);
     let pods: Api<Pod> = Api::namespaced(tenant.clone(), "default");
     let with_context = |sc: serde_json::Value| {
         let mut c = container("c");
@@ -59,23 +59,23 @@ async fn fields_the_first_round_missed_are_refused_or_capped() {
         ),
     )
     .await;
-    let copy = host_copy::<Pod>(&host, &ns.name, "year").await;
+    let copy = host_copy::<Pod>(host, &ns.name, "year").await;
     let spec = copy.spec.unwrap();
     assert_eq!(spec.termination_grace_period_seconds, Some(300));
     let c = &spec.containers[0];
     assert_eq!(c.liveness_probe.as_ref().unwrap().timeout_seconds, Some(60));
     let stop = c.lifecycle.as_ref().unwrap().pre_stop.as_ref().unwrap();
     assert_eq!(stop.sleep.as_ref().unwrap().seconds, 300);
-    let message = told(&tenant, "year", "NotCopied").await;
+    let message = told(tenant, "year", "NotCopied").await;
     assert!(
         message.contains("spec.terminationGracePeriodSeconds 31536000 is cut to 300 on the host (the IsolationProfile's allow.durations.terminationGracePeriodSeconds)"),
         "{message}"
     );
     for (name, _, needle) in &attacks {
-        let message = told(&tenant, name, "NotAllowed").await;
+        let message = told(tenant, name, "NotAllowed").await;
         assert!(message.contains(needle), "{name}: {message}");
         assert!(
-            !has_copy::<Pod>(&host, &ns.name, name).await,
+            !has_copy::<Pod>(host, &ns.name, name).await,
             "{name} reached the host"
         );
     }
@@ -83,10 +83,8 @@ async fn fields_the_first_round_missed_are_refused_or_capped() {
 
 #[tokio::test]
 async fn topology_keys_steer_only_by_allowed_labels_and_copies_run_as_the_tenants_account() {
-    install_crds_and_policies();
-    let ns = namespace("iso-topo").await;
-    let _operator = start_operator(&ns);
-    let host = ns.client.clone();
+    let world = TestHost::start("iso-topo").await;
+    let (ns, host) = (&world.ns, &world.host);
     // The platform gave the host namespace's `default` account a pull secret and a cloud
     // identity meant for its own jobs.
     let host_accounts: Api<ServiceAccount> = Api::namespaced(host.clone(), &ns.name);
@@ -101,7 +99,7 @@ async fn topology_keys_steer_only_by_allowed_labels_and_copies_run_as_the_tenant
         )
         .await
         .unwrap();
-    let tenant = tenant_under(&ns, json!({}), json!({})).await;
+    let tenant = TenantSetup::seed().allow(json!({})).ready_in(ns).await;
     let pods: Api<Pod> = Api::namespaced(tenant.clone(), "default");
     let term = |key: &str| json!({"topologyKey": key, "labelSelector": {"matchLabels": {"app": "spread"}}});
     create(
@@ -124,7 +122,7 @@ async fn topology_keys_steer_only_by_allowed_labels_and_copies_run_as_the_tenant
         ),
     )
     .await;
-    let copy = host_copy::<Pod>(&host, &ns.name, "spread").await;
+    let copy = host_copy::<Pod>(host, &ns.name, "spread").await;
     let spec = copy.spec.clone().unwrap();
     let keys: Vec<_> = spec
         .topology_spread_constraints
@@ -175,7 +173,7 @@ async fn topology_keys_steer_only_by_allowed_labels_and_copies_run_as_the_tenant
         ),
     )
     .await;
-    let copy = host_copy::<Pod>(&host, &ns.name, "pulls").await;
+    let copy = host_copy::<Pod>(host, &ns.name, "pulls").await;
     let secrets: Vec<_> = copy
         .spec
         .unwrap()

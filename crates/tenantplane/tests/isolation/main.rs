@@ -26,7 +26,7 @@ use serde_json::json;
 use tenantplane_api::TenantCluster;
 use tenantplane_api::conditions::SYNCED;
 use tenantplane_syncer::naming;
-use tenantplane_testenv::{TestNamespace, eventually, install_crds_and_policies, namespace};
+use tenantplane_testenv::{TestNamespace, eventually};
 
 /// Tenant pod `default/<name>` with `spec` merged over one restricted container.
 pub(crate) fn pod(name: &str, labels: serde_json::Value, spec: serde_json::Value) -> Pod {
@@ -116,38 +116,14 @@ pub(crate) async fn synced_says(host: &Client, ns: &str, reason: &str, needle: &
     );
 }
 
-/// The tenant `dev` under an IsolationProfile of its own: the shipped `restricted` one with
-/// `allow`, and `spec` merged over it; Ready.
-pub(crate) async fn tenant_under(
-    ns: &TestNamespace,
-    spec: serde_json::Value,
-    allow: serde_json::Value,
-) -> Client {
-    let host = ns.client.clone();
-    let profile = format!("{}-profile", ns.name);
-    profile_allowing(&host, &profile, allow).await;
-    let api: Api<tenantplane_api::IsolationProfile> = Api::all(host.clone());
-    api.patch(
-        &profile,
-        &kube::api::PatchParams::default(),
-        &kube::api::Patch::Merge(json!({ "spec": spec })),
-    )
-    .await
-    .unwrap();
-    let mut tc = example(&ns.name);
-    tc.spec.isolation_profile_ref.name = profile;
-    create_ready(&host, &tc).await;
-    tenant_client(&host, &ns.name, "dev").await
-}
-
 #[tokio::test]
 async fn host_access_is_refused_even_under_a_privileged_profile() {
-    install_crds_and_policies();
-    let ns = namespace("iso-host").await;
-    let _operator = start_operator(&ns);
-    let host = ns.client.clone();
     // Pod Security lets everything through here: only the syncer stands in the way.
-    let tenant = tenant_under(&ns, json!({"podSecurity": "privileged"}), json!({})).await;
+    let world = TenantSetup::seed()
+        .profile_spec(json!({"podSecurity": "privileged"}))
+        .start("iso-host")
+        .await;
+    let (ns, host, tenant) = (&world.ns, &world.host, &world.tenant);
     let pods: Api<Pod> = Api::namespaced(tenant.clone(), "default");
     let mut root = container("c");
     root["securityContext"] = json!({"privileged": true, "capabilities": {"add": ["SYS_ADMIN"]}});
@@ -175,12 +151,12 @@ async fn host_access_is_refused_even_under_a_privileged_profile() {
         create(&pods, &pod(name, json!({}), spec.clone())).await;
     }
     let plain = create(&pods, &pod("plain", json!({}), json!({}))).await;
-    host_copy::<Pod>(&host, &ns.name, &plain.name_any()).await;
+    host_copy::<Pod>(host, &ns.name, &plain.name_any()).await;
     for (name, _, needle) in &attacks {
-        let message = told(&tenant, name, "NotAllowed").await;
+        let message = told(tenant, name, "NotAllowed").await;
         assert!(message.contains(needle), "{name}: {message}");
         assert!(
-            !has_copy::<Pod>(&host, &ns.name, name).await,
+            !has_copy::<Pod>(host, &ns.name, name).await,
             "{name} reached the host"
         );
         let p = pods.get(name).await.unwrap();
@@ -194,7 +170,7 @@ async fn host_access_is_refused_even_under_a_privileged_profile() {
             "{name}: the tenant pod says why it does not run"
         );
     }
-    synced_says(&host, &ns.name, "NotAllowed", "is not allowed").await;
+    synced_says(host, &ns.name, "NotAllowed", "is not allowed").await;
     // A pod refused pulls nothing onto the host: not even the ConfigMap it uses.
     let cms: Api<ConfigMap> = Api::namespaced(tenant.clone(), "default");
     let big: ConfigMap = serde_json::from_value(json!({
@@ -214,26 +190,21 @@ async fn host_access_is_refused_even_under_a_privileged_profile() {
     let mut admitted = volume("used");
     admitted.as_object_mut().unwrap().remove("hostIPC");
     create(&pods, &pod("user", json!({}), admitted)).await;
-    host_copy::<ConfigMap>(&host, &ns.name, "used").await;
-    told(&tenant, "loader", "NotAllowed").await;
+    host_copy::<ConfigMap>(host, &ns.name, "used").await;
+    told(tenant, "loader", "NotAllowed").await;
     assert!(
-        !has_copy::<ConfigMap>(&host, &ns.name, "payload").await,
+        !has_copy::<ConfigMap>(host, &ns.name, "payload").await,
         "a refused pod's ConfigMap was copied to the host"
     );
 }
 
 #[tokio::test]
 async fn volumes_and_claims_reach_only_the_tenants_own_copies() {
-    install_crds_and_policies();
-    let ns = namespace("iso-vol").await;
-    let _operator = start_operator(&ns);
-    let host = ns.client.clone();
-    let tenant = tenant_under(
-        &ns,
-        json!({}),
-        json!({"csiDrivers": ["secrets.example.org"]}),
-    )
-    .await;
+    let world = TenantSetup::seed()
+        .allow(json!({"csiDrivers": ["secrets.example.org"]}))
+        .start("iso-vol")
+        .await;
+    let (ns, host, tenant) = (&world.ns, &world.host, &world.tenant);
     let pods: Api<Pod> = Api::namespaced(tenant.clone(), "default");
     // A CSI driver the profile does not list (its attributes reach a filer), and a probe that
     // the kubelet would dial at the host API from the node: refused.
@@ -259,7 +230,7 @@ async fn volumes_and_claims_reach_only_the_tenants_own_copies() {
                      "volumeName": "pv-of-payments"}}}}
     ]});
     create(&pods, &pod("mounter", json!({}), spec)).await;
-    let copy = host_copy::<Pod>(&host, &ns.name, "mounter").await;
+    let copy = host_copy::<Pod>(host, &ns.name, "mounter").await;
     let volumes = copy.spec.unwrap().volumes.unwrap();
     let csi = volumes.iter().find(|v| v.name == "csi").unwrap();
     assert_eq!(
@@ -283,7 +254,7 @@ async fn volumes_and_claims_reach_only_the_tenants_own_copies() {
         "mounter-scratch-x-default-x-dev"
     );
     // The claim the tenant's controller made goes down without the source, volume or selector.
-    let claim = host_copy::<PersistentVolumeClaim>(&host, &ns.name, "mounter-scratch").await;
+    let claim = host_copy::<PersistentVolumeClaim>(host, &ns.name, "mounter-scratch").await;
     let spec = claim.spec.clone().unwrap();
     // A clone is only ever of a claim of the same tenant namespace: its copy, never the host's.
     for name in [
@@ -300,7 +271,7 @@ async fn volumes_and_claims_reach_only_the_tenants_own_copies() {
         "{spec:?}"
     );
     assert_eq!(claim.labels()[naming::LABEL_SYNCED_FROM], "dev");
-    told(&tenant, "mounter-scratch", "NotCopied").await;
+    told(tenant, "mounter-scratch", "NotCopied").await;
     // No claim exists on the host that the host's own ephemeral-volume controller made.
     let host_claims = Api::<PersistentVolumeClaim>::namespaced(host.clone(), &ns.name)
         .list(&ListParams::default())
@@ -319,10 +290,10 @@ async fn volumes_and_claims_reach_only_the_tenants_own_copies() {
             .collect::<Vec<_>>()
     );
     for (name, needle) in [("filer", "nfs.csi.k8s.io"), ("prober", "10.96.0.1")] {
-        let message = told(&tenant, name, "NotAllowed").await;
+        let message = told(tenant, name, "NotAllowed").await;
         assert!(message.contains(needle), "{name}: {message}");
         assert!(
-            !has_copy::<Pod>(&host, &ns.name, name).await,
+            !has_copy::<Pod>(host, &ns.name, name).await,
             "{name} reached the host"
         );
     }
@@ -335,24 +306,21 @@ async fn volumes_and_claims_reach_only_the_tenants_own_copies() {
     }))
     .unwrap();
     create(&claims, &pvc).await;
-    let message = told(&tenant, "fast", "NotAllowed").await;
+    let message = told(tenant, "fast", "NotAllowed").await;
     assert!(message.contains("ops-local"), "{message}");
-    assert!(!has_copy::<PersistentVolumeClaim>(&host, &ns.name, "fast").await);
+    assert!(!has_copy::<PersistentVolumeClaim>(host, &ns.name, "fast").await);
 }
 
 #[tokio::test]
 async fn services_point_only_at_the_tenants_own_pods_and_allowed_names() {
-    install_crds_and_policies();
-    let ns = namespace("iso-svc").await;
-    let _operator = start_operator(&ns);
-    let host = ns.client.clone();
+    let world = TestHost::start("iso-svc").await;
+    let (ns, host) = (&world.ns, &world.host);
     let quota = json!({"resourceQuota": {"hard": {"services.loadbalancers": "2", "services.nodeports": "4"}}});
-    let tenant = tenant_under(
-        &ns,
-        quota,
-        json!({"loadBalancers": true, "externalNames": ["*.example.com"]}),
-    )
-    .await;
+    let tenant = TenantSetup::seed()
+        .profile_spec(quota)
+        .allow(json!({"loadBalancers": true, "externalNames": ["*.example.com"]}))
+        .ready_in(ns)
+        .await;
     let pods: Api<Pod> = Api::namespaced(tenant.clone(), "default");
     create(&pods, &pod("own", json!({"app": "own"}), json!({}))).await;
     let own_ip = eventually(WAIT, || async {
@@ -461,7 +429,7 @@ async fn services_point_only_at_the_tenants_own_pods_and_allowed_names() {
     assert!(message.contains("allow.externalNames"), "{message}");
     let message = told(&tenant, "exposed", "NotAllowed").await;
     assert!(message.contains("NodePort"), "{message}");
-    let public = host_copy::<Service>(&host, &ns.name, "public").await;
+    let public = host_copy::<Service>(host, &ns.name, "public").await;
     assert_eq!(
         public
             .spec
@@ -472,24 +440,20 @@ async fn services_point_only_at_the_tenants_own_pods_and_allowed_names() {
         Some(&["203.0.113.0/24".to_string()][..]),
         "the balancer stays closed to everyone else"
     );
-    host_copy::<Service>(&host, &ns.name, "db").await;
+    host_copy::<Service>(host, &ns.name, "db").await;
     for name in ["apiserver", "exposed"] {
         assert!(
-            !has_copy::<Service>(&host, &ns.name, name).await,
+            !has_copy::<Service>(host, &ns.name, name).await,
             "{name} reached the host"
         );
     }
-    synced_says(&host, &ns.name, "NotAllowed", "Service default/").await;
+    synced_says(host, &ns.name, "NotAllowed", "Service default/").await;
 }
 
 #[tokio::test]
 async fn tenant_labels_annotations_and_placement_never_steer_the_host() {
-    install_crds_and_policies();
-    let ns = namespace("iso-meta").await;
-    let _operator = start_operator(&ns);
-    let host = ns.client.clone();
-    example_ready(&ns).await;
-    let tenant = tenant_client(&host, &ns.name, "dev").await;
+    let world = ReadyTenant::start("iso-meta").await;
+    let (ns, host, tenant) = (&world.ns, &world.host, &world.tenant);
     // Another team's Service in the host namespace selects `app=payments`.
     let theirs: Service = serde_json::from_value(json!({
         "metadata": {"name": "payments"},
@@ -519,7 +483,7 @@ async fn tenant_labels_annotations_and_placement_never_steer_the_host() {
         .collect(),
     );
     create(&pods, &spoof).await;
-    let copy = host_copy::<Pod>(&host, &ns.name, "spoof").await;
+    let copy = host_copy::<Pod>(host, &ns.name, "spoof").await;
     let labels = copy.labels();
     assert!(!labels.contains_key("app"), "{labels:?}");
     assert_eq!(labels[&naming::host_label_key("dev", "app")], "payments");
@@ -546,7 +510,7 @@ async fn tenant_labels_annotations_and_placement_never_steer_the_host() {
         spec.node_selector
     );
     assert_eq!(spec.priority_class_name, None);
-    let message = told(&tenant, "spoof", "NotCopied").await;
+    let message = told(tenant, "spoof", "NotCopied").await;
     for needle in [
         "k8s.v1.cni.cncf.io/networks",
         "control-plane",
@@ -611,10 +575,8 @@ async fn tenant_labels_annotations_and_placement_never_steer_the_host() {
 
 #[tokio::test]
 async fn a_tenant_runtime_class_runs_under_the_listed_host_class_of_its_handler() {
-    install_crds_and_policies();
-    let ns = namespace("iso-rc").await;
-    let _operator = start_operator(&ns);
-    let host = ns.client.clone();
+    let world = TestHost::start("iso-rc").await;
+    let (ns, host) = (&world.ns, &world.host);
     // RuntimeClasses are cluster-wide: the host's is named after the test namespace.
     let host_class = format!("{}-sandboxed", ns.name);
     let runtime_class = |name: &str, handler: &str| -> RuntimeClass {
@@ -622,7 +584,10 @@ async fn a_tenant_runtime_class_runs_under_the_listed_host_class_of_its_handler(
     };
     let host_classes: Api<RuntimeClass> = Api::all(host.clone());
     create(&host_classes, &runtime_class(&host_class, "runsc")).await;
-    let tenant = tenant_under(&ns, json!({}), json!({"runtimeClasses": [host_class]})).await;
+    let tenant = TenantSetup::seed()
+        .allow(json!({"runtimeClasses": [host_class]}))
+        .ready_in(ns)
+        .await;
     let tenant_classes: Api<RuntimeClass> = Api::all(tenant.clone());
     create(&tenant_classes, &runtime_class("gvisor", "runsc")).await;
     create(&tenant_classes, &runtime_class("kata", "kata")).await;
@@ -635,7 +600,7 @@ async fn a_tenant_runtime_class_runs_under_the_listed_host_class_of_its_handler(
         .await;
     }
     // Same handler: the copy runs under the host's class, and the tenant pod is scheduled.
-    let copy = host_copy::<Pod>(&host, &ns.name, "sandboxed").await;
+    let copy = host_copy::<Pod>(host, &ns.name, "sandboxed").await;
     assert_eq!(
         copy.spec.unwrap().runtime_class_name.as_deref(),
         Some(host_class.as_str())
@@ -654,7 +619,7 @@ async fn a_tenant_runtime_class_runs_under_the_listed_host_class_of_its_handler(
         message.contains("runtimeClassName \"kata\"") && message.contains("allow.runtimeClasses"),
         "{message}"
     );
-    assert!(!has_copy::<Pod>(&host, &ns.name, "vm").await);
+    assert!(!has_copy::<Pod>(host, &ns.name, "vm").await);
     host_classes
         .delete(&host_class, &Default::default())
         .await

@@ -30,11 +30,11 @@ async fn pod_ip(pods: &Api<Pod>, name: &str) -> String {
 
 #[tokio::test]
 async fn an_endpoints_copy_drops_a_gone_pods_address_at_once() {
-    install_crds_and_policies();
-    let ns = namespace("iso-stale").await;
-    let _operator = start_operator(&ns);
-    let host = ns.client.clone();
-    let tenant = tenant_under(&ns, json!({}), json!({})).await;
+    let world = TenantSetup::seed()
+        .allow(json!({}))
+        .start("iso-stale")
+        .await;
+    let (ns, host, tenant) = (&world.ns, &world.host, &world.tenant);
     let pods: Api<Pod> = Api::namespaced(tenant.clone(), "default");
     create(&pods, &pod("gone", json!({}), json!({}))).await;
     create(&pods, &pod("stays", json!({}), json!({}))).await;
@@ -124,12 +124,12 @@ fn service_at(name: &str, ip: &str) -> Service {
 
 #[tokio::test]
 async fn a_tenant_never_chooses_its_host_service_address() {
-    install_crds_and_policies();
-    let ns = namespace("iso-svcip").await;
-    let _operator = start_operator(&ns);
-    let host = ns.client.clone();
     // The shipped profile: tenant-chosen cluster IPs are not honoured.
-    let tenant = tenant_under(&ns, json!({}), json!({})).await;
+    let world = TenantSetup::seed()
+        .allow(json!({}))
+        .start("iso-svcip")
+        .await;
+    let (ns, host, tenant) = (&world.ns, &world.host, &world.tenant);
     let services: Api<Service> = Api::namespaced(tenant.clone(), "default");
     // The range's `.10` (the cluster DNS on many hosts), and an address picked to squat on.
     create(&services, &service_at("fake-dns", "10.96.0.10")).await;
@@ -141,16 +141,16 @@ async fn a_tenant_never_chooses_its_host_service_address() {
     .unwrap();
     create(&services, &plain).await;
     for (name, chosen) in [("fake-dns", "10.96.0.10"), ("squat", "10.96.123.45")] {
-        let ip = shared_address(&host, &tenant, &ns.name, name).await;
+        let ip = shared_address(host, tenant, &ns.name, name).await;
         assert_ne!(ip, chosen, "{name} got the address it chose on the host");
-        let message = told(&tenant, name, "NotCopied").await;
+        let message = told(tenant, name, "NotCopied").await;
         assert!(
             message.contains(chosen) && message.contains("allow.chosenClusterIPs"),
             "{name}: {message}"
         );
     }
     // A Service that chose nothing takes the host's address without a word.
-    shared_address(&host, &tenant, &ns.name, "plain").await;
+    shared_address(host, tenant, &ns.name, "plain").await;
     // No copy of this tenant holds the range's first or tenth address.
     let copies = Api::<Service>::namespaced(host.clone(), &ns.name)
         .list(&ListParams::default().labels(naming::LABEL_SYNCED_FROM))
@@ -168,22 +168,22 @@ async fn a_tenant_never_chooses_its_host_service_address() {
 
 #[tokio::test]
 async fn a_profile_may_honour_chosen_addresses_but_never_the_reserved_ones() {
-    install_crds_and_policies();
-    let ns = namespace("iso-svcip-on").await;
-    let _operator = start_operator(&ns);
-    let host = ns.client.clone();
-    let tenant = tenant_under(&ns, json!({}), json!({"chosenClusterIPs": true})).await;
+    let world = TenantSetup::seed()
+        .allow(json!({"chosenClusterIPs": true}))
+        .start("iso-svcip-on")
+        .await;
+    let (ns, host, tenant) = (&world.ns, &world.host, &world.tenant);
     let services: Api<Service> = Api::namespaced(tenant.clone(), "default");
     create(&services, &service_at("fake-dns", "10.96.0.10")).await;
     create(&services, &service_at("pinned", "10.96.124.46")).await;
     assert_eq!(
-        shared_address(&host, &tenant, &ns.name, "pinned").await,
+        shared_address(host, tenant, &ns.name, "pinned").await,
         "10.96.124.46",
         "the profile honours a chosen address"
     );
-    let dns = shared_address(&host, &tenant, &ns.name, "fake-dns").await;
+    let dns = shared_address(host, tenant, &ns.name, "fake-dns").await;
     assert_ne!(dns, "10.96.0.10");
-    let message = told(&tenant, "fake-dns", "NotCopied").await;
+    let message = told(tenant, "fake-dns", "NotCopied").await;
     assert!(message.contains("first and tenth addresses"), "{message}");
 }
 
@@ -230,14 +230,12 @@ fn admitted(policy: &NetworkPolicy, ips: &[&str]) -> Vec<String> {
 
 #[tokio::test]
 async fn no_egress_policy_opens_metadata_or_link_local_addresses() {
-    install_crds_and_policies();
-    let ns = namespace("iso-egress").await;
-    let _operator = start_operator(&ns);
-    let host = ns.client.clone();
+    let world = TestHost::start("iso-egress").await;
+    let (ns, host) = (&world.ns, &world.host);
     // A profile that lists the world, a metadata address and all of ULA space.
     let wide = json!({"networkPolicy": {"enabled": true, "allowedEgressCIDRs":
         ["0.0.0.0/0", "169.254.169.254/32", "fd00::/8", "100.64.0.0/10"]}});
-    tenant_under(&ns, wide, json!({})).await;
+    TenantSetup::seed().profile_spec(wide).ready_in(ns).await;
     let policies: Api<NetworkPolicy> = Api::namespaced(host.clone(), &ns.name);
     let isolation = |want: &'static str| {
         let policies = policies.clone();
@@ -281,28 +279,13 @@ async fn no_egress_policy_opens_metadata_or_link_local_addresses() {
 
 /// Tenant `dev` whose SyncPolicy copies Ingresses down and whose profile admits class `nginx`,
 /// every host and every annotation key: only what the values and paths do stands in the way.
-async fn tenant_with_ingresses(ns: &TestNamespace) -> Client {
-    let host = ns.client.clone();
-    let policy = format!("{}-ingresses", ns.name);
-    let sync: tenantplane_api::SyncPolicy = serde_json::from_value(json!({
-        "apiVersion": "tenantplane.io/v1alpha1", "kind": "SyncPolicy",
-        "metadata": {"name": policy},
-        "spec": {"toHost": {"ingresses": {"enabled": true}}}
-    }))
-    .unwrap();
-    create(&Api::all(host.clone()), &sync).await;
-    let profile = format!("{}-profile", ns.name);
-    profile_allowing(
-        &host,
-        &profile,
-        json!({"ingressClasses": ["nginx"], "ingressHosts": ["*"], "annotations": {"ingresses": ["*"]}}),
-    )
-    .await;
-    let mut tc = example(&ns.name);
-    tc.spec.isolation_profile_ref.name = profile;
-    tc.spec.sync_policy_ref.name = policy;
-    create_ready(&host, &tc).await;
-    tenant_client(&host, &ns.name, "dev").await
+async fn tenant_with_ingresses(prefix: &str) -> ReadyTenant {
+    TenantSetup::seed()
+        .sync_policy(json!({"toHost": {"ingresses": {"enabled": true}}}))
+        .allow(json!({"ingressClasses": ["nginx"], "ingressHosts": ["*"],
+            "annotations": {"ingresses": ["*"]}}))
+        .start(prefix)
+        .await
 }
 
 /// Ingress `default/<name>` of class nginx for `host` on `path`, with TLS Secret `<name>-tls`.
@@ -322,11 +305,8 @@ fn ingress(name: &str, annotations: serde_json::Value, path: &str, path_type: &s
 
 #[tokio::test]
 async fn ingresses_are_judged_by_what_their_annotations_and_paths_do() {
-    install_crds_and_policies();
-    let ns = namespace("iso-ingress").await;
-    let _operator = start_operator(&ns);
-    let host = ns.client.clone();
-    let tenant = tenant_with_ingresses(&ns).await;
+    let world = tenant_with_ingresses("iso-ingress").await;
+    let (ns, host, tenant) = (&world.ns, &world.host, &world.tenant);
     let ingresses: Api<Ingress> = Api::namespaced(tenant.clone(), "default");
     let secrets: Api<Secret> = Api::namespaced(tenant.clone(), "default");
     let attacks = [
@@ -407,26 +387,26 @@ async fn ingresses_are_judged_by_what_their_annotations_and_paths_do() {
     let ok = json!({"nginx.ingress.kubernetes.io/rewrite-target": "/",
                     "nginx.ingress.kubernetes.io/whitelist-source-range": "203.0.113.0/24"});
     create(&ingresses, &ingress("web", ok, "/api", "Prefix")).await;
-    let copy = host_copy::<Ingress>(&host, &ns.name, "web").await;
+    let copy = host_copy::<Ingress>(host, &ns.name, "web").await;
     assert_eq!(
         copy.annotations()
             .get("nginx.ingress.kubernetes.io/whitelist-source-range")
             .map(String::as_str),
         Some("203.0.113.0/24")
     );
-    host_copy::<Secret>(&host, &ns.name, "web-tls").await;
+    host_copy::<Secret>(host, &ns.name, "web-tls").await;
     for (name, _, _, _, needle) in &attacks {
-        let message = told(&tenant, name, "NotAllowed").await;
+        let message = told(tenant, name, "NotAllowed").await;
         assert!(message.contains(needle), "{name}: {message}");
         assert!(
-            !has_copy::<Ingress>(&host, &ns.name, name).await,
+            !has_copy::<Ingress>(host, &ns.name, name).await,
             "{name} reached the host"
         );
         // The TLS Secret of a refused Ingress stays in the tenant.
         assert!(
-            !has_copy::<Secret>(&host, &ns.name, &format!("{name}-tls")).await,
+            !has_copy::<Secret>(host, &ns.name, &format!("{name}-tls")).await,
             "the TLS Secret of {name} reached the host"
         );
     }
-    synced_says(&host, &ns.name, "NotAllowed", "Ingress default/").await;
+    synced_says(host, &ns.name, "NotAllowed", "Ingress default/").await;
 }

@@ -50,12 +50,9 @@ async fn ptr_rcode(server: SocketAddr, name: &str) -> Result<u8, String> {
 /// copies and their namespaces (the tenant's Service range is the host's).
 #[tokio::test]
 async fn redteam_reverse_lookups_of_host_addresses_are_never_asked_of_the_host() {
-    install_crds_and_policies();
-    let ns = namespace("rt-dns").await;
-    let operator = start_operator(&ns);
-    let host = ns.client.clone();
-    example_ready(&ns).await;
-    let tenant = tenant_client(&host, &ns.name, "dev").await;
+    let world = ReadyTenant::start("rt-dns").await;
+    let (ns, host, tenant) = (&world.ns, &world.host, &world.tenant);
+    let operator = &world.operator;
     let server = eventually(WAIT, || async {
         let server = operator.runtime.dns_address(&ns.name, "dev")?;
         let a = tenantplane_testenv::dns::lookup_a(server, "kubernetes.default.svc.cluster.local")
@@ -110,12 +107,11 @@ async fn tenant_with_every_annotation(ns: &TestNamespace) -> Client {
     let every = json!(["*"]);
     let annotations = json!({"pods": every, "services": every, "persistentVolumeClaims": every,
         "configMaps": every, "secrets": every, "serviceAccounts": every, "endpoints": every});
-    tenant_under(
-        ns,
-        json!({"podSecurity": "privileged"}),
-        json!({"annotations": annotations}),
-    )
-    .await
+    TenantSetup::seed()
+        .profile_spec(json!({"podSecurity": "privileged"}))
+        .allow(json!({"annotations": annotations}))
+        .ready_in(ns)
+        .await
 }
 
 /// Was tenant object `default/<name>` refused (a `NotAllowed` Event on it)?
@@ -184,11 +180,9 @@ where
 /// opened.
 #[tokio::test]
 async fn redteam_claim_annotations_never_choose_a_class_provisioner_or_node() {
-    install_crds_and_policies();
-    let ns = namespace("rt-pvc").await;
-    let _operator = start_operator(&ns);
-    let host = ns.client.clone();
-    let tenant = tenant_with_every_annotation(&ns).await;
+    let world = TestHost::start("rt-pvc").await;
+    let (ns, host) = (&world.ns, &world.host);
+    let tenant = tenant_with_every_annotation(ns).await;
     let claims: Api<PersistentVolumeClaim> = Api::namespaced(tenant.clone(), "default");
     let attacks = [
         (
@@ -237,7 +231,7 @@ async fn redteam_claim_annotations_never_choose_a_class_provisioner_or_node() {
     );
     create(&pods, &user).await;
     let mut leaks = Vec::new();
-    if let Some(copy) = decided::<Pod>(&host, &tenant, &ns.name, "user").await {
+    if let Some(copy) = decided::<Pod>(host, &tenant, &ns.name, "user").await {
         for (key, _) in host_choices {
             if let Some(v) = copy.annotations().get(key) {
                 leaks.push(format!("pod user: the copy carries {key}: {v}"));
@@ -248,7 +242,7 @@ async fn redteam_claim_annotations_never_choose_a_class_provisioner_or_node() {
         // Safe: the claim goes down without the annotation, or is refused and said so. The
         // host's own controllers write some of these keys on a claim they bind; only the
         // syncer's writing them is a leak.
-        if let Some(copy) = decided::<PersistentVolumeClaim>(&host, &tenant, &ns.name, name).await
+        if let Some(copy) = decided::<PersistentVolumeClaim>(host, &tenant, &ns.name, name).await
             && let Some(v) = copy.annotations().get(key)
             && written_by_syncer(&copy.metadata, key)
         {
@@ -282,11 +276,9 @@ fn written_by_syncer(meta: &kube::api::ObjectMeta, key: &str) -> bool {
 /// AppArmor annotation the API server turns into the pod's field, at creation or added later.
 #[tokio::test]
 async fn redteam_opened_annotations_never_name_other_namespaces_or_unconfine_a_pod() {
-    install_crds_and_policies();
-    let ns = namespace("rt-ann").await;
-    let _operator = start_operator(&ns);
-    let host = ns.client.clone();
-    let tenant = tenant_with_every_annotation(&ns).await;
+    let world = TestHost::start("rt-ann").await;
+    let (ns, host) = (&world.ns, &world.host);
+    let tenant = tenant_with_every_annotation(ns).await;
     let mut leaks: Vec<String> = Vec::new();
     let elsewhere = json!({
         "replicator.v1.mittwald.de/replicate-from": "kube-system/cloud-credentials",
@@ -328,7 +320,7 @@ async fn redteam_opened_annotations_never_name_other_namespaces_or_unconfine_a_p
                 .contains("Unconfined")
     };
     if created
-        && let Some(copy) = decided::<Pod>(&host, &tenant, &ns.name, "armored").await
+        && let Some(copy) = decided::<Pod>(host, &tenant, &ns.name, "armored").await
         && unconfined(&copy)
     {
         leaks.push(format!(
@@ -340,7 +332,7 @@ async fn redteam_opened_annotations_never_name_other_namespaces_or_unconfine_a_p
         (
             "Secret",
             "mirror",
-            host_copy::<Secret>(&host, &ns.name, "mirror")
+            host_copy::<Secret>(host, &ns.name, "mirror")
                 .await
                 .metadata
                 .annotations,
@@ -348,7 +340,7 @@ async fn redteam_opened_annotations_never_name_other_namespaces_or_unconfine_a_p
         (
             "ConfigMap",
             "reflected",
-            host_copy::<ConfigMap>(&host, &ns.name, "reflected")
+            host_copy::<ConfigMap>(host, &ns.name, "reflected")
                 .await
                 .metadata
                 .annotations,
@@ -374,7 +366,7 @@ async fn redteam_opened_annotations_never_name_other_namespaces_or_unconfine_a_p
         );
     }
     // Added to a running pod: the annotation is all that changes on a copy.
-    host_copy::<Pod>(&host, &ns.name, "plain").await;
+    host_copy::<Pod>(host, &ns.name, "plain").await;
     let patch = json!({"metadata": {"annotations": {
         "container.apparmor.security.beta.kubernetes.io/c": "unconfined",
         "example.com/marker": "1"}}});
@@ -411,12 +403,8 @@ async fn redteam_opened_annotations_never_name_other_namespaces_or_unconfine_a_p
 /// Events, stays in the tenant: no host controller acts on a copy because of it.
 #[tokio::test]
 async fn redteam_token_secrets_finalizers_owners_and_tenant_events_stay_in_the_tenant() {
-    install_crds_and_policies();
-    let ns = namespace("rt-meta").await;
-    let _operator = start_operator(&ns);
-    let host = ns.client.clone();
-    example_ready(&ns).await;
-    let tenant = tenant_client(&host, &ns.name, "dev").await;
+    let world = ReadyTenant::start("rt-meta").await;
+    let (ns, host, tenant) = (&world.ns, &world.host, &world.tenant);
     // A token Secret the tenant's token controller fills, mounted by a pod: never copied (the
     // host's token controller would act on its type; its token is the tenant's).
     let secrets: Api<Secret> = Api::namespaced(tenant.clone(), "default");
@@ -516,7 +504,7 @@ async fn redteam_token_secrets_finalizers_owners_and_tenant_events_stay_in_the_t
     )
     .await;
 
-    let copy = host_copy::<ConfigMap>(&host, &ns.name, "owned").await;
+    let copy = host_copy::<ConfigMap>(host, &ns.name, "owned").await;
     assert!(
         copy.finalizers().is_empty(),
         "a tenant finalizer holds a host object: {:?}",
@@ -528,9 +516,9 @@ async fn redteam_token_secrets_finalizers_owners_and_tenant_events_stay_in_the_t
         .map(|o| o.kind.clone())
         .collect();
     assert_eq!(owners, ["TenantCluster"], "{:?}", copy.owner_references());
-    host_copy::<Pod>(&host, &ns.name, "reader").await;
+    host_copy::<Pod>(host, &ns.name, "reader").await;
     assert!(
-        !has_copy::<Secret>(&host, &ns.name, "sa-token").await,
+        !has_copy::<Secret>(host, &ns.name, "sa-token").await,
         "a token Secret reached the host"
     );
     let host_secrets = Api::<Secret>::namespaced(host.clone(), &ns.name)
@@ -545,7 +533,7 @@ async fn redteam_token_secrets_finalizers_owners_and_tenant_events_stay_in_the_t
             s.name_any()
         );
     }
-    host_copy::<Service>(&host, &ns.name, "sel").await;
+    host_copy::<Service>(host, &ns.name, "sel").await;
     // The host's own endpoints controller keeps Endpoints of that name: never the tenant's.
     let host_ep: Option<Endpoints> = Api::namespaced(host.clone(), &ns.name)
         .get_opt("sel-x-default-x-dev")
@@ -589,14 +577,16 @@ async fn redteam_token_secrets_finalizers_owners_and_tenant_events_stay_in_the_t
 /// internal network's, another team's): opening balancers is not opening every class.
 #[tokio::test]
 async fn redteam_a_balancer_class_is_the_profiles_to_open() {
-    install_crds_and_policies();
-    let ns = namespace("rt-lbc").await;
-    let _operator = start_operator(&ns);
-    let host = ns.client.clone();
+    let world = TestHost::start("rt-lbc").await;
+    let (ns, host) = (&world.ns, &world.host);
     // A balancer takes node ports too.
     let quota = json!({"resourceQuota": {"enforce": true,
         "hard": {"services.loadbalancers": "2", "services.nodeports": "4"}}});
-    let tenant = tenant_under(&ns, quota, json!({"loadBalancers": true})).await;
+    let tenant = TenantSetup::seed()
+        .profile_spec(quota)
+        .allow(json!({"loadBalancers": true}))
+        .ready_in(ns)
+        .await;
     let services: Api<Service> = Api::namespaced(tenant.clone(), "default");
     let svc: Service = serde_json::from_value(json!({
         "metadata": {"name": "internal", "namespace": "default"},
@@ -616,7 +606,7 @@ async fn redteam_a_balancer_class_is_the_profiles_to_open() {
     let Some(copied) = copied else {
         panic!(
             "the Service was neither copied nor refused: {}",
-            what_happened(&host, &tenant, &ns.name, "internal").await
+            what_happened(host, &tenant, &ns.name, "internal").await
         );
     };
     assert_eq!(
@@ -625,7 +615,7 @@ async fn redteam_a_balancer_class_is_the_profiles_to_open() {
         "the host copy asks for the tenant's balancer class"
     );
     // Refused: the tenant is told which setting opens the class.
-    let told = what_happened(&host, &tenant, &ns.name, "internal").await;
+    let told = what_happened(host, &tenant, &ns.name, "internal").await;
     assert!(
         told.contains("allow.loadBalancerClasses") && told.contains("ops.example.com/private-vpc"),
         "{told}"
@@ -680,13 +670,13 @@ async fn kubelet_as_tenant_admin(host: &Client, ns: &str, kubelet: &KubeletOptio
 /// crafted name, and no other tenant's pod (the tenant is the certificate's, never the path's).
 #[tokio::test]
 async fn redteam_the_kubelet_endpoint_serves_only_the_tenants_own_pods() {
-    install_crds_and_policies();
-    let ns = namespace("rt-kubelet").await;
-    let operator = start_operator_with_kubelet(&ns).await;
+    let world = TestHost::start_with_kubelet("rt-kubelet")
+        .await
+        .ready(TenantSetup::seed())
+        .await;
+    let (ns, host, tenant) = (&world.ns, &world.host, &world.tenant);
+    let operator = &world.operator;
     let kubelet_options = operator.kubelet.clone().unwrap();
-    let host = ns.client.clone();
-    example_ready(&ns).await;
-    let tenant = tenant_client(&host, &ns.name, "dev").await;
     let pods: Api<Pod> = Api::namespaced(tenant.clone(), "default");
     create(&pods, &pod("plain", json!({}), json!({}))).await;
     let running = eventually(WAIT, || async {
@@ -707,7 +697,7 @@ async fn redteam_the_kubelet_endpoint_serves_only_the_tenants_own_pods() {
     }))
     .unwrap();
     create(&Api::<Pod>::namespaced(host.clone(), &ns.name), &forged).await;
-    let kubelet = kubelet_as_tenant_admin(&host, &ns.name, &kubelet_options).await;
+    let kubelet = kubelet_as_tenant_admin(host, &ns.name, &kubelet_options).await;
     let last = std::sync::Mutex::new(String::new());
     let logs = eventually(WAIT, || async {
         let answer = tenant_get(&kubelet, "/containerLogs/default/plain/c").await;
@@ -750,17 +740,17 @@ async fn redteam_the_kubelet_endpoint_serves_only_the_tenants_own_pods() {
 /// operator's kubelet endpoint, and a pod's `hostIP` (and the downward API's) is that address.
 #[tokio::test]
 async fn redteam_a_pod_status_names_no_host_node_address() {
-    install_crds_and_policies();
-    let ns = namespace("rt-hostip").await;
-    let operator = start_operator_with_kubelet(&ns).await;
-    let kubelet = operator
+    let world = TestHost::start_with_kubelet("rt-hostip")
+        .await
+        .ready(TenantSetup::seed())
+        .await;
+    let (ns, host, tenant) = (&world.ns, &world.host, &world.tenant);
+    let kubelet = world
+        .operator
         .kubelet
         .clone()
         .expect("the kubelet endpoint")
         .endpoint;
-    let host = ns.client.clone();
-    example_ready(&ns).await;
-    let tenant = tenant_client(&host, &ns.name, "dev").await;
     let pods: Api<Pod> = Api::namespaced(tenant.clone(), "default");
     create(&pods, &pod("plain", json!({}), json!({}))).await;
     let status = eventually(WAIT, || async {
@@ -768,7 +758,7 @@ async fn redteam_a_pod_status_names_no_host_node_address() {
         (s.phase.as_deref() == Some("Running") && s.host_ip.is_some()).then_some(s)
     })
     .await;
-    let copy = host_copy::<Pod>(&host, &ns.name, "plain").await;
+    let copy = host_copy::<Pod>(host, &ns.name, "plain").await;
     let host_node = copy.spec.and_then(|s| s.node_name).unwrap_or_default();
     let node_addresses: Vec<String> = Api::<k8s_openapi::api::core::v1::Node>::all(host.clone())
         .get(&host_node)
@@ -821,11 +811,9 @@ async fn redteam_a_pod_status_names_no_host_node_address() {
 #[tokio::test]
 #[ignore = "leak: the <tenant>-isolation NetworkPolicy lets every pod of the host namespace (podSelector {}) reach kube-system/kube-dns on 53, so a tenant pod asks the host's DNS directly (dig @<host DNS> -x 10.96.0.1, <svc>.<ns>.svc.cluster.local of any namespace), around the tenant's CoreDNS"]
 async fn redteam_only_the_tenants_dns_may_ask_the_hosts() {
-    install_crds_and_policies();
-    let ns = namespace("rt-netdns").await;
-    let _operator = start_operator(&ns);
-    let host = ns.client.clone();
-    example_ready(&ns).await;
+    let world = TestHost::start("rt-netdns").await;
+    let (ns, host) = (&world.ns, &world.host);
+    example_ready(ns).await;
     let policies =
         Api::<k8s_openapi::api::networking::v1::NetworkPolicy>::namespaced(host.clone(), &ns.name)
             .list(&ListParams::default())
@@ -853,17 +841,12 @@ async fn redteam_only_the_tenants_dns_may_ask_the_hosts() {
 /// platform whose nodes hold such credentials lists the registries tenants may use.
 #[tokio::test]
 async fn redteam_images_come_only_from_registries_the_profile_lists() {
-    install_crds_and_policies();
-    let ns = namespace("rt-image").await;
-    let _operator = start_operator(&ns);
-    let host = ns.client.clone();
     // The registry of the tests' own image (`container`), and no other.
-    let tenant = tenant_under(
-        &ns,
-        json!({}),
-        json!({"imageRegistries": ["registry.example"]}),
-    )
-    .await;
+    let world = TenantSetup::seed()
+        .allow(json!({"imageRegistries": ["registry.example"]}))
+        .start("rt-image")
+        .await;
+    let (ns, host, tenant) = (&world.ns, &world.host, &world.tenant);
     let pods: Api<Pod> = Api::namespaced(tenant.clone(), "default");
     create(&pods, &pod("listed", json!({}), json!({}))).await;
     let private = "123456789012.dkr.ecr.eu-west-1.amazonaws.com/platform/deployer:1";
@@ -874,17 +857,17 @@ async fn redteam_images_come_only_from_registries_the_profile_lists() {
         create(&pods, &pod(name, json!({}), json!({ field: [c] }))).await;
     }
     // A listed registry's image goes down as written.
-    host_copy::<Pod>(&host, &ns.name, "listed").await;
+    host_copy::<Pod>(host, &ns.name, "listed").await;
     for (name, _) in attacks {
         // Safe: refused (or the image left out), and the tenant told which setting opens it.
-        if let Some(copy) = decided::<Pod>(&host, &tenant, &ns.name, name).await {
+        if let Some(copy) = decided::<Pod>(host, tenant, &ns.name, name).await {
             let spec = serde_json::to_string(&copy.spec).unwrap();
             assert!(
                 !spec.contains(private),
                 "{name}: the copy pulls {private} with the node's credentials"
             );
         }
-        let why = told(&tenant, name, "NotAllowed").await;
+        let why = told(tenant, name, "NotAllowed").await;
         assert!(
             why.contains(private)
                 && why.contains("registry 123456789012.dkr.ecr.eu-west-1.amazonaws.com")

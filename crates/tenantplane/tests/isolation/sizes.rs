@@ -44,37 +44,37 @@ async fn quota_storage_becomes(host: &Client, ns: &str, want: &str) {
 
 #[tokio::test]
 async fn claims_are_capped_one_by_one_and_counted_by_the_quota() {
-    install_crds_and_policies();
-    let ns = namespace("iso-claim").await;
-    let _operator = start_operator(&ns);
-    let host = ns.client.clone();
-    let tenant = tenant_under(&ns, json!({}), json!({"maxClaimSize": "100Gi"})).await;
+    let world = TenantSetup::seed()
+        .allow(json!({"maxClaimSize": "100Gi"}))
+        .start("iso-claim")
+        .await;
+    let (ns, host, tenant) = (&world.ns, &world.host, &world.tenant);
     let claims: Api<PersistentVolumeClaim> = Api::namespaced(tenant.clone(), "default");
     // A petabyte, and a byte over the cap: refused, with the size, the cap and the setting.
     create(&claims, &claim("huge", "1Pi")).await;
     create(&claims, &claim("byte-over", "107374182401")).await;
     create(&claims, &claim("small", "1Gi")).await;
-    let copy = host_copy::<PersistentVolumeClaim>(&host, &ns.name, "small").await;
+    let copy = host_copy::<PersistentVolumeClaim>(host, &ns.name, "small").await;
     let asked = copy.spec.unwrap().resources.unwrap().requests.unwrap();
     assert_eq!(asked["storage"].0, "1Gi");
-    let message = told(&tenant, "huge", "NotAllowed").await;
+    let message = told(tenant, "huge", "NotAllowed").await;
     assert!(
         message.contains("spec.resources.requests.storage 1Pi is more than the IsolationProfile's allow.maxClaimSize of 100Gi"),
         "{message}"
     );
-    let message = told(&tenant, "byte-over", "NotAllowed").await;
+    let message = told(tenant, "byte-over", "NotAllowed").await;
     assert!(message.contains("107374182401"), "{message}");
     for name in ["huge", "byte-over"] {
         assert!(
-            !has_copy::<PersistentVolumeClaim>(&host, &ns.name, name).await,
+            !has_copy::<PersistentVolumeClaim>(host, &ns.name, name).await,
             "{name} reached the host"
         );
     }
-    synced_says(&host, &ns.name, "NotAllowed", "allow.maxClaimSize").await;
+    synced_says(host, &ns.name, "NotAllowed", "allow.maxClaimSize").await;
 
     // The enforced quota counts storage: the profile's cap, lowered by the tenant's own, never
     // raised by it.
-    quota_storage_becomes(&host, &ns.name, "200Gi").await;
+    quota_storage_becomes(host, &ns.name, "200Gi").await;
     let tenants: Api<TenantCluster> = Api::namespaced(host.clone(), &ns.name);
     let set_storage = |storage: &'static str| {
         let tenants = tenants.clone();
@@ -90,9 +90,9 @@ async fn claims_are_capped_one_by_one_and_counted_by_the_quota() {
         }
     };
     set_storage("50Gi").await;
-    quota_storage_becomes(&host, &ns.name, "50Gi").await;
+    quota_storage_becomes(host, &ns.name, "50Gi").await;
     let raised = set_storage("1Pi").await;
-    quota_storage_becomes(&host, &ns.name, "200Gi").await;
+    quota_storage_becomes(host, &ns.name, "200Gi").await;
     assert_eq!(
         raised.spec.resources.storage.as_ref().map(|s| s.as_str()),
         Some("1Pi"),
@@ -112,11 +112,8 @@ async fn claims_are_capped_one_by_one_and_counted_by_the_quota() {
 
 #[tokio::test]
 async fn a_tenant_object_full_of_reasons_leaves_the_host_objects_small() {
-    install_crds_and_policies();
-    let ns = namespace("iso-big").await;
-    let _operator = start_operator(&ns);
-    let host = ns.client.clone();
-    let tenant = tenant_under(&ns, json!({}), json!({})).await;
+    let world = TenantSetup::seed().allow(json!({})).start("iso-big").await;
+    let (ns, host, tenant) = (&world.ns, &world.host, &world.tenant);
     let pods: Api<Pod> = Api::namespaced(tenant.clone(), "default");
     // A long name, sixty privileged containers each adding ten capabilities with long names,
     // and five hundred annotations the profile does not allow: thousands of reasons.
@@ -148,7 +145,7 @@ async fn a_tenant_object_full_of_reasons_leaves_the_host_objects_small() {
     );
     create(&pods, &described).await;
 
-    synced_says(&host, &ns.name, "NotAllowed", &name[..60]).await;
+    synced_says(host, &ns.name, "NotAllowed", &name[..60]).await;
     let tc = Api::<TenantCluster>::namespaced(host.clone(), &ns.name)
         .get("dev")
         .await
@@ -164,13 +161,13 @@ async fn a_tenant_object_full_of_reasons_leaves_the_host_objects_small() {
     let size = serde_json::to_vec(&tc).unwrap().len();
     assert!(size < 16 * 1024, "the TenantCluster is {size} bytes");
     // What the tenant is told, on the Event and on the pod, is bounded too.
-    let message = told(&tenant, &name, "NotAllowed").await;
+    let message = told(tenant, &name, "NotAllowed").await;
     assert!(message.len() <= MAX_TEXT_BYTES, "{}", message.len());
     assert!(
         message.contains("and ") && message.contains("more"),
         "{message}"
     );
-    let message = told(&tenant, &name, "NotCopied").await;
+    let message = told(tenant, &name, "NotCopied").await;
     assert!(
         message.len() <= MAX_TEXT_BYTES && message.contains("and 490 more"),
         "{message}"
@@ -197,7 +194,7 @@ async fn a_tenant_object_full_of_reasons_leaves_the_host_objects_small() {
         assert!(len <= MAX_TEXT_BYTES, "{:?}: {len}", e.reason);
     }
     // The description reaches the copy, cut to the bound.
-    let copy = host_copy::<Pod>(&host, &ns.name, "described").await;
+    let copy = host_copy::<Pod>(host, &ns.name, "described").await;
     let description = &copy.annotations()["kubernetes.io/description"];
     assert!(description.len() <= MAX_TEXT_BYTES, "{}", description.len());
     assert!(
@@ -208,11 +205,11 @@ async fn a_tenant_object_full_of_reasons_leaves_the_host_objects_small() {
 
 #[tokio::test]
 async fn twenty_refused_pods_rewrite_the_tenant_status_a_few_times() {
-    install_crds_and_policies();
-    let ns = namespace("iso-churn").await;
-    let _operator = start_operator(&ns);
-    let host = ns.client.clone();
-    let tenant = tenant_under(&ns, json!({}), json!({})).await;
+    let world = TenantSetup::seed()
+        .allow(json!({}))
+        .start("iso-churn")
+        .await;
+    let (ns, host, tenant) = (&world.ns, &world.host, &world.tenant);
     let tenants: Api<TenantCluster> = Api::namespaced(host.clone(), &ns.name);
     // Settled: Synced True, as a healthy tenant's status stays.
     let settled = eventually(WAIT, || async {
@@ -255,13 +252,13 @@ async fn twenty_refused_pods_rewrite_the_tenant_status_a_few_times() {
     }
     // The last state is written, however the writes were coalesced.
     synced_says(
-        &host,
+        host,
         &ns.name,
         "NotAllowed",
         "Pod default/refused-00: not allowed on the host: spec.hostNetwork",
     )
     .await;
-    synced_says(&host, &ns.name, "NotAllowed", "(and 19 more objects)").await;
+    synced_says(host, &ns.name, "NotAllowed", "(and 19 more objects)").await;
     let elapsed = started.elapsed();
     counter.abort();
     let n = writes.load(Ordering::SeqCst);

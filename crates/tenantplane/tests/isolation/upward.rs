@@ -39,14 +39,12 @@ fn scheduled_condition(p: &Pod) -> Option<k8s_openapi::api::core::v1::PodConditi
 
 #[tokio::test]
 async fn virtual_nodes_scheduling_messages_and_events_name_nothing_of_the_host() {
-    install_crds_and_policies();
-    let ns = namespace("iso-up").await;
-    let _operator = start_operator(&ns);
-    let host = ns.client.clone();
+    let world = TestHost::start("iso-up").await;
+    let (ns, host) = (&world.ns, &world.host);
     // A host node as a cloud makes them: instance ids, another team's ownership, pool names.
     let name = format!("pool-{}", ns.name.replace("iso-", ""));
     host_node(
-        &host,
+        host,
         json!({
             "metadata": {"name": name,
                 "labels": {ONLY: "team-payments", "kubernetes.io/hostname": name,
@@ -69,14 +67,12 @@ async fn virtual_nodes_scheduling_messages_and_events_name_nothing_of_the_host()
     )
     .await;
     // The profile puts the tenant's pods on that node (and nowhere else).
-    let tenant = tenant_under(
-        &ns,
-        json!({"nodeSelector": {ONLY: "team-payments"},
+    let tenant = TenantSetup::seed()
+        .profile_spec(json!({"nodeSelector": {ONLY: "team-payments"},
                "tolerations": [{"key": ONLY, "operator": "Equal", "value": "team-payments",
-                                "effect": "NoSchedule"}]}),
-        json!({}),
-    )
-    .await;
+                                "effect": "NoSchedule"}]}))
+        .ready_in(ns)
+        .await;
     let pods: Api<Pod> = Api::namespaced(tenant.clone(), "default");
     create(&pods, &pod("web", json!({}), json!({}))).await;
     // A zone the profile lets pods select, that no node has: the copy waits.
@@ -165,7 +161,7 @@ async fn virtual_nodes_scheduling_messages_and_events_name_nothing_of_the_host()
 
     // The pod whose copy cannot be placed says it waits, not what the host's nodes are.
     let copy = eventually(WAIT, || async {
-        let copy: Pod = host_copy(&host, &ns.name, "waiting").await;
+        let copy: Pod = host_copy(host, &ns.name, "waiting").await;
         let message = scheduled_condition(&copy)?.message?;
         message.contains("nodes are available").then_some(message)
     })
@@ -233,32 +229,30 @@ async fn virtual_nodes_scheduling_messages_and_events_name_nothing_of_the_host()
             );
         }
     }
-    remove_node(&host, &name).await;
+    remove_node(host, &name).await;
 }
 
 #[tokio::test]
 async fn a_pod_naming_a_host_node_neither_lands_there_nor_shows_it() {
-    install_crds_and_policies();
-    let ns = namespace("iso-up-pin").await;
-    let _operator = start_operator(&ns);
-    let host = ns.client.clone();
+    let world = TestHost::start("iso-up-pin").await;
+    let (ns, host) = (&world.ns, &world.host);
     // A host node that runs none of this tenant's pods (nor anyone's: it is tainted).
     let decoy = format!("decoy-{}", ns.name.replace("iso-", ""));
     host_node(
-        &host,
+        host,
         json!({
             "metadata": {"name": decoy, "labels": {"kubernetes.io/hostname": decoy}},
             "spec": {"taints": [{"key": ONLY, "value": "nobody", "effect": "NoSchedule"}]}
         }),
     )
     .await;
-    let tenant = tenant_under(&ns, json!({}), json!({})).await;
+    let tenant = TenantSetup::seed().allow(json!({})).ready_in(ns).await;
     let pods: Api<Pod> = Api::namespaced(tenant.clone(), "default");
     create(&pods, &pod("pinned", json!({}), json!({"nodeName": decoy}))).await;
     create(&pods, &pod("plain", json!({}), json!({}))).await;
     // The host scheduler places the copy: not on the node the tenant named.
     let placed = eventually(WAIT, || async {
-        let copy: Pod = host_copy(&host, &ns.name, "pinned").await;
+        let copy: Pod = host_copy(host, &ns.name, "pinned").await;
         copy.spec?.node_name
     })
     .await
@@ -286,28 +280,18 @@ async fn a_pod_naming_a_host_node_neither_lands_there_nor_shows_it() {
     // The nodes that run the copies show (another test's node may run some of them).
     assert!(names.contains(&placed), "{names:?}");
     assert!(names.contains(&settled), "{names:?}");
-    remove_node(&host, &decoy).await;
+    remove_node(host, &decoy).await;
 }
 
 #[tokio::test]
 async fn a_sync_policy_may_show_more_node_labels() {
-    install_crds_and_policies();
-    let ns = namespace("iso-up-labels").await;
-    let _operator = start_operator(&ns);
-    let host = ns.client.clone();
     // The platform team opens one host label (kwok's node carries `type: kwok`).
-    let policy_name = format!("{}-policy", ns.name);
-    let policy: tenantplane_api::SyncPolicy = serde_json::from_value(json!({
-        "apiVersion": "tenantplane.io/v1alpha1", "kind": "SyncPolicy",
-        "metadata": {"name": policy_name},
-        "spec": {"fromHost": {"nodes": {"labels": ["typ*"]}}}
-    }))
-    .unwrap();
-    create(&Api::all(host.clone()), &policy).await;
-    let mut tc = example(&ns.name);
-    tc.spec.sync_policy_ref.name = policy_name.clone();
-    create_ready(&host, &tc).await;
-    let tenant = tenant_client(&host, &ns.name, "dev").await;
+    let world = TenantSetup::seed()
+        .sync_policy(json!({"fromHost": {"nodes": {"labels": ["typ*"]}}}))
+        .start("iso-up-labels")
+        .await;
+    let (host, tenant) = (&world.host, &world.tenant);
+    let policy_name = world.sync_policy.clone().unwrap();
     let pods: Api<Pod> = Api::namespaced(tenant.clone(), "default");
     create(&pods, &pod("web", json!({}), json!({}))).await;
     let node_name = eventually(WAIT, || async {

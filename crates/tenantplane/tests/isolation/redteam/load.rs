@@ -10,12 +10,8 @@ use super::super::*;
 /// `restricted`) keeps larger ones in the tenant, and refuses their pods.
 #[tokio::test]
 async fn redteam_the_data_a_tenant_copies_to_the_host_is_bounded_in_bytes() {
-    install_crds_and_policies();
-    let ns = namespace("rt-bytes").await;
-    let _operator = start_operator(&ns);
-    let host = ns.client.clone();
-    example_ready(&ns).await;
-    let tenant = tenant_client(&host, &ns.name, "dev").await;
+    let world = ReadyTenant::start("rt-bytes").await;
+    let (ns, host, tenant) = (&world.ns, &world.host, &world.tenant);
     let cms: Api<ConfigMap> = Api::namespaced(tenant.clone(), "default");
     let blob = "x".repeat(900 * 1024);
     let mut volumes = Vec::new();
@@ -49,19 +45,19 @@ async fn redteam_the_data_a_tenant_copies_to_the_host_is_bounded_in_bytes() {
         &pod("hoarder", json!({}), json!({"volumes": volumes})),
     )
     .await;
-    host_copy::<ConfigMap>(&host, &ns.name, "small").await;
-    let on_cm = told(&tenant, "blob-0", "NotAllowed").await;
+    host_copy::<ConfigMap>(host, &ns.name, "small").await;
+    let on_cm = told(tenant, "blob-0", "NotAllowed").await;
     for needle in ["921601 bytes", "allow.maxDataBytes", "256Ki"] {
         assert!(on_cm.contains(needle), "{needle}: {on_cm}");
     }
-    let on_pod = told(&tenant, "hoarder", "NotAllowed").await;
+    let on_pod = told(tenant, "hoarder", "NotAllowed").await;
     for needle in ["ConfigMap blob-", "allow.maxDataBytes of 256Ki"] {
         assert!(on_pod.contains(needle), "{needle}: {on_pod}");
     }
     // Give the syncer time to copy what it will.
     tokio::time::sleep(std::time::Duration::from_secs(5)).await;
     assert!(
-        !has_copy::<Pod>(&host, &ns.name, "hoarder").await,
+        !has_copy::<Pod>(host, &ns.name, "hoarder").await,
         "the pod of data kept off the host runs there"
     );
     let copies = Api::<ConfigMap>::namespaced(host.clone(), &ns.name)
@@ -88,7 +84,7 @@ async fn redteam_the_data_a_tenant_copies_to_the_host_is_bounded_in_bytes() {
         ),
     )
     .await;
-    told(&tenant, "patient", "NotAllowed").await;
+    told(tenant, "patient", "NotAllowed").await;
     cms.patch(
         "blob-9",
         &kube::api::PatchParams::default(),
@@ -96,8 +92,8 @@ async fn redteam_the_data_a_tenant_copies_to_the_host_is_bounded_in_bytes() {
     )
     .await
     .unwrap();
-    host_copy::<Pod>(&host, &ns.name, "patient").await;
-    host_copy::<ConfigMap>(&host, &ns.name, "blob-9").await;
+    host_copy::<Pod>(host, &ns.name, "patient").await;
+    host_copy::<ConfigMap>(host, &ns.name, "blob-9").await;
 }
 
 /// This process's resident memory, in bytes (the operator under test runs in it).
@@ -121,15 +117,11 @@ fn resident_bytes() -> usize {
 #[tokio::test]
 #[ignore = "leak: the syncer watches every tenant ConfigMap and Secret with its data (kind.rs tenant_watch_config; kinds/configmaps.rs, kinds/secrets.rs), so 54 MiB of unused tenant ConfigMaps grow the shared operator's memory by as much; a tenant's datastore claim (2Gi) is the only bound"]
 async fn redteam_data_no_pod_uses_is_not_held_by_the_shared_operator() {
-    install_crds_and_policies();
-    let ns = namespace("rt-memory").await;
-    let _operator = start_operator(&ns);
-    let host = ns.client.clone();
-    example_ready(&ns).await;
-    let tenant = tenant_client(&host, &ns.name, "dev").await;
+    let world = ReadyTenant::start("rt-memory").await;
+    let (ns, host, tenant) = (&world.ns, &world.host, &world.tenant);
     let pods: Api<Pod> = Api::namespaced(tenant.clone(), "default");
     create(&pods, &pod("plain", json!({}), json!({}))).await;
-    host_copy::<Pod>(&host, &ns.name, "plain").await;
+    host_copy::<Pod>(host, &ns.name, "plain").await;
     let blob = "x".repeat(900 * 1024);
     const COUNT: usize = 60;
     // What writing that much costs this process itself: the same bytes in PodTemplates, a kind
@@ -162,7 +154,7 @@ async fn redteam_data_no_pod_uses_is_not_held_by_the_shared_operator() {
     tokio::time::sleep(std::time::Duration::from_secs(15)).await;
     let grown = resident_bytes().saturating_sub(after_templates);
     assert!(
-        !has_copy::<ConfigMap>(&host, &ns.name, "hoard-0").await,
+        !has_copy::<ConfigMap>(host, &ns.name, "hoard-0").await,
         "an unused ConfigMap was copied"
     );
     assert!(
