@@ -209,7 +209,7 @@ async fn a_statefulset_gets_a_running_ready_pod() {
     .expect("the StatefulSet controller creates web-0, the scheduler binds it and kwok runs it");
     assert_eq!(
         pod.spec.and_then(|s| s.node_name).as_deref(),
-        Some(tenantplane_testenv::control_plane::KWOK_NODE)
+        Some(tenantplane_testenv::host_cluster::KWOK_NODE)
     );
 
     let ready = eventually(WAIT, || async {

@@ -16,7 +16,7 @@ use kube::Client;
 use kube::api::{Api, PostParams};
 use serde_json::json;
 use tenantplane_controller::names;
-use tenantplane_testenv::control_plane::KWOK_LOG_LINES;
+use tenantplane_testenv::host_cluster::KWOK_LOG_LINES;
 use tenantplane_testenv::{eventually, shared};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 

@@ -66,7 +66,7 @@ async fn a_headless_service_governs_the_statefulset_and_old_tenants_move_to_it_k
     assert!(
         args.contains(&format!(
             "--service-cidr={}",
-            tenantplane_testenv::control_plane::SERVICE_CIDR
+            tenantplane_testenv::host_cluster::SERVICE_CIDR
         )),
         "{args:?}"
     );
@@ -324,8 +324,8 @@ async fn a_wedged_control_plane_is_restarted_by_its_liveness_probe() {
 
 #[tokio::test]
 async fn a_status_merge_patches_wrote_is_taken_over_so_its_stale_endpoint_goes() {
-    install_crds_and_policies();
-    let ns = namespace("status-upgrade").await;
+    tenantplane_testenv::install_crds_and_policies();
+    let ns = tenantplane_testenv::namespace("status-upgrade").await;
     let tenants: Api<TenantCluster> = Api::namespaced(ns.client.clone(), &ns.name);
     tenants
         .create(&PostParams::default(), &example(&ns.name))

@@ -19,8 +19,9 @@ use serde_json::{Value, json};
 use tenantplane_api::{Phase, TenantCluster};
 use tenantplane_controller::build::kubeconfig;
 use tenantplane_controller::names;
-use tenantplane_testenv::control_plane::{SERVICE_CIDR, free_port};
+use tenantplane_testenv::host_cluster::SERVICE_CIDR;
 use tenantplane_testenv::local_runtime::{self, LocalRuntime};
+use tenantplane_testenv::process::free_port;
 use tenantplane_testenv::{
     TestNamespace, eventually, install_crds_and_policies, namespace, shared,
 };

@@ -179,7 +179,7 @@ async fn the_host_names_its_service_range_and_a_wrong_flag_is_a_mismatch_not_a_l
     let range = service_range::discover(&ns.client, &ns.name).await.unwrap();
     assert_eq!(
         range.cidrs,
-        [tenantplane_testenv::control_plane::SERVICE_CIDR]
+        [tenantplane_testenv::host_cluster::SERVICE_CIDR]
     );
     assert!(range.source.starts_with("ServiceCIDR "), "{}", range.source);
     let refused = service_range::from_refusal(&ns.client, &ns.name)
@@ -187,7 +187,7 @@ async fn the_host_names_its_service_range_and_a_wrong_flag_is_a_mismatch_not_a_l
         .unwrap();
     assert_eq!(
         refused.cidrs,
-        [tenantplane_testenv::control_plane::SERVICE_CIDR]
+        [tenantplane_testenv::host_cluster::SERVICE_CIDR]
     );
 
     let mut opts = options(&ns.name, None);
@@ -204,7 +204,7 @@ async fn the_host_names_its_service_range_and_a_wrong_flag_is_a_mismatch_not_a_l
         message.contains("--service-cidr is 10.200.0.0/16")
             && message.contains(&format!(
                 "set it to {}",
-                tenantplane_testenv::control_plane::SERVICE_CIDR
+                tenantplane_testenv::host_cluster::SERVICE_CIDR
             )),
         "{message}"
     );

@@ -30,10 +30,3 @@ pub use shared::{
     TestNamespace, eventually, install_crds_and_policies, kubectl, namespace, repo_path, shared,
     wait_for_crds,
 };
-
-/// The names the behaviour tests knew before the module was called `host_cluster` (three files
-/// were called `control_plane.rs`); kept so the tests need not change with this rename.
-pub mod control_plane {
-    pub use crate::host_cluster::{KWOK_LOG_LINES, KWOK_NODE, SERVICE_CIDR};
-    pub use crate::process::free_port;
-}

@@ -188,7 +188,7 @@ async fn virtual_nodes_scheduling_messages_and_events_name_nothing_of_the_host()
     );
     // No Event in the tenant names the host namespace, a copy, or a host node the tenant does
     // not see (the control plane's node runs none of its pods).
-    let hidden = tenantplane_testenv::control_plane::KWOK_NODE;
+    let hidden = tenantplane_testenv::host_cluster::KWOK_NODE;
     assert!(
         tenant_nodes.get_opt(hidden).await.unwrap().is_none(),
         "{hidden} runs no copy of this tenant"

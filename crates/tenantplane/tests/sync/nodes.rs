@@ -131,7 +131,7 @@ async fn in_all_mode_the_tenant_sees_schedulable_nodes_before_any_pod_runs() {
     let last = std::sync::Mutex::new(String::new());
     let node = eventually(WAIT, || async {
         let node = nodes
-            .get_opt(tenantplane_testenv::control_plane::KWOK_NODE)
+            .get_opt(tenantplane_testenv::host_cluster::KWOK_NODE)
             .await
             .ok()??;
         let ready = node
