@@ -418,6 +418,13 @@ async fn tenant_data_lives_in_sqlite_on_its_claim_and_survives_a_datastore_crash
     })
     .await;
     assert!(removed.is_some(), "{} outlived its claim", dir.display());
+    // The claim goes before the TenantCluster's foreground deletion finishes: make it again only
+    // once the old one is gone, or the create meets the old name.
+    let gone = eventually(WAIT, || async {
+        tenants.get_opt("dev").await.ok()?.is_none().then_some(())
+    })
+    .await;
+    assert!(gone.is_some(), "the TenantCluster was never deleted");
     example_ready(ns).await;
     let again = runtime.data_dir(&ns.name, "dev-0").unwrap();
     assert_ne!(again, dir);
