@@ -68,6 +68,18 @@ impl Kind for Events {
     }
 }
 
+/// How long an Event whose object is not in the cache yet is looked at again.
+const WAIT_FOR_ITS_OBJECT: Duration = Duration::from_secs(30);
+
+/// Was `e` made less than [`WAIT_FOR_ITS_OBJECT`] ago (by the host's clock as the Event says)?
+fn young(e: &CoreEvent) -> bool {
+    let Some(made) = e.metadata.creation_timestamp.as_ref() else {
+        return false;
+    };
+    let age = k8s_openapi::jiff::Timestamp::now().duration_since(made.0);
+    age.as_secs() < WAIT_FOR_ITS_OBJECT.as_secs() as i64
+}
+
 async fn converge_event(cx: &Tenant, host_name: &str) -> Result<()> {
     let Some(e) = cx.host_get::<CoreEvent>(true, host_name) else {
         return Ok(());
@@ -85,7 +97,18 @@ async fn converge_event(cx: &Tenant, host_name: &str) -> Result<()> {
             .map(|o| o.metadata.clone()),
         _ => None,
     };
-    let Some(v) = meta.and_then(|m| cx.tr.copy_of(&m)) else {
+    let Some(v) = meta.as_ref().and_then(|m| cx.tr.copy_of(m)) else {
+        // The host's watches of Events and of the objects they tell of are separate streams: a
+        // young Event may come before its copy is in the cache. Look again shortly, for as long
+        // as the Event is young (an Event about something that is no copy is dropped then).
+        let copied_kind = matches!(
+            involved.kind.as_deref(),
+            Some("Pod" | "Service" | "PersistentVolumeClaim")
+        );
+        if copied_kind && meta.is_none() && young(&e) {
+            cx.queue
+                .add_after(Key::of::<Events>("", host_name), Duration::from_secs(1));
+        }
         return Ok(());
     };
     // (An Event about an earlier copy of the same name waits for nothing.)
@@ -213,6 +236,22 @@ pub fn event_up(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_a_young_event_waits_for_its_object() {
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+        use k8s_openapi::jiff::{SignedDuration, Timestamp};
+        let made = |ago: i64| CoreEvent {
+            metadata: kube::api::ObjectMeta {
+                creation_timestamp: Some(Time(Timestamp::now() - SignedDuration::from_secs(ago))),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        assert!(young(&made(1)));
+        assert!(!young(&made(31)));
+        assert!(!young(&CoreEvent::default()), "no time: not waited for");
+    }
 
     #[test]
     fn a_host_event_is_told_about_the_tenant_object() {
