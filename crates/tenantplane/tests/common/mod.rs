@@ -495,3 +495,14 @@ struct Made {
     ready: TenantCluster,
     sync_policy: Option<String>,
 }
+
+/// The cluster IP of Service `ns/name` (it must exist and have one).
+pub async fn cluster_ip(client: &Client, ns: &str, name: &str) -> String {
+    Api::<k8s_openapi::api::core::v1::Service>::namespaced(client.clone(), ns)
+        .get(name)
+        .await
+        .unwrap_or_else(|e| panic!("Service {ns}/{name}: {e}"))
+        .spec
+        .and_then(|s| s.cluster_ip)
+        .unwrap_or_else(|| panic!("Service {ns}/{name} has no cluster IP"))
+}

@@ -330,14 +330,7 @@ async fn services_point_only_at_the_tenants_own_pods_and_allowed_names() {
     .expect("the tenant pod never got an address");
     // Hand-written Endpoints that name the host API's address and the tenant API's Service
     // beside the tenant's own pod.
-    let host_api_ip = Api::<Service>::namespaced(host.clone(), "default")
-        .get("kubernetes")
-        .await
-        .unwrap()
-        .spec
-        .unwrap()
-        .cluster_ip
-        .unwrap();
+    let host_api_ip = cluster_ip(host, "default", "kubernetes").await;
     let services: Api<Service> = Api::namespaced(tenant.clone(), "default");
     let svc = |name: &str, spec: serde_json::Value| -> Service {
         serde_json::from_value(

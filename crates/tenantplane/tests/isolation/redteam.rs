@@ -63,13 +63,7 @@ async fn redteam_reverse_lookups_of_host_addresses_are_never_asked_of_the_host()
     .await
     .expect("the tenant's DNS never answered");
     // The tenant's own Service's address resolves back to its name.
-    let dns_ip = Api::<Service>::namespaced(tenant.clone(), "kube-system")
-        .get("kube-dns")
-        .await
-        .unwrap()
-        .spec
-        .and_then(|s| s.cluster_ip)
-        .unwrap();
+    let dns_ip = cluster_ip(tenant, "kube-system", "kube-dns").await;
     let own = eventually(WAIT, || async {
         (ptr_rcode(server, &reverse_name(&dns_ip)).await.ok()? == 0).then_some(())
     })
@@ -82,13 +76,7 @@ async fn redteam_reverse_lookups_of_host_addresses_are_never_asked_of_the_host()
     // not know it (NXDOMAIN), rather than asking the host (which would answer
     // `kubernetes.default.svc.cluster.local`; in the test control plane, nothing answers there
     // and the forward fails).
-    let host_api_ip = Api::<Service>::namespaced(host.clone(), "default")
-        .get("kubernetes")
-        .await
-        .unwrap()
-        .spec
-        .and_then(|s| s.cluster_ip)
-        .unwrap();
+    let host_api_ip = cluster_ip(host, "default", "kubernetes").await;
     assert!(host_api_ip.parse::<IpAddr>().is_ok_and(|ip| ip.is_ipv4()));
     let rcode = ptr_rcode(server, &reverse_name(&host_api_ip)).await;
     assert_eq!(
@@ -455,13 +443,7 @@ async fn redteam_token_secrets_finalizers_owners_and_tenant_events_stay_in_the_t
     create(&events, &forged).await;
     // Endpoints and an EndpointSlice written by hand for a Service with a selector, naming the
     // host API: the host computes the copy's endpoints from its own pods.
-    let host_api_ip = Api::<Service>::namespaced(host.clone(), "default")
-        .get("kubernetes")
-        .await
-        .unwrap()
-        .spec
-        .and_then(|s| s.cluster_ip)
-        .unwrap();
+    let host_api_ip = cluster_ip(host, "default", "kubernetes").await;
     let services: Api<Service> = Api::namespaced(tenant.clone(), "default");
     create(
         &services,
