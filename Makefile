@@ -9,9 +9,11 @@ CARGO ?= cargo
 
 .PHONY: test testenv lint crds build demo bench-controller bench-sync conformance docs
 
-## test: every test, unit and against the real control plane (builds the control plane if missing)
+## test: every test, unit and against the real control plane (builds the control plane if missing),
+## built first, then run in network, mount and PID namespaces of their own (testenv/isolated.sh)
 test: testenv
-	$(CARGO) test --workspace --locked
+	$(CARGO) test --workspace --locked --no-run
+	bash testenv/isolated.sh $(CARGO) test --workspace --locked --offline
 
 ## demo: the local dev cluster with the example tenant, until Ctrl-C (state in .tenantplane/dev)
 demo: testenv
@@ -37,9 +39,11 @@ bench-sync: testenv
 conformance: testenv
 	bash testenv/conformance.sh
 
-## testenv: build etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, kwok, kine, coredns and helm
+## testenv: build the control plane (etcd, kube-apiserver, controller manager, scheduler, kubectl,
+## kwok, kine, coredns, helm), the real node (kubelet, kube-proxy, containerd, runc, CNI plugins,
+## registry) and the test world's images
 testenv:
-	@bash testenv/build.sh >/dev/null
+	@bash testenv/images.sh "$$(bash testenv/build.sh)" >/dev/null
 
 ## lint: rustfmt and clippy, warnings as errors
 lint:

@@ -40,10 +40,22 @@ ALL_COMPONENTS=(
   "kwok|kwok|sigs.k8s.io/kwok/cmd/kwok"
   "helm|helm|helm.sh/helm/v3/cmd/helm"
   "coredns|coredns|tenantplane.local/testenv/coredns"
+  "kubelet|kube|k8s.io/kubernetes/cmd/kubelet"
+  "kube-proxy|kube|k8s.io/kubernetes/cmd/kube-proxy"
+  "agnhost|kube|k8s.io/kubernetes/test/images/agnhost"
+  "pause|kube|c:k8s.io/kubernetes:build/pause/linux/pause.c"
+  "containerd|containerd|github.com/containerd/containerd/v2/cmd/containerd"
+  "containerd-shim-runc-v2|containerd|github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2"
+  "runc|runc|github.com/opencontainers/runc"
+  "bridge|cni|github.com/containernetworking/plugins/plugins/main/bridge"
+  "host-local|cni|github.com/containernetworking/plugins/plugins/ipam/host-local"
+  "loopback|cni|github.com/containernetworking/plugins/plugins/main/loopback"
+  "portmap|cni|github.com/containernetworking/plugins/plugins/meta/portmap"
+  "registry|registry|tenantplane.local/testenv/registry"
   "e2e.test|e2e|k8s.io/kubernetes/test/e2e"
   "ginkgo|e2e|github.com/onsi/ginkgo/v2/ginkgo"
 )
-MODULES=(etcd kine kube kwok helm coredns)
+MODULES=(etcd kine kube kwok helm coredns containerd runc cni registry)
 KEY_PREFIX=""
 if [[ "${1:-}" == "--conformance" ]]; then
   MODULES=(e2e)
@@ -93,9 +105,36 @@ module_ldflags() {
       version="$(cd "$TESTENV_DIR/helm" && "$GO" list -m -f '{{.Version}}' helm.sh/helm/v3)"
       flags+=" -X helm.sh/helm/v3/internal/version.version=$version"
       ;;
+    containerd)
+      version="$(cd "$TESTENV_DIR/containerd" && "$GO" list -m -f '{{.Version}}' github.com/containerd/containerd/v2)"
+      flags+=" -X github.com/containerd/containerd/v2/version.Version=$version"
+      ;;
+    runc)
+      version="$(cd "$TESTENV_DIR/runc" && "$GO" list -m -f '{{.Version}}' github.com/opencontainers/runc)"
+      flags+=" -X main.version=${version#v}"
+      ;;
   esac
   printf '%s' "$flags"
 }
+
+# The rest of the recipe: cgo and build tags per module. runc needs cgo (its nsenter is C, run
+# before the Go runtime starts) and libseccomp (Debian's libseccomp-dev, see packages.sh) for
+# seccomp profiles; everything else is pure Go. C components (the pause container's one C file,
+# from the pinned Kubernetes source) are built with the flags upstream's Makefile uses.
+module_cgo() {
+  case "$1" in
+    runc) printf '1' ;;
+    *) printf '0' ;;
+  esac
+}
+module_tags() {
+  case "$1" in
+    runc) printf 'seccomp urfave_cli_no_docs' ;;
+    containerd) printf 'no_btrfs no_devmapper no_zfs' ;;
+    *) printf '' ;;
+  esac
+}
+c_cflags() { printf '%s' "-Os -Wall -Werror -static"; }
 
 # The link flags of e2e/: the same version stamps as kube/ (the suite reports them), from e2e's
 # own pin, which matches kube's. Part of that module's key only, with its test build.
@@ -125,7 +164,10 @@ module_key() {
     printf 'go-version %s\n' "$GO_VERSION"
     printf 'env CGO_ENABLED=%s GOFLAGS=%s\n' "$CGO_ENABLED" "$GOFLAGS"
     printf 'go build -trimpath\n'
-    declare -f module_ldflags
+    declare -f module_ldflags module_cgo module_tags c_cflags
+    if [[ "$(module_cgo "$moddir")" == 1 ]] || module_components "$moddir" | grep -q '|c:'; then
+      printf 'cc %s\n' "$(cc --version 2>/dev/null | head -1)"
+    fi
     if [[ "$moddir" == e2e ]]; then
       declare -f e2e_ldflags
       printf 'go test -c -trimpath for a .test\n'
@@ -176,6 +218,8 @@ touch_used() {
   touch "$KEY_DIR/.last-used" 2>/dev/null || true
   for m in "${MODULES[@]}"; do touch "${MOD_DIR[$m]}/.last-used" 2>/dev/null || true; done
 }
+
+bash "$TESTENV_DIR/packages.sh" || die "the Debian packages above are needed"
 
 if has_all "$BIN_DIR"; then
   touch_used
@@ -248,10 +292,21 @@ for m in "${MODULES[@]}"; do
     HEARTBEAT_PID=$!
     # In the background so that a signal to this script is handled at once
     # (bash defers traps until a foreground child exits); cleanup kills it.
-    if [[ "$name" == *.test ]]; then
+    tags="$(module_tags "$moddir")"
+    if [[ "$pkg" == c:* ]]; then
+      # c:<module>:<file>: one C file from the pinned module's source, linked statically.
+      IFS=':' read -r _ cmod cfile <<<"$pkg"
+      (
+        cd "$TESTENV_DIR/$moddir"
+        src="$("$GO" list -m -f '{{.Dir}}' "$cmod")/$cfile"
+        ver="$("$GO" list -m -f '{{.Version}}' "$cmod")"
+        # shellcheck disable=SC2046 # c_cflags is a word list
+        exec cc $(c_cflags) -DVERSION="$ver" -o "$TMP_DIR/$name" "$src"
+      ) &
+    elif [[ "$name" == *.test ]]; then
       (cd "$TESTENV_DIR/$moddir" && exec "$GO" test -c -trimpath -ldflags="$ldflags" -o "$TMP_DIR/$name" "$pkg") &
     else
-      (cd "$TESTENV_DIR/$moddir" && exec "$GO" build -trimpath -ldflags="$ldflags" -o "$TMP_DIR/$name" "$pkg") &
+      (cd "$TESTENV_DIR/$moddir" && CGO_ENABLED="$(module_cgo "$moddir")" exec "$GO" build -trimpath -tags="$tags" -ldflags="$ldflags" -o "$TMP_DIR/$name" "$pkg") &
     fi
     BUILD_PID=$!
     wait "$BUILD_PID" || die "go build of $name failed"

@@ -55,6 +55,7 @@ async fn main() -> anyhow::Result<()> {
         ControlPlane::start(Options {
             dir: None,
             progress: true,
+            ..Default::default()
         })
     })
     .await??;

@@ -58,6 +58,7 @@ pub async fn run(state_dir: PathBuf) -> anyhow::Result<()> {
         ControlPlane::start(Options {
             dir: Some(cluster_dir),
             progress: true,
+            ..Default::default()
         })
     })
     .await??;

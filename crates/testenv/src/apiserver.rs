@@ -33,6 +33,11 @@ pub struct ApiServerConfig {
     pub sa_key: PathBuf,
     pub sa_pub: PathBuf,
     pub front_proxy: Option<FrontProxy>,
+    /// Serve on every address of the namespace and advertise this one (the real node's, which
+    /// pods reach) in the `kubernetes` Endpoints; `None`: loopback only, no Endpoints.
+    pub advertise: Option<String>,
+    /// The client certificate and key the API server shows a real kubelet.
+    pub kubelet_client: Option<(PathBuf, PathBuf)>,
 }
 
 /// The request-header (aggregation) CA and the API server's client certificate under it.
@@ -46,11 +51,15 @@ pub struct FrontProxy {
 /// Flags for a kube-apiserver on loopback, authenticating clients by certificate and signing
 /// service-account tokens.
 pub fn apiserver_args(c: &ApiServerConfig) -> Vec<String> {
+    let (bind, advertise) = match &c.advertise {
+        Some(address) => ("0.0.0.0".to_string(), address.clone()),
+        None => ("127.0.0.1".to_string(), "127.0.0.1".to_string()),
+    };
     let mut list = flags(&[
         ("etcd-servers", c.etcd.clone()),
         ("etcd-prefix", c.etcd_prefix.clone()),
-        ("bind-address", "127.0.0.1".into()),
-        ("advertise-address", "127.0.0.1".into()),
+        ("bind-address", bind),
+        ("advertise-address", advertise),
         ("secure-port", c.port.to_string()),
         ("cert-dir", c.cert_dir.display().to_string()),
         ("tls-cert-file", c.serving_crt.display().to_string()),
@@ -69,9 +78,17 @@ pub fn apiserver_args(c: &ApiServerConfig) -> Vec<String> {
         ("authorization-mode", "Node,RBAC".into()),
         ("allow-privileged", "true".into()),
         ("profiling", "false".into()),
-        // Endpoints may not hold loopback addresses, and ours is 127.0.0.1.
-        ("endpoint-reconciler-type", "none".into()),
     ]);
+    if c.advertise.is_none() {
+        // Endpoints may not hold loopback addresses, and ours is 127.0.0.1.
+        list.push("--endpoint-reconciler-type=none".into());
+    }
+    if let Some((crt, key)) = &c.kubelet_client {
+        list.extend(flags(&[
+            ("kubelet-client-certificate", crt.display().to_string()),
+            ("kubelet-client-key", key.display().to_string()),
+        ]));
+    }
     if let Some(fp) = &c.front_proxy {
         list.extend(flags(&[
             ("requestheader-client-ca-file", fp.ca.display().to_string()),

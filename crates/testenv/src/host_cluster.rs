@@ -3,6 +3,7 @@
 //! PKI of their own ([`pki`]).
 
 mod pki;
+pub mod real_node;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -77,6 +78,20 @@ pub struct ControlPlane {
     keep_dir: bool,
     /// Where kwok sends every port-forward of its pods (a test listens there).
     forward_port: u16,
+    /// The real node's registry and what it leaves to clean up, when one runs.
+    real_node: Option<real_node::RealNodeState>,
+}
+
+/// Which nodes run the pods.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Nodes {
+    /// kwok's simulated node only: no container runs (scale benchmarks, the fast suites).
+    #[default]
+    Simulated,
+    /// A real node (kubelet, containerd, runc, CNI bridge, kube-proxy) for workloads, beside the
+    /// simulated node that only the local runtime's control-plane pods use. Needs root and a
+    /// network namespace of its own ([`real_node::preflight`]).
+    Real,
 }
 
 /// Options for starting a control plane.
@@ -86,6 +101,8 @@ pub struct Options {
     pub dir: Option<PathBuf>,
     /// Print a line per step on stderr.
     pub progress: bool,
+    /// Simulated or real nodes.
+    pub nodes: Nodes,
 }
 
 impl ControlPlane {
@@ -110,6 +127,13 @@ impl ControlPlane {
                 std::env::var_os("TENANTPLANE_TESTENV_KEEP").is_some(),
             ),
         };
+        if options.nodes == Nodes::Real {
+            real_node::preflight().map_err(|reason| Error::Component {
+                name: "real node".into(),
+                detail: format!("cannot start here: {reason}"),
+                log: String::new(),
+            })?;
+        }
         std::fs::create_dir_all(dir.join("logs"))?;
         std::fs::create_dir_all(dir.join("kwok"))?;
 
@@ -144,6 +168,28 @@ impl ControlPlane {
             processes: Vec::new(),
             keep_dir,
             forward_port: free_port()?,
+            real_node: None,
+        };
+        let real = options.nodes == Nodes::Real;
+        if real {
+            say("making the node's network (bridge, forwarding) in this namespace");
+            real_node::prepare_network()?;
+        }
+        // What the API server shows a real kubelet (which asks the API server whether it may).
+        let kubelet_client = if real {
+            let cert = ca.issue(&Leaf::client(
+                "kube-apiserver-kubelet-client",
+                &["system:masters"],
+            ))?;
+            let (crt, key) = (
+                dir.join("apiserver-kubelet-client.crt"),
+                dir.join("apiserver-kubelet-client.key"),
+            );
+            write(&crt, &cert.cert_pem)?;
+            write(&key, &cert.key_pem)?;
+            Some((crt, key))
+        } else {
+            None
         };
 
         say("starting etcd");
@@ -192,6 +238,8 @@ impl ControlPlane {
                 client_crt: pki.front_proxy_crt.clone(),
                 client_key: pki.front_proxy_key.clone(),
             }),
+            advertise: real.then(|| real_node::NODE_IP.to_string()),
+            kubelet_client,
         });
         apiserver.extend(audit);
         // kwok's node names no DNS name; its InternalIP is loopback.
@@ -313,6 +361,9 @@ impl ControlPlane {
         let class_path = dir.join("storageclass.yaml");
         write(&class_path, STORAGE_CLASS_YAML)?;
         plane.kubectl_ok(&["apply", "-f", &class_path.display().to_string()])?;
+        if real {
+            plane.start_real_node(&ca, &say)?;
+        }
         say("control plane is ready");
         Ok(plane)
     }
@@ -473,6 +524,12 @@ impl ControlPlane {
         self.dir.join("kwok").join("exec")
     }
 
+    /// The local registry (`127.0.0.1:<port>`) when a real node runs: images pushed there can be
+    /// pulled by its name, as `127.0.0.1:<port>/name:tag`.
+    pub fn registry(&self) -> Option<&str> {
+        self.real_node.as_ref().map(|n| n.registry.as_str())
+    }
+
     /// The loopback port every port-forward of a simulated pod reaches.
     pub fn forward_port(&self) -> u16 {
         self.forward_port
@@ -507,6 +564,9 @@ impl ControlPlane {
     pub fn stop(&mut self) {
         for handle in self.processes.drain(..).rev() {
             process::stop(&handle);
+        }
+        if let Some(node) = self.real_node.take() {
+            node.clean_up();
         }
         if !self.keep_dir {
             let _ = std::fs::remove_dir_all(&self.dir);

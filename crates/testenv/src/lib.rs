@@ -25,7 +25,7 @@ pub mod tenant;
 
 pub use binaries::Binaries;
 pub use error::{Error, Result};
-pub use host_cluster::{ControlPlane, Options};
+pub use host_cluster::{ControlPlane, Nodes, Options};
 pub use shared::{
     TestNamespace, eventually, install_crds_and_policies, kubectl, namespace, repo_path, shared,
     wait_for_crds,

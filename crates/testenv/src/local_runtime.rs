@@ -431,6 +431,8 @@ impl LocalRuntime {
                 client_crt: write("front-proxy-client.crt", &front_proxy.cert_pem)?,
                 client_key: write("front-proxy-client.key", &front_proxy.key_pem)?,
             }),
+            advertise: None,
+            kubelet_client: None,
         };
         write(tenant_pki::SERVER_CA_CRT, pki.server_ca.cert_pem())?;
         write(tenant_pki::SERVER_CA_KEY, pki.server_ca.key_pem())?;

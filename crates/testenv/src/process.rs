@@ -9,7 +9,15 @@ use std::sync::mpsc;
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-type SpawnRequest = (Command, mpsc::Sender<std::io::Result<Child>>);
+/// Work for the spawner thread: start a child, or change the thread's own state (which every
+/// child started after it inherits).
+enum SpawnRequest {
+    Spawn(Command, mpsc::Sender<std::io::Result<Child>>),
+    Run(
+        Box<dyn FnOnce() -> std::io::Result<()> + Send>,
+        mpsc::Sender<std::io::Result<()>>,
+    ),
+}
 
 static SPAWNER: OnceLock<Mutex<mpsc::Sender<SpawnRequest>>> = OnceLock::new();
 static CHILDREN: Mutex<Vec<Child>> = Mutex::new(Vec::new());
@@ -32,8 +40,15 @@ fn spawner() -> &'static Mutex<mpsc::Sender<SpawnRequest>> {
         std::thread::Builder::new()
             .name("testenv-spawner".into())
             .spawn(move || {
-                for (mut cmd, reply) in rx {
-                    let _ = reply.send(cmd.spawn());
+                for request in rx {
+                    match request {
+                        SpawnRequest::Spawn(mut cmd, reply) => {
+                            let _ = reply.send(cmd.spawn());
+                        }
+                        SpawnRequest::Run(work, reply) => {
+                            let _ = reply.send(work());
+                        }
+                    }
                 }
                 // Keep this thread (the children's parent thread) alive until the process ends.
                 loop {
@@ -95,7 +110,7 @@ pub fn spawn(
     spawner()
         .lock()
         .map_err(|_| std::io::Error::other("spawner lock poisoned"))?
-        .send((cmd, tx))
+        .send(SpawnRequest::Spawn(cmd, tx))
         .map_err(|_| std::io::Error::other("spawner thread is gone"))?;
     let child = rx
         .recv()
@@ -109,6 +124,69 @@ pub fn spawn(
         .map_err(|_| std::io::Error::other("children lock poisoned"))?
         .push(child);
     Ok(handle)
+}
+
+/// Give the children started from now on a mount namespace of their own (the spawner thread's,
+/// made private so nothing propagates back), with each `(file, target)` bind-mounted over its
+/// target there. Once per process; later calls only add bind mounts.
+pub fn private_mounts(binds: Vec<(std::path::PathBuf, std::path::PathBuf)>) -> std::io::Result<()> {
+    use std::ffi::CString;
+    use std::os::unix::ffi::OsStrExt;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    static UNSHARED: AtomicBool = AtomicBool::new(false);
+    let work = move || -> std::io::Result<()> {
+        let check = |rc: libc::c_int| {
+            if rc == 0 {
+                Ok(())
+            } else {
+                Err(std::io::Error::last_os_error())
+            }
+        };
+        if !UNSHARED.swap(true, Ordering::SeqCst) {
+            // SAFETY: plain syscalls on this thread; CLONE_NEWNS unshares this thread's mounts
+            // (and its fs information) only, never the rest of the process.
+            unsafe {
+                check(libc::unshare(libc::CLONE_NEWNS))?;
+                check(libc::mount(
+                    std::ptr::null(),
+                    c"/".as_ptr(),
+                    std::ptr::null(),
+                    libc::MS_REC | libc::MS_PRIVATE,
+                    std::ptr::null(),
+                ))?;
+            }
+        }
+        for (source, target) in binds {
+            let src = CString::new(source.as_os_str().as_bytes())?;
+            let dst = CString::new(target.as_os_str().as_bytes())?;
+            // SAFETY: as above.
+            unsafe {
+                check(libc::mount(
+                    src.as_ptr(),
+                    dst.as_ptr(),
+                    std::ptr::null(),
+                    libc::MS_BIND,
+                    std::ptr::null(),
+                ))
+                .map_err(|e| {
+                    std::io::Error::other(format!(
+                        "bind-mounting {} over {}: {e}",
+                        source.display(),
+                        target.display()
+                    ))
+                })?;
+            }
+        }
+        Ok(())
+    };
+    let (tx, rx) = mpsc::channel();
+    spawner()
+        .lock()
+        .map_err(|_| std::io::Error::other("spawner lock poisoned"))?
+        .send(SpawnRequest::Run(Box::new(work), tx))
+        .map_err(|_| std::io::Error::other("spawner thread is gone"))?;
+    rx.recv()
+        .map_err(|_| std::io::Error::other("spawner thread is gone"))?
 }
 
 /// Has this process exited? Returns its exit status text when it has.

@@ -21,6 +21,7 @@ pub fn shared() -> &'static ControlPlane {
         let plane = ControlPlane::start(Options {
             dir: None,
             progress,
+            ..Default::default()
         })
         .map_err(|e| e.to_string())?;
         process::remove_at_exit(plane.dir());

@@ -31,6 +31,7 @@ pub(super) fn write_pki(dir: &Path) -> Result<(Pki, CertificateAuthority)> {
             "kubernetes.default",
             "kubernetes.default.svc",
             "10.96.0.1",
+            super::real_node::NODE_IP,
         ],
     ))?;
     let pki = Pki {

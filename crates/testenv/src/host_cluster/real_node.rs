@@ -1,0 +1,373 @@
+//! A real node beside the control plane: containerd with runc, the CNI bridge, the kubelet and
+//! kube-proxy in nftables mode, pulling images from a registry on loopback that serves the images
+//! `testenv/images.sh` built. Pods on it run real processes with real addresses.
+//!
+//! It runs in the network namespace of the process that starts it, which must be one of its own
+//! with no way out ([`preflight`]): `unshare --net` with only loopback up, as `make test` and
+//! `tenantplane dev` arrange. One real node per namespace (its bridge and nftables tables are the
+//! namespace's).
+
+mod cgroups;
+pub mod config;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use tenantplane_pki::{CertificateAuthority, Leaf};
+
+use super::pki::write;
+use super::{ControlPlane, KWOK_NODE};
+use crate::process::free_port;
+use crate::{Error, Result, kubeconfig};
+pub use config::{BRIDGE, NODE_IP, POD_CIDR};
+
+/// The real node's name.
+pub const NODE_NAME: &str = "tenantplane-node-0";
+/// The taint the simulated node gets once a real node is there, so workloads go to the real node
+/// and only the local runtime's control-plane pods (which tolerate it) go to the simulated one.
+pub const SIMULATED_TAINT: &str = "tenantplane.io/simulated";
+
+/// What a running real node leaves to clean up, and where its registry is.
+#[derive(Debug)]
+pub(super) struct RealNodeState {
+    pub registry: String,
+    cgroup_root: String,
+    containerd_socket: PathBuf,
+}
+
+impl RealNodeState {
+    /// Once its processes are stopped: kill the shims and what runs in its cgroups, and remove them.
+    pub(super) fn clean_up(&self) {
+        cgroups::kill_shims(&self.containerd_socket);
+        cgroups::remove(&self.cgroup_root);
+    }
+}
+
+/// Why this machine or namespace cannot run a real node, in one line; `Ok` when it can.
+pub fn preflight() -> std::result::Result<(), String> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        return Err("not root: a kubelet and containerd need root".into());
+    }
+    let memory = Path::new("/sys/fs/cgroup/memory");
+    let unified = Path::new("/sys/fs/cgroup/cgroup.controllers");
+    let cgroup_dir = if unified.exists() {
+        Path::new("/sys/fs/cgroup")
+    } else {
+        memory
+    };
+    let probe = cgroup_dir.join(format!("tenantplane-probe-{}", std::process::id()));
+    std::fs::create_dir(&probe)
+        .and_then(|_| std::fs::remove_dir(&probe))
+        .map_err(|e| format!("cgroups are not writable ({}: {e})", cgroup_dir.display()))?;
+    for tool in ["ip", "nft"] {
+        if !on_path(tool) {
+            return Err(format!(
+                "`{tool}` is not installed (testenv/packages.sh installs it)"
+            ));
+        }
+    }
+    isolated()
+}
+
+fn on_path(program: &str) -> bool {
+    std::env::var_os("PATH").is_some_and(|paths| {
+        std::env::split_paths(&paths)
+            .chain(["/usr/sbin".into(), "/sbin".into()])
+            .any(|d| d.join(program).is_file())
+    })
+}
+
+/// Is this network namespace one of our own with no way out: no interface but loopback and what
+/// the real node makes (its bridge and the pods' veths), and no default route?
+pub fn isolated() -> std::result::Result<(), String> {
+    // /proc/self/net is this namespace's view; /sys/class/net is the view of whoever mounted /sys.
+    let devices = std::fs::read_to_string("/proc/self/net/dev")
+        .map_err(|e| format!("/proc/self/net/dev: {e}"))?;
+    let mut foreign = Vec::new();
+    for line in devices.lines().skip(2) {
+        let name = line
+            .split(':')
+            .next()
+            .unwrap_or_default()
+            .trim()
+            .to_string();
+        if !(name == "lo" || name == BRIDGE || name.starts_with("veth")) {
+            foreign.push(name);
+        }
+    }
+    if !foreign.is_empty() {
+        foreign.sort();
+        return Err(format!(
+            "this network namespace has interfaces a real node must not use ({}): run it in a \
+             namespace of its own (`unshare --net --mount --pid --fork`, then `ip link set lo up`)",
+            foreign.join(", ")
+        ));
+    }
+    let routes = std::fs::read_to_string("/proc/self/net/route").map_err(|e| e.to_string())?;
+    if routes
+        .lines()
+        .skip(1)
+        .any(|l| l.split_whitespace().nth(1) == Some("00000000"))
+    {
+        return Err("this network namespace has a default route".into());
+    }
+    Ok(())
+}
+
+/// Run `ip` (or any tool) and fail with its output.
+fn run(program: &str, args: &[&str]) -> Result<()> {
+    let out = Command::new(program)
+        .args(args)
+        .output()
+        .map_err(|e| Error::Io(format!("running {program}: {e}")))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(Error::Io(format!(
+            "{program} {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        )))
+    }
+}
+
+/// The node's network, before the API server starts (it advertises the node's address): loopback
+/// up, the pod bridge with [`NODE_IP`], forwarding on and bridged traffic through netfilter (so
+/// kube-proxy's rules see a reply from a pod on the same bridge), all in this namespace only.
+pub(super) fn prepare_network() -> Result<()> {
+    run("ip", &["link", "set", "lo", "up"])?;
+    let devices = std::fs::read_to_string("/proc/self/net/dev")?;
+    if !devices
+        .lines()
+        .any(|l| l.trim_start().starts_with(&format!("{BRIDGE}:")))
+    {
+        run("ip", &["link", "add", BRIDGE, "type", "bridge"])?;
+    }
+    let address = format!("{NODE_IP}/{}", config::POD_PREFIX);
+    run("ip", &["addr", "replace", &address, "dev", BRIDGE])?;
+    run("ip", &["link", "set", BRIDGE, "up"])?;
+    for (key, value) in [
+        ("net/ipv4/ip_forward", "1"),
+        ("net/bridge/bridge-nf-call-iptables", "1"),
+        ("net/ipv4/conf/all/route_localnet", "1"),
+    ] {
+        let path = Path::new("/proc/sys").join(key);
+        std::fs::write(&path, value)
+            .map_err(|e| Error::Io(format!("setting {}: {e}", path.display())))?;
+    }
+    Ok(())
+}
+
+/// The images' OCI layout, built by `testenv/images.sh` (cached; seconds when nothing changed).
+fn images(binaries: &crate::Binaries) -> Result<PathBuf> {
+    let script = crate::repo_path("testenv/images.sh");
+    let out = Command::new("bash")
+        .arg(&script)
+        .arg(binaries.dir())
+        .output()
+        .map_err(|e| Error::Io(format!("running {}: {e}", script.display())))?;
+    if !out.status.success() {
+        return Err(Error::NotBuilt(format!(
+            "{} failed: {}",
+            script.display(),
+            String::from_utf8_lossy(&out.stderr).trim()
+        )));
+    }
+    Ok(PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()))
+}
+
+/// A kubeconfig for a component, with a client certificate for `user` in `groups`.
+fn component_kubeconfig(
+    plane: &ControlPlane,
+    ca: &CertificateAuthority,
+    user: &str,
+    groups: &[&str],
+    path: &Path,
+) -> Result<()> {
+    let cert = ca.issue(&Leaf::client(user, groups))?;
+    write(
+        path,
+        &kubeconfig::render(
+            user,
+            &plane.server,
+            ca.cert_pem(),
+            &cert.cert_pem,
+            &cert.key_pem,
+        )?,
+    )
+}
+
+impl ControlPlane {
+    /// Start the real node's parts and wait until it is Ready; then taint the simulated node.
+    pub(super) fn start_real_node(
+        &mut self,
+        ca: &CertificateAuthority,
+        say: &dyn Fn(&str),
+    ) -> Result<()> {
+        let node_dir = self.dir.join("node");
+        let dirs = [
+            "containerd",
+            "certs.d",
+            "net.d",
+            "kubelet",
+            "volume-plugins",
+            "kube-proxy",
+        ];
+        for d in dirs {
+            std::fs::create_dir_all(node_dir.join(d))?;
+        }
+        let bin = self.binaries.dir().to_path_buf();
+        let path_env = format!(
+            "{}:/usr/local/sbin:/usr/sbin:/sbin:/usr/local/bin:/usr/bin:/bin",
+            bin.display()
+        );
+
+        say("starting the registry with the test world's images");
+        let layout = images(&self.binaries)?;
+        let registry_port = free_port()?;
+        let registry = format!("127.0.0.1:{registry_port}");
+        self.spawn(
+            "registry",
+            vec![
+                "serve".into(),
+                format!("--address={registry}"),
+                format!("--layout={}", layout.display()),
+            ],
+            &[],
+        )?;
+        let log = self.log_path("registry");
+        self.wait_until("the registry to load its images", || {
+            Ok(std::fs::read_to_string(&log).is_ok_and(|l| l.contains("ready ")))
+        })?;
+        for upstream in config::MIRRORED_REGISTRIES {
+            let d = node_dir.join("certs.d").join(upstream);
+            std::fs::create_dir_all(&d)?;
+            write(
+                &d.join("hosts.toml"),
+                &config::hosts_toml(upstream, &registry),
+            )?;
+        }
+
+        // The kubelet checks machine-wide kernel settings: show it the values it wants, in the
+        // node's own mount namespace, rather than let it change them for the machine.
+        let mut binds = Vec::new();
+        let kernel_dir = node_dir.join("kernel-defaults");
+        std::fs::create_dir_all(&kernel_dir)?;
+        for (key, value) in config::KERNEL_DEFAULTS {
+            let file = kernel_dir.join(key.replace('/', "."));
+            write(&file, &format!("{value}\n"))?;
+            binds.push((file, Path::new("/proc/sys").join(key)));
+        }
+        crate::process::private_mounts(binds)
+            .map_err(|e| Error::Io(format!("the node's mount namespace: {e}")))?;
+        let cgroup_root = cgroups::create(&node_dir)?;
+        let socket = node_dir.join("containerd").join("containerd.sock");
+        self.real_node = Some(RealNodeState {
+            registry: registry.clone(),
+            cgroup_root: cgroup_root.clone(),
+            containerd_socket: socket.clone(),
+        });
+
+        say("starting containerd");
+        let containerd_dir = node_dir.join("containerd");
+        write(
+            &node_dir.join("net.d/10-tenantplane.conflist"),
+            &config::cni_conflist(),
+        )?;
+        let containerd_config = node_dir.join("containerd.toml");
+        write(
+            &containerd_config,
+            &config::containerd(
+                &containerd_dir,
+                &bin,
+                &node_dir.join("net.d"),
+                &node_dir.join("certs.d"),
+            ),
+        )?;
+        self.spawn(
+            "containerd",
+            vec![format!("--config={}", containerd_config.display())],
+            &[("PATH", path_env.as_str())],
+        )?;
+        self.wait_until("containerd's socket", || Ok(socket.exists()))?;
+
+        say("starting the kubelet");
+        let kubelet_kc = node_dir.join("kubelet.kubeconfig");
+        component_kubeconfig(
+            self,
+            ca,
+            &format!("system:node:{NODE_NAME}"),
+            &["system:nodes"],
+            &kubelet_kc,
+        )?;
+        // No nameserver: pods that ask the node's resolver get nothing, never a host's.
+        let resolv = node_dir.join("resolv.conf");
+        write(&resolv, "options ndots:5\n")?;
+        let kubelet_config = node_dir.join("kubelet.yaml");
+        write(
+            &kubelet_config,
+            &config::kubelet(
+                &config::KubeletPaths {
+                    ca: &self.dir.join("ca.crt"),
+                    pod_logs: &node_dir.join("pod-logs"),
+                    containerd_socket: &socket,
+                    resolv_conf: &resolv,
+                    volume_plugins: &node_dir.join("volume-plugins"),
+                },
+                &cgroup_root,
+                10250,
+                free_port()?,
+                "10.96.0.10",
+            ),
+        )?;
+        let kubelet_dir = node_dir.join("kubelet");
+        self.spawn(
+            "kubelet",
+            vec![
+                format!("--config={}", kubelet_config.display()),
+                format!("--kubeconfig={}", kubelet_kc.display()),
+                format!("--root-dir={}", kubelet_dir.display()),
+                format!("--cert-dir={}", kubelet_dir.join("pki").display()),
+                format!("--hostname-override={NODE_NAME}"),
+                format!("--node-ip={NODE_IP}"),
+                "--v=1".into(),
+            ],
+            &[("PATH", path_env.as_str())],
+        )?;
+
+        say("starting kube-proxy (nftables)");
+        let proxy_kc = node_dir.join("kube-proxy.kubeconfig");
+        component_kubeconfig(self, ca, "system:kube-proxy", &[], &proxy_kc)?;
+        let proxy_config = node_dir.join("kube-proxy.yaml");
+        write(
+            &proxy_config,
+            &config::kube_proxy(&proxy_kc, NODE_NAME, free_port()?, free_port()?),
+        )?;
+        self.spawn(
+            "kube-proxy",
+            vec![format!("--config={}", proxy_config.display())],
+            &[("PATH", path_env.as_str())],
+        )?;
+
+        say("waiting for the real node to be Ready");
+        self.wait_until("the real node to be Ready", || {
+            let out = self.kubectl_output(&[
+                "get",
+                "node",
+                NODE_NAME,
+                "-o",
+                "jsonpath={.status.conditions[?(@.type==\"Ready\")].status}",
+            ]);
+            Ok(out.is_ok_and(|s| s.trim() == "True"))
+        })?;
+        self.kubectl_ok(&[
+            "taint",
+            "node",
+            KWOK_NODE,
+            &format!("{SIMULATED_TAINT}=true:NoSchedule"),
+            "--overwrite",
+        ])?;
+        Ok(())
+    }
+}

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Install the Debian packages the test world needs, when missing (as root; otherwise say which
+# are missing and stop). Prints nothing when all are there.
+#
+#   nftables          nft, which kube-proxy's nftables mode and kube-network-policies drive
+#   iptables          the kubelet's and the CNI plugins' fallbacks look for it
+#   conntrack         kube-proxy clears stale UDP flows with it
+#   libseccomp-dev    runc's seccomp support (cgo), at build time; pulls in libseccomp2
+#   pkg-config        finds libseccomp for runc's build
+#   busybox-static    the busybox images (one static binary, Debian's build of busybox)
+#   iproute2          ip: network namespaces, bridges and veths for the real node
+set -euo pipefail
+PACKAGES=(nftables iptables conntrack libseccomp-dev pkg-config busybox-static iproute2)
+missing=()
+for p in "${PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+done
+((${#missing[@]} == 0)) && exit 0
+if [[ "$(id -u)" != 0 ]]; then
+  echo "testenv: missing Debian packages: ${missing[*]}; install them as root (apt-get install ${missing[*]})" >&2
+  exit 1
+fi
+echo "testenv: installing Debian packages: ${missing[*]}" >&2
+export DEBIAN_FRONTEND=noninteractive
+if ! apt-get install -y --no-install-recommends "${missing[@]}" >/dev/null; then
+  echo "testenv: apt-get install failed; updating the package lists and trying again" >&2
+  apt-get update >/dev/null
+  apt-get install -y --no-install-recommends "${missing[@]}" >/dev/null
+fi
