@@ -15,6 +15,9 @@
 #                                         agnhost at the pinned Kubernetes version; its userland is
 #                                         Debian's busybox (sh, nslookup, wget, nc…), not Alpine's
 #                                         packages (no bash, dig or curl)
+#   docker.io/rancher/mirrored-coredns-coredns:1.12.3
+#                                         CoreDNS 1.12.3 (testenv/coredns: the plugins the operator's
+#                                         Corefile names), the tenants' DNS as the syncer deploys it
 #   registry.k8s.io/e2e-test-images/busybox:1.37.0-1, docker.io/library/busybox:latest, :1.35.0
 #                                         Debian's busybox-static (1.35.0), every applet linked
 # An image that cannot be built from the real software is left out (see testenv/README.md).
@@ -32,7 +35,7 @@ KUBE_SRC="$(cd "$TESTENV_DIR/kube" && GOFLAGS=-mod=readonly go list -m -f '{{.Di
 KEY="$({
   cat "${BASH_SOURCE[0]}"
   printf 'busybox %s\n' "$BUSYBOX_VERSION"
-  for b in pause agnhost; do printf '%s ' "$b"; sha256sum <"$BIN_DIR/$b"; done
+  for b in pause agnhost coredns; do printf '%s ' "$b"; sha256sum <"$BIN_DIR/$b"; done
 } | sha256sum | cut -c1-16)"
 OUT="$CACHE_ROOT/testenv/images-$KEY"
 if [[ -f "$OUT/.complete" ]]; then
@@ -94,6 +97,10 @@ mkdir -p "$d/uploads"
 printf 'user-defined-in-image:x:1000:1000::/home/user-defined-in-image:/bin/sh\n' >>"$d/etc/passwd"
 printf 'user-defined-in-image:x:1000:\n' >>"$d/etc/group"
 image registry.k8s.io/e2e-test-images/agnhost:2.63.0 "$d" --entrypoint /agnhost --cmd pause
+
+# CoreDNS: the binary alone, as upstream's image (which runs it as the pod says; ours as 65532).
+d="$TMP/coredns"; rootfs_base "$d"; cp "$BIN_DIR/coredns" "$d/coredns"
+image docker.io/rancher/mirrored-coredns-coredns:1.12.3 "$d" --entrypoint /coredns
 
 touch "$LAYOUT/.complete" "$LAYOUT/.last-used"
 chmod -R a+rX "$LAYOUT"

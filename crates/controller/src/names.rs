@@ -16,6 +16,10 @@ pub const COMPONENT_CONTROL_PLANE: &str = "control-plane";
 /// kubelet. Only set when the operator runs with the local connector.
 pub const LABEL_RUNTIME: &str = "tenantplane.io/runtime";
 pub const RUNTIME_LOCAL: &str = "local";
+/// Where the local runtime's control-plane pods go: the simulated node it stands behind (label
+/// `type=kwok`), through the taint that keeps workloads off it once a real node is there.
+pub const LOCAL_RUNTIME_NODE_LABEL: (&str, &str) = ("type", "kwok");
+pub const SIMULATED_NODE_TAINT: &str = "tenantplane.io/simulated";
 /// Set on a TenantCluster (any value), it makes the operator issue a new admin certificate and
 /// rewrite the kubeconfig Secret now; the operator removes it when done.
 pub const ROTATE_CERTIFICATES: &str = "tenantplane.io/rotate-certificates";

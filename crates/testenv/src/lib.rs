@@ -28,5 +28,5 @@ pub use error::{Error, Result};
 pub use host_cluster::{ControlPlane, Nodes, Options};
 pub use shared::{
     TestNamespace, eventually, install_crds_and_policies, kubectl, namespace, repo_path, shared,
-    wait_for_crds,
+    use_real_nodes, wait_for_crds,
 };

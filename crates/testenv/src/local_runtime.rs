@@ -18,6 +18,7 @@ mod datastore;
 mod dns_pods;
 mod health;
 mod launch;
+mod pod_address;
 
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -68,6 +69,8 @@ struct Tenant {
     /// The pod's probe windows, and what the liveness probe saw of this run.
     windows: probes::Windows,
     liveness: probes::Liveness,
+    /// The pod's IP, served when a real node shares the namespace.
+    _address: Option<pod_address::PodAddress>,
 }
 
 /// What the health check needs of a tenant, copied out so no lock is held across an await.
@@ -496,6 +499,11 @@ impl LocalRuntime {
             died_at: None,
             windows: probes::windows(pod),
             liveness: probes::Liveness::started(std::time::Instant::now()),
+            _address: if crate::host_cluster::real_node::running() {
+                Some(pod_address::serve(&probes::pod_ip(port), port).await?)
+            } else {
+                None
+            },
         };
         tenant.processes = spawn_processes(
             binaries,

@@ -103,9 +103,10 @@ pub async fn answers(dir: &Path, path: &str) -> bool {
     )
 }
 
-/// A pod IP for status: never dialled (the annotation carries the real address), and not
-/// loopback, which Endpoints refuse.
-fn fake_pod_ip(port: u16) -> String {
+/// A pod IP for status, not loopback (which Endpoints refuse): dialled only when a real node
+/// shares the namespace, which makes it real ([`crate::local_runtime`]'s `pod_address`); the
+/// operator reaches the pod by the address in its annotation.
+pub(crate) fn pod_ip(port: u16) -> String {
     format!("10.245.{}.{}", port / 256, port % 256)
 }
 
@@ -138,8 +139,8 @@ pub(crate) async fn set_pod_ready(
     let status = json!({"status": {
         "phase": "Running",
         "hostIP": "127.0.0.1",
-        "podIP": fake_pod_ip(port),
-        "podIPs": [{"ip": fake_pod_ip(port)}],
+        "podIP": pod_ip(port),
+        "podIPs": [{"ip": pod_ip(port)}],
         "startTime": now,
         "conditions": [
             {"type": "PodScheduled", "status": "True", "lastTransitionTime": now},

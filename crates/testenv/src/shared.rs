@@ -8,10 +8,22 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
 use kube::api::{Api, PostParams};
 
-use crate::host_cluster::{ControlPlane, Options};
+use crate::host_cluster::{ControlPlane, Nodes, Options};
 use crate::process;
 
 static SHARED: OnceLock<Result<ControlPlane, String>> = OnceLock::new();
+static NODES: OnceLock<Nodes> = OnceLock::new();
+
+/// Make this test binary's shared control plane run a real node ([`Nodes::Real`]). Every test of
+/// such a binary calls it first; panics if the plane already started with simulated nodes.
+pub fn use_real_nodes() {
+    let nodes = *NODES.get_or_init(|| Nodes::Real);
+    assert_eq!(
+        nodes,
+        Nodes::Real,
+        "this test binary's control plane already runs simulated nodes"
+    );
+}
 
 /// The control plane of this test binary, started on first use and stopped when the binary exits.
 /// Panics (this is for tests) with the reason and the components' logs when it cannot start.
@@ -21,7 +33,7 @@ pub fn shared() -> &'static ControlPlane {
         let plane = ControlPlane::start(Options {
             dir: None,
             progress,
-            ..Default::default()
+            nodes: *NODES.get_or_init(Nodes::default),
         })
         .map_err(|e| e.to_string())?;
         process::remove_at_exit(plane.dir());

@@ -2,13 +2,15 @@
 //! mounts. This is the one place that knows what a k3s control plane looks like; its Services are
 //! in [`super::services`].
 
+use std::collections::BTreeMap;
+
 use k8s_openapi::api::apps::v1::{
     StatefulSet, StatefulSetPersistentVolumeClaimRetentionPolicy, StatefulSetSpec,
 };
 use k8s_openapi::api::core::v1::{
     Container, ContainerPort, EnvVar, PersistentVolumeClaim, PersistentVolumeClaimSpec, PodSpec,
-    PodTemplateSpec, Probe, Secret, SecretVolumeSource, SecurityContext, Volume, VolumeMount,
-    VolumeResourceRequirements,
+    PodTemplateSpec, Probe, Secret, SecretVolumeSource, SecurityContext, Toleration, Volume,
+    VolumeMount, VolumeResourceRequirements,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -237,6 +239,8 @@ pub fn desired_statefulset(
                     init_containers: Some(vec![pki_init_container(image, options)]),
                     containers: vec![k3s],
                     volumes: Some(vec![pki_volume]),
+                    node_selector: local_runtime_node_selector(options),
+                    tolerations: local_runtime_tolerations(options),
                     ..Default::default()
                 }),
             },
@@ -244,6 +248,26 @@ pub fn desired_statefulset(
             ..Default::default()
         }),
         status: None,
+    })
+}
+
+/// The local runtime's pods go to the simulated node it stands behind (tests and the dev cluster
+/// only; a real k3s pod goes wherever the scheduler puts it).
+fn local_runtime_node_selector(options: &BuildOptions) -> Option<BTreeMap<String, String>> {
+    let (key, value) = names::LOCAL_RUNTIME_NODE_LABEL;
+    options
+        .local_runtime
+        .then(|| BTreeMap::from([(key.to_string(), value.to_string())]))
+}
+
+fn local_runtime_tolerations(options: &BuildOptions) -> Option<Vec<Toleration>> {
+    options.local_runtime.then(|| {
+        vec![Toleration {
+            key: Some(names::SIMULATED_NODE_TAINT.into()),
+            operator: Some("Exists".into()),
+            effect: Some("NoSchedule".into()),
+            ..Default::default()
+        }]
     })
 }
 
@@ -482,8 +506,23 @@ mod tests {
             ..Default::default()
         };
         let sts = desired_statefulset(&tenant(), &addressing(), &options).unwrap();
-        let labels = sts.spec.unwrap().template.metadata.unwrap().labels.unwrap();
+        let template = sts.spec.unwrap().template;
+        let labels = template.metadata.unwrap().labels.unwrap();
         assert_eq!(labels[names::LABEL_RUNTIME], names::RUNTIME_LOCAL);
+        let spec = template.spec.unwrap();
+        assert_eq!(spec.node_selector.unwrap()["type"], "kwok");
+        assert_eq!(
+            spec.tolerations.unwrap()[0].key.as_deref(),
+            Some(names::SIMULATED_NODE_TAINT)
+        );
+        let plain = desired_statefulset(&tenant(), &addressing(), &BuildOptions::default())
+            .unwrap()
+            .spec
+            .unwrap()
+            .template
+            .spec
+            .unwrap();
+        assert!(plain.node_selector.is_none() && plain.tolerations.is_none());
     }
 
     #[test]

@@ -25,7 +25,14 @@ pub use config::{BRIDGE, NODE_IP, POD_CIDR};
 pub const NODE_NAME: &str = "tenantplane-node-0";
 /// The taint the simulated node gets once a real node is there, so workloads go to the real node
 /// and only the local runtime's control-plane pods (which tolerate it) go to the simulated one.
-pub const SIMULATED_TAINT: &str = "tenantplane.io/simulated";
+pub const SIMULATED_TAINT: &str = tenantplane_controller::names::SIMULATED_NODE_TAINT;
+
+static RUNNING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Does a real node run in this process (so pod IPs are dialled)?
+pub fn running() -> bool {
+    RUNNING.load(std::sync::atomic::Ordering::SeqCst)
+}
 
 /// What a running real node leaves to clean up, and where its registry is.
 #[derive(Debug)]
@@ -38,6 +45,7 @@ pub(super) struct RealNodeState {
 impl RealNodeState {
     /// Once its processes are stopped: kill the shims and what runs in its cgroups, and remove them.
     pub(super) fn clean_up(&self) {
+        RUNNING.store(false, std::sync::atomic::Ordering::SeqCst);
         cgroups::kill_shims(&self.containerd_socket);
         cgroups::remove(&self.cgroup_root);
     }
@@ -301,9 +309,11 @@ impl ControlPlane {
             &["system:nodes"],
             &kubelet_kc,
         )?;
-        // No nameserver: pods that ask the node's resolver get nothing, never a host's.
+        // The node's resolver (pods with dnsPolicy Default, and where CoreDNS forwards what is not
+        // the cluster's): the node's own address, where nothing answers port 53, so a lookup of
+        // an outside name fails at once and never reaches a resolver of the machine.
         let resolv = node_dir.join("resolv.conf");
-        write(&resolv, "options ndots:5\n")?;
+        write(&resolv, &format!("nameserver {NODE_IP}\n"))?;
         let kubelet_config = node_dir.join("kubelet.yaml");
         write(
             &kubelet_config,
@@ -368,6 +378,7 @@ impl ControlPlane {
             &format!("{SIMULATED_TAINT}=true:NoSchedule"),
             "--overwrite",
         ])?;
+        RUNNING.store(true, std::sync::atomic::Ordering::SeqCst);
         Ok(())
     }
 }

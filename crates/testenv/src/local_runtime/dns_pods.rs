@@ -51,7 +51,12 @@ impl LocalRuntime {
             self.stop_dns(&uid);
             return;
         }
-        let scheduled = pod.spec.as_ref().is_some_and(|s| s.node_name.is_some());
+        let node = pod.spec.as_ref().and_then(|s| s.node_name.as_deref());
+        // On a real node the kubelet runs it, as a container of the image built for it.
+        if node.is_some_and(|n| n != crate::host_cluster::KWOK_NODE) {
+            return;
+        }
+        let scheduled = node.is_some();
         let known = self
             .dns
             .lock()

@@ -4,8 +4,8 @@
 use std::path::Path;
 
 /// The pod network of the real node, the bridge's address (the node's InternalIP) and its name.
-pub const POD_CIDR: &str = "10.245.0.0/24";
-pub const NODE_IP: &str = "10.245.0.1";
+pub const POD_CIDR: &str = "10.88.0.0/24";
+pub const NODE_IP: &str = "10.88.0.1";
 pub const BRIDGE: &str = "tp-node0";
 /// The prefix length of [`POD_CIDR`], for the bridge's address.
 pub const POD_PREFIX: u8 = 24;
