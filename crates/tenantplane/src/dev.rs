@@ -9,7 +9,8 @@ use anyhow::Context;
 use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{Api, Patch, PatchParams};
 use tenantplane_api::{TenantCluster, conditions};
-use tenantplane_testenv::{ControlPlane, Options, local_runtime};
+use tenantplane_testenv::host_cluster::real_node;
+use tenantplane_testenv::{ControlPlane, Nodes, Options, local_runtime, netns};
 
 use crate::manifests;
 
@@ -36,7 +37,93 @@ async fn ensure_namespace(client: &kube::Client, name: &str) -> anyhow::Result<(
     Ok(())
 }
 
-pub async fn run(state_dir: PathBuf) -> anyhow::Result<()> {
+/// What runs the dev cluster's pods, as asked on the command line.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum NodesArg {
+    /// A real node where the machine allows it (root, writable cgroups), simulated otherwise.
+    Auto,
+    /// A real node: kubelet, containerd, runc, CNI bridge, kube-proxy.
+    Real,
+    /// kwok's simulated node only: no container runs.
+    Simulated,
+}
+
+/// How this run gets the nodes it was asked for.
+enum Plan {
+    Here(Nodes),
+    /// A real node in namespaces of its own: this command again, in them.
+    InNamespaces,
+}
+
+fn plan(nodes: NodesArg) -> anyhow::Result<Plan> {
+    if nodes == NodesArg::Simulated {
+        return Ok(Plan::Here(Nodes::Simulated));
+    }
+    if let Err(reason) = real_node::machine_allows() {
+        if nodes == NodesArg::Real {
+            anyhow::bail!("a real node cannot run here: {reason}");
+        }
+        eprintln!("dev: simulated nodes, as a real node cannot run here: {reason}");
+        return Ok(Plan::Here(Nodes::Simulated));
+    }
+    Ok(match real_node::isolated() {
+        Ok(()) => Plan::Here(Nodes::Real),
+        Err(_) => Plan::InNamespaces,
+    })
+}
+
+pub async fn run(state_dir: PathBuf, nodes: NodesArg) -> anyhow::Result<()> {
+    match plan(nodes)? {
+        Plan::Here(nodes) => run_here(state_dir, nodes).await,
+        Plan::InNamespaces => run_in_namespaces(state_dir).await,
+    }
+}
+
+/// Run `dev --nodes real` again in new network, mount and PID namespaces, and make its loopback
+/// ports answer here, until it ends (Ctrl-C reaches it too: it is in this terminal's group).
+async fn run_in_namespaces(state_dir: PathBuf) -> anyhow::Result<()> {
+    eprintln!(
+        "dev: real nodes, in network, mount and PID namespaces of their own (no packet leaves); \
+         their loopback ports answer here too"
+    );
+    std::fs::create_dir_all(&state_dir)
+        .with_context(|| format!("creating {}", state_dir.display()))?;
+    let exe = std::env::current_exe().context("finding this program")?;
+    let args = vec![
+        "dev".to_string(),
+        "--nodes=real".to_string(),
+        format!("--state-dir={}", state_dir.canonicalize()?.display()),
+    ];
+    let mut child = netns::spawn_isolated(&exe, &args).context("starting unshare")?;
+    let unshare_pid = child.id().context("unshare exited at once")?;
+    let Some(inner) = netns::inner_pid(unshare_pid).await else {
+        let status = child.wait().await?;
+        anyhow::bail!("the dev cluster did not start in its namespaces ({status})");
+    };
+    let mirror = tokio::spawn(async move {
+        netns::mirror_loopback(inner, |port| {
+            tracing::debug!(
+                port,
+                "a port of the dev cluster is taken here; not mirrored"
+            );
+        })
+        .await
+    });
+    let status = loop {
+        tokio::select! {
+            status = child.wait() => break status?,
+            // The child stops on Ctrl-C; wait for it to.
+            _ = tokio::signal::ctrl_c() => netns::interrupt(inner),
+        }
+    };
+    mirror.abort();
+    if !status.success() {
+        anyhow::bail!("the dev cluster ended: {status}");
+    }
+    Ok(())
+}
+
+async fn run_here(state_dir: PathBuf, nodes: Nodes) -> anyhow::Result<()> {
     let started = Instant::now();
     std::fs::create_dir_all(&state_dir)
         .with_context(|| format!("creating {}", state_dir.display()))?;
@@ -52,13 +139,22 @@ pub async fn run(state_dir: PathBuf) -> anyhow::Result<()> {
 
     say(
         started,
-        "starting the control plane (etcd, kube-apiserver, controller manager, scheduler, kwok)",
+        match nodes {
+            Nodes::Real => {
+                "starting the control plane (etcd, kube-apiserver, controller manager, scheduler, \
+                 kwok) and a real node (kubelet, containerd, kube-proxy, CNI bridge, registry)"
+            }
+            Nodes::Simulated => {
+                "starting the control plane (etcd, kube-apiserver, controller manager, scheduler, \
+                 kwok with a simulated node)"
+            }
+        },
     );
     let plane = tokio::task::spawn_blocking(move || {
         ControlPlane::start(Options {
             dir: Some(cluster_dir),
             progress: true,
-            ..Default::default()
+            nodes,
         })
     })
     .await??;
@@ -217,7 +313,7 @@ fn print_next_steps(kubeconfig: &Path, built_kubectl: &Path, log: &Path) {
         .map(|p| p.display().to_string())
         .unwrap_or_else(|_| "tenantplane".into());
     println!(
-        "\nThe dev cluster is ready. In another terminal:\n\n  export KUBECONFIG={kc}\n  {kubectl} get tenantcluster {TENANT} -n {NAMESPACE} -o jsonpath='{{.status.phase}}{{\"\\n\"}}'\n  {kubectl} describe tenantcluster {TENANT} -n {NAMESPACE}\n  {exe} kubeconfig {TENANT} -n {NAMESPACE} > {TENANT}.kubeconfig\n  {kubectl} --kubeconfig {TENANT}.kubeconfig get namespaces\n  {kubectl} --kubeconfig {TENANT}.kubeconfig apply -f examples/tenant-workload.yaml\n  {kubectl} --kubeconfig {TENANT}.kubeconfig get pods -o wide\n  {kubectl} get pods -n {NAMESPACE} -l tenantplane.io/synced-from={TENANT}\n\n(kubectl: {kubectl}; operator log: {log})\nCtrl-C stops everything.",
+        "\nThe dev cluster is ready. In another terminal:\n\n  export KUBECONFIG={kc}\n  {kubectl} get tenantcluster {TENANT} -n {NAMESPACE} -o jsonpath='{{.status.phase}}{{\"\\n\"}}'\n  {kubectl} describe tenantcluster {TENANT} -n {NAMESPACE}\n  {exe} kubeconfig {TENANT} -n {NAMESPACE} > {TENANT}.kubeconfig\n  {kubectl} --kubeconfig {TENANT}.kubeconfig get namespaces\n  {kubectl} --kubeconfig {TENANT}.kubeconfig apply -f examples/tenant-workload.yaml\n  {kubectl} --kubeconfig {TENANT}.kubeconfig rollout status deploy/web\n  {kubectl} --kubeconfig {TENANT}.kubeconfig exec deploy/web -- wget -qO- http://web/greeting\n  {kubectl} --kubeconfig {TENANT}.kubeconfig get pods -o wide\n  {kubectl} get pods -n {NAMESPACE} -l tenantplane.io/synced-from={TENANT}\n\n(kubectl: {kubectl}; operator log: {log})\nCtrl-C stops everything.",
         kc = kubeconfig.display(),
         log = log.display(),
     );

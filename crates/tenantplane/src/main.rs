@@ -213,6 +213,11 @@ enum Command {
         /// Where the cluster's data, logs and kubeconfig go.
         #[arg(long, default_value = ".tenantplane/dev")]
         state_dir: PathBuf,
+        /// What runs the pods: a real node (kubelet, containerd, runc, CNI, kube-proxy) in
+        /// namespaces of its own, or kwok's simulated node; `auto` takes a real node where the
+        /// machine allows it and says why not otherwise.
+        #[arg(long, value_enum, default_value = "auto")]
+        nodes: dev::NodesArg,
     },
 }
 
@@ -391,7 +396,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             operator::run(&cli.host, &operator, operator_namespace, options).await?;
         }
         #[cfg(feature = "dev")]
-        Command::Dev { state_dir } => dev::run(state_dir).await?,
+        Command::Dev { state_dir, nodes } => dev::run(state_dir, nodes).await?,
     }
     Ok(())
 }

@@ -17,6 +17,7 @@ mod local_dns;
 pub mod local_forward;
 pub mod local_runtime;
 pub mod metrics;
+pub mod netns;
 pub mod operator;
 mod probes;
 pub mod process;

@@ -53,6 +53,12 @@ impl RealNodeState {
 
 /// Why this machine or namespace cannot run a real node, in one line; `Ok` when it can.
 pub fn preflight() -> std::result::Result<(), String> {
+    machine_allows()?;
+    isolated()
+}
+
+/// Why this machine cannot run a real node at all (whatever the namespace), in one line.
+pub fn machine_allows() -> std::result::Result<(), String> {
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
         return Err("not root: a kubelet and containerd need root".into());
@@ -68,14 +74,14 @@ pub fn preflight() -> std::result::Result<(), String> {
     std::fs::create_dir(&probe)
         .and_then(|_| std::fs::remove_dir(&probe))
         .map_err(|e| format!("cgroups are not writable ({}: {e})", cgroup_dir.display()))?;
-    for tool in ["ip", "nft"] {
+    for tool in ["ip", "nft", "unshare"] {
         if !on_path(tool) {
             return Err(format!(
                 "`{tool}` is not installed (testenv/packages.sh installs it)"
             ));
         }
     }
-    isolated()
+    Ok(())
 }
 
 fn on_path(program: &str) -> bool {
