@@ -57,9 +57,8 @@ fn processes_naming(needle: &str) -> Vec<String> {
     found
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn the_demo_runs_the_example_workload_in_real_containers_and_stops_clean() {
-    let state = std::env::temp_dir().join(format!("tenantplane-dev-test-{}", std::process::id()));
+/// `tenantplane dev --nodes real` on `state`, once it says it is ready.
+async fn start_dev(state: &Path) -> tokio::process::Child {
     let state_arg = state.display().to_string();
     let mut dev = Command::new(binary())
         .args(["dev", "--nodes", "real", "--state-dir", &state_arg])
@@ -90,6 +89,32 @@ async fn the_demo_runs_the_example_workload_in_real_containers_and_stops_clean()
         Some(true),
         "the dev cluster never said it was ready"
     );
+    dev
+}
+
+/// The cgroup (memory, or the one v2 hierarchy) of the dev cluster's node on `state`.
+fn node_cgroup(state: &Path) -> PathBuf {
+    let kubelet_config = std::fs::read_to_string(state.join("cluster/node/kubelet.yaml")).unwrap();
+    let cgroup_root = kubelet_config
+        .lines()
+        .find_map(|l| l.strip_prefix("cgroupRoot: "))
+        .expect("the kubelet has a cgroup root of its own")
+        .trim()
+        .to_string();
+    // cgroup v2 has one hierarchy; v1 (some machines) one per controller.
+    let base = if Path::new("/sys/fs/cgroup/cgroup.controllers").exists() {
+        Path::new("/sys/fs/cgroup")
+    } else {
+        Path::new("/sys/fs/cgroup/memory")
+    };
+    base.join(cgroup_root.trim_start_matches('/'))
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_demo_runs_the_example_workload_in_real_containers_and_stops_clean() {
+    let state = std::env::temp_dir().join(format!("tenantplane-dev-test-{}", std::process::id()));
+    let state_arg = state.display().to_string();
+    let mut dev = start_dev(&state).await;
 
     let kubeconfig: PathBuf = state.join("kubeconfig");
     let kubectl = Binaries::locate().unwrap().path("kubectl");
@@ -169,20 +194,7 @@ async fn the_demo_runs_the_example_workload_in_real_containers_and_stops_clean()
     );
 
     // Ctrl-C: everything it started stops, the node's cgroups and shims with it.
-    let kubelet_config = std::fs::read_to_string(state.join("cluster/node/kubelet.yaml")).unwrap();
-    let cgroup_root = kubelet_config
-        .lines()
-        .find_map(|l| l.strip_prefix("cgroupRoot: "))
-        .expect("the kubelet has a cgroup root of its own")
-        .trim()
-        .to_string();
-    // cgroup v2 has one hierarchy; v1 (some machines) one per controller.
-    let base = if Path::new("/sys/fs/cgroup/cgroup.controllers").exists() {
-        Path::new("/sys/fs/cgroup")
-    } else {
-        Path::new("/sys/fs/cgroup/memory")
-    };
-    let memory_cgroup = base.join(cgroup_root.trim_start_matches('/'));
+    let memory_cgroup = node_cgroup(&state);
     assert!(
         memory_cgroup.exists(),
         "{} while it runs",
@@ -208,5 +220,51 @@ async fn the_demo_runs_the_example_workload_in_real_containers_and_stops_clean()
         "cgroup {} left behind",
         memory_cgroup.display()
     );
+    let _ = std::fs::remove_dir_all(&state);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_demo_killed_with_kill_9_starts_clean_the_next_time() {
+    let state = std::env::temp_dir().join(format!("tenantplane-dev-kill-{}", std::process::id()));
+    let mut first = start_dev(&state).await;
+    let cgroup = node_cgroup(&state);
+    // Pods run (the tenant's CoreDNS at least), so shims and containers are there to be left.
+    let kubeconfig = state.join("kubeconfig");
+    let kubectl = Binaries::locate().unwrap().path("kubectl");
+    let running = tenantplane_testenv::eventually(Duration::from_secs(120), || async {
+        let said = run(
+            &kubectl,
+            &[
+                "get",
+                "pods",
+                "-A",
+                "--field-selector=status.phase=Running",
+                "-o",
+                "name",
+            ],
+            &kubeconfig,
+        )
+        .await;
+        said.1.contains("coredns").then_some(())
+    })
+    .await;
+    assert!(running.is_some(), "the tenant's CoreDNS never ran");
+    first.start_kill().unwrap();
+    first.wait().await.unwrap();
+
+    let mut second = start_dev(&state).await;
+    assert!(
+        !cgroup.exists(),
+        "the killed node's cgroup {} is gone",
+        cgroup.display()
+    );
+    let shims = processes_naming("containerd-shim");
+    let old = cgroup.display().to_string();
+    assert!(
+        shims.iter().all(|s| !s.contains(&old)),
+        "no shim of the killed node is left: {shims:#?}"
+    );
+    second.start_kill().unwrap();
+    second.wait().await.unwrap();
     let _ = std::fs::remove_dir_all(&state);
 }

@@ -275,8 +275,11 @@ impl ControlPlane {
         }
         crate::process::private_mounts(binds)
             .map_err(|e| Error::Io(format!("the node's mount namespace: {e}")))?;
-        let cgroup_root = cgroups::create(&node_dir)?;
         let socket = node_dir.join("containerd").join("containerd.sock");
+        // Shims of a node that was killed with this folder outlive it (they belong to no cgroup of
+        // the node's): theirs go before the node starts again; its containers go with its cgroups.
+        cgroups::kill_shims(&socket);
+        let cgroup_root = cgroups::create(&node_dir)?;
         self.real_node = Some(RealNodeState {
             registry: registry.clone(),
             cgroup_root: cgroup_root.clone(),

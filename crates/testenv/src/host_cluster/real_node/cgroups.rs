@@ -95,50 +95,59 @@ fn remove_stale(locks: &Path) {
         let Ok(file) = File::open(&path) else {
             continue;
         };
-        if try_lock(&file) {
-            remove(&format!("/{PARENT}/{id}"));
+        // The lock goes only with the cgroups, so a start that could not remove them all leaves
+        // them to the next one.
+        if try_lock(&file) && remove(&format!("/{PARENT}/{id}")) {
             let _ = std::fs::remove_file(&path);
         }
     }
 }
 
-/// Kill every process in the cgroup tree `root` and remove it, deepest first, in every hierarchy.
-pub(super) fn remove(root: &str) {
-    for h in hierarchies() {
-        let top = h.join(root.trim_start_matches('/'));
-        if top.exists() {
-            remove_tree(&top);
+/// Kill every process in the cgroup tree `root` and remove it, deepest first, in every hierarchy;
+/// whether it is gone. Processes may take a while to die on a loaded machine (one in the middle of
+/// a mount), so it keeps at it for up to half a minute.
+pub(super) fn remove(root: &str) -> bool {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let tops: Vec<PathBuf> = hierarchies()
+        .into_iter()
+        .map(|h| h.join(root.trim_start_matches('/')))
+        .collect();
+    loop {
+        for top in tops.iter().filter(|t| t.exists()) {
+            kill_and_remove(top);
         }
-        // The shared parent goes with the last node (another node's presence keeps it).
-        let _ = std::fs::remove_dir(h.join(PARENT));
+        if tops.iter().all(|t| !t.exists()) {
+            for h in hierarchies() {
+                // The shared parent goes with the last node (another node's keeps it).
+                let _ = std::fs::remove_dir(h.join(PARENT));
+            }
+            return true;
+        }
+        if std::time::Instant::now() > deadline {
+            return false;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(200));
     }
 }
 
-fn remove_tree(dir: &Path) {
+/// One pass over a tree: kill what runs in each cgroup, remove those that are empty, deepest
+/// first.
+fn kill_and_remove(dir: &Path) {
     if let Ok(entries) = std::fs::read_dir(dir) {
         for entry in entries.flatten() {
             if entry.file_type().is_ok_and(|t| t.is_dir()) {
-                remove_tree(&entry.path());
+                kill_and_remove(&entry.path());
             }
         }
     }
-    for _ in 0..50 {
-        let procs = std::fs::read_to_string(dir.join("cgroup.procs")).unwrap_or_default();
-        let pids: Vec<i32> = procs
-            .lines()
-            .filter_map(|l| l.trim().parse().ok())
-            .collect();
-        for pid in &pids {
-            // SAFETY: kill has no memory-safety preconditions.
-            unsafe {
-                libc::kill(*pid, libc::SIGKILL);
-            }
+    let procs = std::fs::read_to_string(dir.join("cgroup.procs")).unwrap_or_default();
+    for pid in procs.lines().filter_map(|l| l.trim().parse::<i32>().ok()) {
+        // SAFETY: kill has no memory-safety preconditions.
+        unsafe {
+            libc::kill(pid, libc::SIGKILL);
         }
-        if std::fs::remove_dir(dir).is_ok() {
-            return;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(100));
     }
+    let _ = std::fs::remove_dir(dir);
 }
 
 /// Kill the containerd shims of the node whose containerd listens on `socket` (they outlive
