@@ -343,16 +343,7 @@ impl ControlPlane {
         let node_path = kwok_dir.join("node.yaml");
         write(&node_path, KWOK_NODE_YAML)?;
         plane.kubectl_ok(&["apply", "-f", &node_path.display().to_string()])?;
-        plane.wait_until("the simulated node to be Ready", || {
-            let out = plane.kubectl_output(&[
-                "get",
-                "node",
-                KWOK_NODE,
-                "-o",
-                "jsonpath={.status.conditions[?(@.type==\"Ready\")].status}",
-            ]);
-            Ok(out.is_ok_and(|s| s.trim() == "True"))
-        })?;
+        plane.wait_for_node("the simulated node", KWOK_NODE)?;
         plane.wait_until("the default service account", || {
             Ok(plane
                 .kubectl_output(&["get", "serviceaccount", "default", "-n", "default"])
@@ -406,6 +397,20 @@ impl ControlPlane {
             }
             std::thread::sleep(Duration::from_millis(200));
         }
+    }
+
+    /// Wait until Node `name` (`what`, for the message) is Ready.
+    fn wait_for_node(&self, what: &str, name: &str) -> Result<()> {
+        self.wait_until(&format!("{what} to be Ready"), || {
+            let out = self.kubectl_output(&[
+                "get",
+                "node",
+                name,
+                "-o",
+                "jsonpath={.status.conditions[?(@.type==\"Ready\")].status}",
+            ]);
+            Ok(out.is_ok_and(|s| s.trim() == "True"))
+        })
     }
 
     fn wait_for_api_server(&self) -> Result<()> {

@@ -130,7 +130,7 @@ pub fn isolated() -> std::result::Result<(), String> {
 }
 
 /// Run `ip` (or any tool) and fail with its output.
-fn run(program: &str, args: &[&str]) -> Result<()> {
+pub(crate) fn run(program: &str, args: &[&str]) -> Result<()> {
     let out = Command::new(program)
         .args(args)
         .output()
@@ -370,16 +370,7 @@ impl ControlPlane {
         )?;
 
         say("waiting for the real node to be Ready");
-        self.wait_until("the real node to be Ready", || {
-            let out = self.kubectl_output(&[
-                "get",
-                "node",
-                NODE_NAME,
-                "-o",
-                "jsonpath={.status.conditions[?(@.type==\"Ready\")].status}",
-            ]);
-            Ok(out.is_ok_and(|s| s.trim() == "True"))
-        })?;
+        self.wait_for_node("the real node", NODE_NAME)?;
         self.kubectl_ok(&[
             "taint",
             "node",

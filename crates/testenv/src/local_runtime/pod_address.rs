@@ -4,7 +4,6 @@
 //! tenant's API through its Service, as in a cluster; without a real node nothing dials pod IPs.
 
 use std::net::{IpAddr, SocketAddr};
-use std::process::Command;
 
 use tenantplane_controller::names;
 use tokio::net::{TcpListener, TcpStream};
@@ -18,19 +17,7 @@ pub(crate) struct PodAddress {
 }
 
 fn ip(args: &[&str]) -> Result<()> {
-    let out = Command::new("ip")
-        .args(args)
-        .output()
-        .map_err(|e| Error::Io(format!("running ip: {e}")))?;
-    if out.status.success() {
-        Ok(())
-    } else {
-        Err(Error::Io(format!(
-            "ip {}: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr).trim()
-        )))
-    }
+    crate::host_cluster::real_node::run("ip", args)
 }
 
 /// Put `pod_ip` on loopback and forward its API port to `127.0.0.1:loopback_port`.
