@@ -3,12 +3,13 @@
 //! `restricted`. The control plane of this binary runs a real node ([`use_real_nodes`]); `make
 //! test` runs it in a network namespace of its own. One module per part of a kubelet's work:
 //! `run` (output, identity, how containers end), `exec` (exec, cp, attach, debug,
-//! port-forward), `services` (Services, DNS, identity).
+//! port-forward), `probes` (probes, hooks, rollouts), `services` (Services, DNS, identity).
 
 #[path = "../common/mod.rs"]
 mod common;
 
 mod exec;
+mod probes;
 mod run;
 mod services;
 
@@ -91,8 +92,19 @@ pub async fn pod_where(
     what: &str,
     check: impl Fn(&Pod) -> bool,
 ) -> Pod {
+    pod_where_within(tenant, name, what, WAIT, check).await
+}
+
+/// [`pod_where`], waiting up to `within`.
+pub async fn pod_where_within(
+    tenant: &Client,
+    name: &str,
+    what: &str,
+    within: Duration,
+    check: impl Fn(&Pod) -> bool,
+) -> Pod {
     let api = Api::<Pod>::namespaced(tenant.clone(), "default");
-    let found = eventually(WAIT, || async {
+    let found = eventually(within, || async {
         api.get_opt(name).await.ok().flatten().filter(|p| check(p))
     })
     .await;
