@@ -40,7 +40,11 @@ async fn a_tenant_pod_runs_for_real_and_its_end_reaches_the_tenant() {
         .logs("hello", &LogParams::default())
         .await
         .unwrap();
-    assert_eq!(logs, "hello from hello\nto stderr\n");
+    // stdout and stderr are two pipes, which the runtime logs as it reads each: their lines
+    // may come in either order.
+    let mut lines: Vec<&str> = logs.lines().collect();
+    lines.sort_unstable();
+    assert_eq!(lines, ["hello from hello", "to stderr"], "{logs:?}");
 }
 
 /// The numbers of `line N` lines.
