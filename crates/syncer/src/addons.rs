@@ -181,7 +181,7 @@ pub fn dns_objects(tenant: &str, upstream: &[String]) -> Result<DnsObjects> {
     })
 }
 
-async fn ensure<K>(api: Api<K>, desired: &K) -> Result<()>
+pub(crate) async fn ensure<K>(api: Api<K>, desired: &K) -> Result<()>
 where
     K: Resource<DynamicType = ()> + Clone + std::fmt::Debug + Serialize + DeserializeOwned,
 {

@@ -37,6 +37,7 @@ pub mod tell;
 pub mod tenant;
 pub mod tenant_terms;
 pub mod translate;
+pub mod unsupported;
 mod wiring;
 
 use std::collections::HashMap;

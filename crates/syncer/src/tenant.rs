@@ -169,7 +169,7 @@ impl Tenant {
         Api::namespaced(self.tenant.clone(), namespace)
     }
 
-    /// Keep the tenant's add-ons (its cluster DNS) as they should be; a failure is reported in
+    /// Keep the tenant's add-ons (its cluster DNS, its refusals) as they should be; a failure is reported in
     /// `Synced` until a later pass succeeds.
     pub(crate) async fn ensure_addons(&self) {
         const WHAT: &str = "the tenant's DNS (Deployment kube-system/coredns)";
@@ -192,6 +192,16 @@ impl Tenant {
                 message: format!("{WHAT}: {e}"),
             });
         self.reporter.set_error(WHAT, failure);
+        const REFUSALS: &str = "the tenant's admission policies (ValidatingAdmissionPolicy \
+            tenantplane-no-ephemeral-containers)";
+        let failure = crate::unsupported::ensure_refusals(&self.tenant, self.tr.name())
+            .await
+            .err()
+            .map(|e| Failure {
+                reason: e.reason(),
+                message: format!("{REFUSALS}: {e}"),
+            });
+        self.reporter.set_error(REFUSALS, failure);
     }
 }
 

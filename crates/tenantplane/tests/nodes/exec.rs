@@ -1,0 +1,198 @@
+//! Into a running container from the tenant, through `tenantplane connect`'s kubeconfig and the
+//! virtual node's kubelet endpoint: `exec` with stdin, `cp` both ways, `attach`, `debug`
+//! (ephemeral containers) and `port-forward`.
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::Api;
+use serde_json::json;
+use tenantplane_testenv::{shared, use_real_nodes};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use super::common::{TenantSetup, TestHost};
+use super::*;
+
+#[tokio::test(flavor = "multi_thread")]
+async fn exec_cp_and_attach_reach_the_container() {
+    use_real_nodes();
+    let world = TestHost::start_with_kubelet("nodes-exec")
+        .await
+        .ready(TenantSetup::seed())
+        .await;
+    let tenant = &world.tenant;
+    create_pod(
+        tenant,
+        "shell",
+        json!({"containers": [busybox("c", "sleep 3600")]}),
+    )
+    .await;
+    let mut cat = busybox("c", "exec cat");
+    cat["stdin"] = true.into();
+    cat["tty"] = false.into();
+    create_pod(tenant, "echo", json!({"containers": [cat]})).await;
+    running(tenant, "shell").await;
+    let (_connect, kubeconfig) = connect(&world).await;
+
+    // exec -i: stdin reaches the process, and the command ends when stdin does.
+    let said = kubectl(
+        &kubeconfig,
+        &["exec", "-i", "shell", "--", "cat"],
+        "line one\nline two\n",
+    )
+    .await;
+    assert_eq!(said.0, 0, "{said:?}");
+    assert_eq!(said.1, "line one\nline two\n", "{said:?}");
+    let said = kubectl(&kubeconfig, &["exec", "shell", "--", "hostname"], "").await;
+    assert_eq!(said.1.trim(), "shell", "the tenant pod's name: {said:?}");
+    let said = kubectl(
+        &kubeconfig,
+        &["exec", "shell", "--", "sh", "-c", "exit 7"],
+        "",
+    )
+    .await;
+    assert_eq!(said.0, 7, "exec's exit code comes back: {said:?}");
+
+    // cp into the container and back out (kubectl cp runs tar in the container).
+    let dir = shared().dir().join(format!("{}-cp", world.ns.name));
+    std::fs::create_dir_all(&dir).unwrap();
+    let sent = dir.join("sent.txt");
+    std::fs::write(&sent, "copied in\n").unwrap();
+    let said = kubectl(
+        &kubeconfig,
+        &["cp", sent.to_str().unwrap(), "shell:/tmp/in.txt"],
+        "",
+    )
+    .await;
+    assert_eq!(said.0, 0, "kubectl cp in: {said:?}");
+    let said = kubectl(
+        &kubeconfig,
+        &["exec", "shell", "--", "cat", "/tmp/in.txt"],
+        "",
+    )
+    .await;
+    assert_eq!(said.1, "copied in\n", "{said:?}");
+    let said = kubectl(
+        &kubeconfig,
+        &[
+            "exec",
+            "shell",
+            "--",
+            "sh",
+            "-c",
+            "echo made inside > /tmp/out.txt",
+        ],
+        "",
+    )
+    .await;
+    assert_eq!(said.0, 0, "{said:?}");
+    let back = dir.join("back.txt");
+    let said = kubectl(
+        &kubeconfig,
+        &["cp", "shell:/tmp/out.txt", back.to_str().unwrap()],
+        "",
+    )
+    .await;
+    assert_eq!(said.0, 0, "kubectl cp out: {said:?}");
+    assert_eq!(std::fs::read_to_string(&back).unwrap(), "made inside\n");
+
+    // attach -i: what goes to the container's stdin comes back from its `cat`.
+    running(tenant, "echo").await;
+    let mut attach = spawn_kubectl(&kubeconfig, &["attach", "-i", "echo"]);
+    let mut input = attach.stdin.take().unwrap();
+    let mut lines = stdout_lines(&mut attach);
+    input.write_all(b"through attach\n").await.unwrap();
+    input.flush().await.unwrap();
+    let line = next_line(&mut lines, "kubectl attach").await;
+    assert_eq!(line, "through attach");
+    drop(input);
+    drop(attach);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn port_forward_and_debug_from_the_tenant() {
+    use_real_nodes();
+    let world = TestHost::start_with_kubelet("nodes-fwd")
+        .await
+        .ready(TenantSetup::seed())
+        .await;
+    let tenant = &world.tenant;
+    create_pod(
+        tenant,
+        "server",
+        json!({"containers": [agnhost("c", &["netexec", "--http-port=8080", "--udp-port=8081"])]}),
+    )
+    .await;
+    running(tenant, "server").await;
+    let (_connect, kubeconfig) = connect(&world).await;
+
+    // port-forward: a local port reaches the server in the container.
+    let mut forward = spawn_kubectl(
+        &kubeconfig,
+        &["port-forward", "pod/server", "--address=127.0.0.1", ":8080"],
+    );
+    let mut lines = stdout_lines(&mut forward);
+    let line = next_line(&mut lines, "kubectl port-forward").await;
+    let port: u16 = line
+        .strip_prefix("Forwarding from 127.0.0.1:")
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("port-forward said {line:?}"));
+    let answer = http_get(port, "/hostname").await;
+    assert!(answer.ends_with("\r\n\r\nserver"), "{answer:?}");
+    drop(forward);
+
+    // debug: an ephemeral container either runs or is refused with a message that says why.
+    let custom = shared().dir().join(format!("{}-debug.json", world.ns.name));
+    std::fs::write(&custom, r#"{"securityContext": {"runAsUser": 1000}}"#).unwrap();
+    let said = kubectl(
+        &kubeconfig,
+        &[
+            "debug",
+            "server",
+            "--image",
+            BUSYBOX,
+            "--profile=restricted",
+            "--custom",
+            custom.to_str().unwrap(),
+            "-c",
+            "dbg",
+            "--",
+            "sh",
+            "-c",
+            "echo debugging $(hostname); sleep 3600",
+        ],
+        "",
+    )
+    .await;
+    // They are refused: a host copy's containers are fixed when it is made.
+    assert_ne!(said.0, 0, "kubectl debug is refused: {said:?}");
+    assert!(
+        said.2
+            .contains(tenantplane_syncer::unsupported::EPHEMERAL_CONTAINERS_MESSAGE),
+        "{said:?}"
+    );
+    let pod = Api::<Pod>::namespaced(tenant.clone(), "default")
+        .get("server")
+        .await
+        .unwrap();
+    assert!(pod.spec.and_then(|s| s.ephemeral_containers).is_none());
+}
+
+/// An HTTP/1.0 GET of `path` from 127.0.0.1:`port`: the whole answer.
+async fn http_get(port: u16, path: &str) -> String {
+    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .unwrap();
+    stream
+        .write_all(format!("GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").as_bytes())
+        .await
+        .unwrap();
+    let mut answer = String::new();
+    tokio::time::timeout(
+        std::time::Duration::from_secs(30),
+        stream.read_to_string(&mut answer),
+    )
+    .await
+    .expect("an answer within 30 s")
+    .unwrap();
+    answer
+}

@@ -1,0 +1,250 @@
+//! Output, identity and how containers end: the container's own logs (`-f`, `--previous`,
+//! `--since`), its exit code, reason and termination message, `CrashLoopBackOff` and
+//! `OOMKilled`, each as the tenant sees it and as the host shows it.
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, LogParams};
+use serde_json::json;
+use tenantplane_testenv::{eventually, use_real_nodes};
+
+use super::common::{TenantSetup, TestHost, WAIT};
+use super::*;
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_tenant_pod_runs_for_real_and_its_end_reaches_the_tenant() {
+    use_real_nodes();
+    let world = TestHost::start_with_kubelet("nodes-run")
+        .await
+        .ready(TenantSetup::seed())
+        .await;
+    let tenant = &world.tenant;
+    create_pod(
+        tenant,
+        "hello",
+        json!({
+            "restartPolicy": "Never",
+            "containers": [busybox(
+                "c",
+                "echo hello from $(hostname); echo to stderr >&2; \
+                 echo bye > /dev/termination-log; exit 3"
+            )],
+        }),
+    )
+    .await;
+    let pod = pod_where(tenant, "hello", "failed", |p| phase(p) == Some("Failed")).await;
+    let ended = terminated(&pod).expect("a Failed pod's container has ended");
+    assert_eq!(ended.exit_code, 3, "{ended:?}");
+    assert_eq!(ended.reason.as_deref(), Some("Error"), "{ended:?}");
+    assert_eq!(ended.message.as_deref(), Some("bye\n"), "{ended:?}");
+    let logs = Api::<Pod>::namespaced(tenant.clone(), "default")
+        .logs("hello", &LogParams::default())
+        .await
+        .unwrap();
+    // stdout and stderr are two pipes, which the runtime logs as it reads each: their lines
+    // may come in either order.
+    let mut lines: Vec<&str> = logs.lines().collect();
+    lines.sort_unstable();
+    assert_eq!(lines, ["hello from hello", "to stderr"], "{logs:?}");
+}
+
+/// The numbers of `line N` lines.
+fn numbers(logs: &str) -> Vec<u64> {
+    logs.lines()
+        .filter_map(|l| l.strip_prefix("line ")?.trim().parse().ok())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn logs_follow_and_show_the_previous_run_and_a_recent_window() {
+    use_real_nodes();
+    let world = TestHost::start_with_kubelet("nodes-logs")
+        .await
+        .ready(TenantSetup::seed())
+        .await;
+    let tenant = &world.tenant;
+    create_pod(
+        tenant,
+        "counter",
+        json!({"containers": [busybox(
+            "c",
+            "i=0; while true; do echo line $i; i=$((i+1)); sleep 1; done"
+        )]}),
+    )
+    .await;
+    // The first run says `run 1` and fails; the second says `run 2` and stays (an emptyDir
+    // outlives a container's restart).
+    create_pod(
+        tenant,
+        "again",
+        json!({
+            "containers": [with(
+                busybox(
+                    "c",
+                    "n=$(( $(cat /state/n 2>/dev/null || echo 0) + 1 )); echo $n > /state/n; \
+                     echo run $n; [ $n -ge 2 ] && exec sleep 3600; exit 1"
+                ),
+                "volumeMounts",
+                json!([{"name": "state", "mountPath": "/state"}]),
+            )],
+            "volumes": [{"name": "state", "emptyDir": {}}],
+        }),
+    )
+    .await;
+    running(tenant, "counter").await;
+    let (_connect, kubeconfig) = connect(&world).await;
+    let pods = Api::<Pod>::namespaced(tenant.clone(), "default");
+
+    // -f: lines written after kubectl started keep coming.
+    let so_far = numbers(&pods.logs("counter", &LogParams::default()).await.unwrap());
+    let later = so_far.last().map_or(0, |n| n + 3);
+    let mut follow = spawn_kubectl(&kubeconfig, &["logs", "-f", "counter"]);
+    let mut lines = stdout_lines(&mut follow);
+    let mut seen = Vec::new();
+    while seen.last() != Some(&later) {
+        let line = next_line(&mut lines, "kubectl logs -f").await;
+        seen.extend(numbers(&line));
+    }
+    assert_eq!(
+        seen,
+        (0..=later).collect::<Vec<_>>(),
+        "logs -f gives every line, in order, as it is written"
+    );
+    drop(follow);
+
+    // --since: only the last seconds' lines, the newest among them.
+    let enough = eventually(WAIT, || async {
+        let all = numbers(&pods.logs("counter", &LogParams::default()).await.ok()?);
+        (all.len() >= 10).then_some(all)
+    })
+    .await
+    .expect("the counter wrote ten lines");
+    let said = kubectl(&kubeconfig, &["logs", "--since=3s", "counter"], "").await;
+    assert_eq!(said.0, 0, "{said:?}");
+    let recent = numbers(&said.1);
+    assert!(
+        !recent.is_empty() && recent.len() <= 5,
+        "--since=3s gives the last few lines of a line a second: {said:?}"
+    );
+    assert!(
+        recent[0] + 5 > *enough.last().unwrap_or(&0),
+        "--since=3s starts near the end ({enough:?}): {recent:?}"
+    );
+
+    // --previous: the run before the restart.
+    pod_where(tenant, "again", "restarted once and ran", |p| {
+        container(p, "c").is_some_and(|c| {
+            c.restart_count == 1 && c.state.as_ref().is_some_and(|s| s.running.is_some())
+        })
+    })
+    .await;
+    let previous = kubectl(&kubeconfig, &["logs", "--previous", "again"], "").await;
+    assert_eq!(
+        (previous.0, previous.1.as_str()),
+        (0, "run 1\n"),
+        "{previous:?}"
+    );
+    let current = kubectl(&kubeconfig, &["logs", "again"], "").await;
+    assert_eq!(
+        (current.0, current.1.as_str()),
+        (0, "run 2\n"),
+        "{current:?}"
+    );
+}
+
+/// What a container's end looks like in a pod's status: the restart count, the reason it waits,
+/// the last end's reason and exit code.
+fn ending(pod: &Pod) -> Option<(i32, Option<String>, Option<String>, i32)> {
+    let c = pod.status.as_ref()?.container_statuses.as_ref()?.first()?;
+    let waiting = c
+        .state
+        .as_ref()?
+        .waiting
+        .as_ref()
+        .and_then(|w| w.reason.clone());
+    let last = c.state.as_ref()?.terminated.as_ref().or(c
+        .last_state
+        .as_ref()?
+        .terminated
+        .as_ref())?;
+    Some((
+        c.restart_count,
+        waiting,
+        last.reason.clone(),
+        last.exit_code,
+    ))
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn crash_loops_and_oom_kills_reach_the_tenant_as_the_host_shows_them() {
+    use_real_nodes();
+    let world = TestHost::start_with_kubelet("nodes-end")
+        .await
+        .ready(TenantSetup::seed())
+        .await;
+    let tenant = &world.tenant;
+    create_pod(
+        tenant,
+        "crash",
+        json!({"containers": [busybox("c", "echo crashing; exit 2")]}),
+    )
+    .await;
+    // `tail` keeps the last line in memory, and /dev/zero's never ends: past the 16 MiB limit.
+    // It is the container's main process (a pipeline's OOM-killed part leaves `sh` to exit 0,
+    // which the kubelet still calls OOMKilled).
+    let mut hog = busybox("c", "echo allocating; exec tail /dev/zero");
+    hog["resources"] = json!({"requests": {"cpu": "10m", "memory": "16Mi"},
+                              "limits": {"memory": "16Mi"}});
+    create_pod(
+        tenant,
+        "hog",
+        json!({"restartPolicy": "Never", "containers": [hog]}),
+    )
+    .await;
+
+    // CrashLoopBackOff with a rising restart count, the same in the tenant and on the host.
+    let looped = eventually(WAIT, || async {
+        let mine = ending(
+            &Api::<Pod>::namespaced(tenant.clone(), "default")
+                .get("crash")
+                .await
+                .ok()?,
+        )?;
+        let host = ending(&host_copy(&world, "crash").await)?;
+        let waits = mine.1.as_deref() == Some("CrashLoopBackOff");
+        (mine.0 >= 2 && waits && mine == host).then_some(mine)
+    })
+    .await;
+    let Some((restarts, waiting, reason, code)) = looped else {
+        panic!(
+            "the crash loop never reached the tenant as the host shows it: tenant {:?}, host {:?}",
+            Api::<Pod>::namespaced(tenant.clone(), "default")
+                .get("crash")
+                .await
+                .ok()
+                .and_then(|p| p.status),
+            host_copy(&world, "crash").await.status
+        )
+    };
+    assert!(restarts >= 2);
+    assert_eq!(waiting.as_deref(), Some("CrashLoopBackOff"));
+    assert_eq!((reason.as_deref(), code), (Some("Error"), 2));
+
+    // OOMKilled under the memory limit.
+    let pod = pod_where(tenant, "hog", "failed", |p| phase(p) == Some("Failed")).await;
+    let ended = terminated(&pod).expect("a Failed pod's container has ended");
+    assert_eq!(
+        (ended.reason.as_deref(), ended.exit_code),
+        (Some("OOMKilled"), 137),
+        "{ended:?}"
+    );
+    let host = host_copy(&world, "hog").await;
+    assert_eq!(
+        terminated(&host).map(|t| (&t.reason, t.exit_code)),
+        Some((&ended.reason, 137))
+    );
+    let logs = Api::<Pod>::namespaced(tenant.clone(), "default")
+        .logs("hog", &LogParams::default())
+        .await
+        .unwrap();
+    assert_eq!(logs, "allocating\n");
+}

@@ -1,0 +1,227 @@
+//! Services and DNS from inside a tenant pod: the tenant's CoreDNS (a real container) answers
+//! the tenant's names, kube-proxy carries a request to a tenant pod, a StatefulSet pod's name
+//! resolves under its headless Service, the pod's own ServiceAccount token works against the
+//! tenant API, and the downward API gives the tenant's names.
+
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::core::v1::{Pod, Service};
+use kube::api::{Api, LogParams};
+use serde_json::json;
+use tenantplane_testenv::{eventually, use_real_nodes};
+
+use super::common::{TenantSetup, TestHost, WAIT, cluster_ip};
+use super::*;
+
+/// The addresses `nslookup name` answers with (busybox prints the server first, then
+/// `Address: …` lines for the name).
+fn answers(nslookup: &str) -> Vec<String> {
+    nslookup
+        .split("Name:")
+        .skip(1)
+        .flat_map(|part| part.lines())
+        .filter_map(|l| l.trim().strip_prefix("Address:"))
+        .map(|a| a.trim().to_string())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_tenant_pod_finds_and_reaches_the_tenants_services() {
+    use_real_nodes();
+    let world = TestHost::start_with_kubelet("nodes-svc")
+        .await
+        .ready(TenantSetup::seed())
+        .await;
+    let tenant = &world.tenant;
+    create_pod(
+        tenant,
+        "web-a",
+        json!({"containers": [agnhost("c", &["netexec", "--http-port=8080", "--udp-port=8081"])]}),
+    )
+    .await;
+    // `app: web-a` is the pod's own label (see `create_pod`); the Service selects it.
+    create::<Service>(
+        tenant,
+        json!({
+            "metadata": {"name": "web", "namespace": "default"},
+            "spec": {"selector": {"app": "web-a"}, "ports": [{"port": 80, "targetPort": 8080}]},
+        }),
+    )
+    .await;
+    create::<Service>(
+        tenant,
+        json!({
+            "metadata": {"name": "db", "namespace": "default"},
+            "spec": {"clusterIP": "None", "selector": {"app": "db"}, "ports": [{"port": 80}]},
+        }),
+    )
+    .await;
+    create::<StatefulSet>(
+        tenant,
+        json!({
+            "metadata": {"name": "db", "namespace": "default"},
+            "spec": {
+                "serviceName": "db",
+                "replicas": 1,
+                "selector": {"matchLabels": {"app": "db"}},
+                "template": {"metadata": {"labels": {"app": "db"}},
+                             "spec": {"containers": [busybox("c", "exec sleep 3600")]}},
+            },
+        }),
+    )
+    .await;
+    create_pod(
+        tenant,
+        "client",
+        json!({"containers": [busybox("c", "exec sleep 3600")]}),
+    )
+    .await;
+    running(tenant, "client").await;
+    running(tenant, "web-a").await;
+    let (_connect, kubeconfig) = connect(&world).await;
+
+    // The tenant's names, from the tenant's CoreDNS, give the tenant's addresses.
+    let web_ip = cluster_ip(tenant, "default", "web").await;
+    let said = exec_until_ok(
+        &kubeconfig,
+        "client",
+        "nslookup web.default.svc.cluster.local",
+    )
+    .await;
+    assert_eq!(answers(&said), vec![web_ip.clone()], "{said}");
+    let api_ip = cluster_ip(tenant, "default", "kubernetes").await;
+    let said = exec_until_ok(
+        &kubeconfig,
+        "client",
+        "nslookup kubernetes.default.svc.cluster.local",
+    )
+    .await;
+    assert_eq!(answers(&said), vec![api_ip], "{said}");
+    // busybox's nslookup asks for a name as written; the resolver (wget's) applies the search
+    // list, as a program does: `kubernetes.default.svc` leads to the tenant API server, whose
+    // TLS port answers plain HTTP with 400. (`timeout`, not wget's `-T`: Debian's static
+    // busybox 1.35 wget crashes with SIGSEGV when given `-T`.)
+    let said = kubectl(
+        &kubeconfig,
+        &[
+            "exec",
+            "client",
+            "--",
+            "timeout",
+            "10",
+            "wget",
+            "-qO-",
+            "http://kubernetes.default.svc:443/",
+        ],
+        "",
+    )
+    .await;
+    assert!(said.2.contains("400 Bad Request"), "{said:?}");
+
+    // Through the Service (kube-proxy on the real node) to the tenant pod.
+    let said = exec_until_ok(
+        &kubeconfig,
+        "client",
+        "timeout 10 wget -qO- http://web/hostname",
+    )
+    .await;
+    assert_eq!(said, "web-a");
+    let said = exec_until_ok(
+        &kubeconfig,
+        "client",
+        &format!("timeout 10 wget -qO- http://{web_ip}:80/hostname"),
+    )
+    .await;
+    assert_eq!(said, "web-a");
+
+    // A StatefulSet pod: its hostname is its tenant name, and <pod>.<service> resolves to it.
+    let db = running(tenant, "db-0").await;
+    let db_ip = db.status.and_then(|s| s.pod_ip).unwrap();
+    let said = kubectl(&kubeconfig, &["exec", "db-0", "--", "hostname"], "").await;
+    assert_eq!(said.1.trim(), "db-0", "{said:?}");
+    let said = exec_until_ok(
+        &kubeconfig,
+        "client",
+        "nslookup db-0.db.default.svc.cluster.local",
+    )
+    .await;
+    assert_eq!(answers(&said), vec![db_ip], "{said}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_pod_knows_itself_by_its_tenant_names() {
+    use_real_nodes();
+    let world = TestHost::start_with_kubelet("nodes-self")
+        .await
+        .ready(TenantSetup::seed())
+        .await;
+    let tenant = &world.tenant;
+    // The downward API, as variables and as a file.
+    let mut me = busybox(
+        "c",
+        "echo \"env $POD_NAME $POD_NAMESPACE $POD_SA\"; echo \"file $(cat /info/name)\"; exec sleep 3600",
+    );
+    me["env"] = json!([
+        {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+        {"name": "POD_SA", "valueFrom": {"fieldRef": {"fieldPath": "spec.serviceAccountName"}}},
+    ]);
+    me["volumeMounts"] = json!([{"name": "info", "mountPath": "/info"}]);
+    create_pod(
+        tenant,
+        "me",
+        json!({
+            "containers": [me],
+            "volumes": [{"name": "info", "downwardAPI": {"items": [
+                {"path": "name", "fieldRef": {"fieldPath": "metadata.name"}}]}}],
+        }),
+    )
+    .await;
+    running(tenant, "me").await;
+    let logs = Api::<Pod>::namespaced(tenant.clone(), "default")
+        .logs("me", &LogParams::default())
+        .await
+        .unwrap();
+    assert_eq!(logs, "env me default default\nfile me\n");
+
+    // The pod's own token, from inside the pod, against the tenant API: agnhost's
+    // inclusterclient calls /healthz each second with client-go's in-cluster configuration (the
+    // tenant's CA checked, the token sent); a token the tenant did not issue would be refused
+    // (401), so every call succeeding shows the tenant knows it. It logs a hash of the header
+    // it sent, which must be the pod's own token's.
+    let (_connect, kubeconfig) = connect(&world).await;
+    create_pod(
+        tenant,
+        "caller",
+        json!({"containers": [agnhost("c", &["inclusterclient", "--poll-interval=1"])]}),
+    )
+    .await;
+    running(tenant, "caller").await;
+    // The hash inclusterclient logs: base64url(sha256("salt|" + the Authorization header)).
+    let hash = exec_until_ok(
+        &kubeconfig,
+        "caller",
+        "printf 'salt|Bearer %s' \"$(cat /var/run/secrets/kubernetes.io/serviceaccount/token)\" \
+         | sha256sum | cut -d' ' -f1 | xxd -r -p | base64 | tr '+/' '-_' | tr -d '='",
+    )
+    .await;
+    let calls = eventually(WAIT, || async {
+        let logs = Api::<Pod>::namespaced(tenant.clone(), "default")
+            .logs("caller", &LogParams::default())
+            .await
+            .ok()?;
+        (logs.matches("calling /healthz").count() >= 5).then_some(logs)
+    })
+    .await
+    .expect("inclusterclient called the tenant API five times");
+    assert!(!calls.contains("status=failed"), "{calls}");
+    assert!(calls.contains("authz_header="), "{calls}");
+    let sent = calls
+        .lines()
+        .filter_map(|l| l.split("authz_header=").nth(1))
+        .map(str::trim)
+        .collect::<Vec<_>>();
+    assert!(
+        !sent.is_empty() && sent.iter().all(|h| *h == hash.trim()),
+        "every call sent the pod's own token ({hash}): {calls}"
+    );
+}
