@@ -48,6 +48,8 @@ if [[ "${TENANTPLANE_CONFORMANCE_INSIDE:-}" != 1 ]]; then
   # Outside the namespace: everything that may need the package registries.
   log "building the test control plane (testenv/build.sh)"
   BIN="$(bash "$ROOT/testenv/build.sh")"
+  log "building the images (testenv/images.sh)"
+  bash "$ROOT/testenv/images.sh" "$BIN" >/dev/null
   log "building e2e.test and ginkgo (testenv/build.sh --conformance)"
   E2E_BIN="$(bash "$ROOT/testenv/build.sh" --conformance)"
   log "building tenantplane and conformance-report"

@@ -46,8 +46,9 @@ DIG=/usr/bin/dig
 GETENT=/usr/bin/getent
 [[ -x "$DIG" ]] || die "$DIG is missing: install Debian's bind9-dnsutils (testenv/packages.sh)"
 DEBS="$CACHE_ROOT/testenv/debs"
-NGINX_DEB="$(ls "$DEBS"/nginx_*.deb 2>/dev/null | sort -V | tail -1)"
-NGINX_COMMON_DEB="$(ls "$DEBS"/nginx-common_*.deb 2>/dev/null | sort -V | tail -1)"
+newest() { find "$DEBS" -maxdepth 1 -name "$1" 2>/dev/null | sort -V | tail -1; }
+NGINX_DEB="$(newest 'nginx_*.deb')"
+NGINX_COMMON_DEB="$(newest 'nginx-common_*.deb')"
 [[ -f "$NGINX_DEB" && -f "$NGINX_COMMON_DEB" ]] || die "Debian's nginx packages are not in $DEBS (testenv/packages.sh downloads them)"
 KUBE_SRC="$(cd "$TESTENV_DIR/kube" && GOFLAGS=-mod=readonly go list -m -f '{{.Dir}}' k8s.io/kubernetes)"
 KEY="$({

@@ -29,6 +29,8 @@ for p in "${DOWNLOADED[@]}"; do
       { echo "testenv: apt-get download $p=$version failed" >&2; exit 1; }
   fi
 done
+# build.sh prunes cache folders not used for three days.
+touch "$DEBS/.last-used"
 missing=()
 for p in "${PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
