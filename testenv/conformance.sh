@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
-# make conformance: the upstream Kubernetes conformance tests that can pass on simulated nodes,
-# against the dev cluster's host and against a tenant of it, in the same run, and the table of
-# both with the parity line `conformance parity: X/Y` (passed in the tenant of passed on the host).
+# make conformance: the upstream Kubernetes conformance tests, against the dev cluster's host (on a
+# real node: kubelet, containerd, runc, kube-proxy) and against a tenant of it, in the same run,
+# and the table of both with the host's passes and the parity line `conformance parity: X/Y`
+# (passed in the tenant of passed on the host).
 #
 # It builds the test control plane, e2e.test and ginkgo (testenv/build.sh --conformance; about
-# 20 minutes on 2 cores the first time) and the tenantplane binary, then re-runs itself in a
-# network namespace of its own that has only loopback, and refuses to go on if that namespace has
-# any other route: the suite makes the API servers dial pod and Service addresses, and nothing may
-# leave the machine. There it starts `tenantplane dev`, a tenant `conformance/conf` with the
+# 20 minutes on 2 cores the first time) and the tenantplane binary, then re-runs itself in
+# network, mount and PID namespaces of its own (as testenv/isolated.sh) that have only loopback,
+# and refuses to go on if that namespace has any other route or link (once the dev cluster runs,
+# only its real node's bridge and the pods' veths are added): the suite makes the API servers and
+# pods dial pod and Service addresses, and nothing may leave the machine. There it starts
+# `tenantplane dev --nodes real` (CONFORMANCE_NODES=simulated: kwok's simulated node), a tenant `conformance/conf` with the
 # IsolationProfile `conformance` (Pod Security privileged, no NetworkPolicy, no quota, and an
 # `allow` that opens what the host's own test namespaces get) and the SyncPolicy `conformance` (every host node shown, so the
 # suite finds schedulable Nodes), and runs the suite on both at once.
@@ -21,6 +24,7 @@
 #   CONFORMANCE_TIMEOUT  the time bound of each side's run (default 45m); what it leaves is
 #                        reported as not run
 #   CONFORMANCE_OUT      where the logs, reports and table go (default: .tenantplane/conformance)
+#   CONFORMANCE_NODES    real (default) or simulated: what runs the pods
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -32,6 +36,7 @@ PROCS="${CONFORMANCE_PROCS:-20}"
 TIMEOUT="${CONFORMANCE_TIMEOUT:-45m}"
 OUT="${CONFORMANCE_OUT:-$ROOT/.tenantplane/conformance}"
 HEARTBEAT_SECS="${CONFORMANCE_HEARTBEAT_SECS:-30}"
+NODES="${CONFORMANCE_NODES:-real}"
 
 log() { printf 'conformance: %s\n' "$*" >&2; }
 die() { log "error: $*"; exit 1; }
@@ -43,30 +48,45 @@ if [[ "${TENANTPLANE_CONFORMANCE_INSIDE:-}" != 1 ]]; then
   # Outside the namespace: everything that may need the package registries.
   log "building the test control plane (testenv/build.sh)"
   BIN="$(bash "$ROOT/testenv/build.sh")"
+  log "building the images (testenv/images.sh)"
+  bash "$ROOT/testenv/images.sh" "$BIN" >/dev/null
   log "building e2e.test and ginkgo (testenv/build.sh --conformance)"
   E2E_BIN="$(bash "$ROOT/testenv/build.sh" --conformance)"
   log "building tenantplane and conformance-report"
   cargo build -q --locked -p tenantplane -p tenantplane-testenv --bin tenantplane --bin conformance-report
-  command -v unshare >/dev/null || die "unshare (util-linux) is needed for the network namespace"
+  [[ "$NODES" == real || "$NODES" == simulated ]] || die "CONFORMANCE_NODES is real or simulated, not '$NODES'"
+  command -v unshare >/dev/null || die "unshare (util-linux) is needed for the namespaces"
   command -v ip >/dev/null || die "ip (iproute2) is needed to bring up loopback in the namespace"
-  user_ns=()
-  if [[ "$(id -u)" != 0 ]]; then user_ns=(--map-root-user); fi
-  log "entering a network namespace with only loopback"
-  exec unshare --net "${user_ns[@]}" env TENANTPLANE_CONFORMANCE_INSIDE=1 \
-    CONFORMANCE_BIN="$BIN" CONFORMANCE_E2E_BIN="$E2E_BIN" bash "${BASH_SOURCE[0]}" "$@"
+  if [[ "$(id -u)" != 0 ]]; then
+    [[ "$NODES" == simulated ]] || die "a real node needs root (CONFORMANCE_NODES=simulated runs without)"
+    user_ns=(--map-root-user)
+  else
+    user_ns=()
+  fi
+  log "entering network, mount and PID namespaces with only loopback"
+  exec unshare --net --mount --pid --fork --kill-child --mount-proc "${user_ns[@]}" \
+    env TENANTPLANE_CONFORMANCE_INSIDE=1 CONFORMANCE_BIN="$BIN" CONFORMANCE_E2E_BIN="$E2E_BIN" \
+    bash "${BASH_SOURCE[0]}" "$@"
 fi
 
 BIN="${CONFORMANCE_BIN:?}"
 E2E_BIN="${CONFORMANCE_E2E_BIN:?}"
 ip link set lo up
-routes="$(ip -4 route show table all | grep -v ' dev lo ' || true)
-$(ip -6 route show table all | grep -v ' dev lo ' || true)"
-routes="$(printf '%s\n' "$routes" | sed '/^$/d')"
-links="$(ip -o link show | grep -v ': lo:' || true)"
-if [[ -n "$routes" || -n "$links" ]]; then
-  die "this network namespace reaches beyond loopback; refusing to run:
+# check_isolated [DEVICE_REGEXP]: refuse to go on if this namespace has a route or link other
+# than loopback's and those of the devices named (the real node's bridge and the pods' veths,
+# once the dev cluster runs), or any default route.
+check_isolated() {
+  local own="lo${1:+|$1}" routes links
+  routes="$( (ip -4 route show table all; ip -6 route show table all) | grep -Ev " dev ($own)( |$)" || true)
+$( (ip -4 route show table all; ip -6 route show table all) | grep -E '^default' || true)"
+  routes="$(printf '%s\n' "$routes" | sed '/^$/d')"
+  links="$(ip -o link show | grep -Ev "^[0-9]+: ($own)(@[^:]*)?:" || true)"
+  if [[ -n "$routes" || -n "$links" ]]; then
+    die "this network namespace reaches beyond its own devices; refusing to run:
 $routes$links"
-fi
+  fi
+}
+check_isolated
 log "network namespace: loopback only"
 
 export PATH="$BIN:$PATH"
@@ -98,8 +118,8 @@ trap 'exit 143' TERM
 START=$SECONDS
 elapsed() { printf '%ss' "$((SECONDS - START))"; }
 
-log "starting the dev cluster (log: $OUT/dev.log)"
-"$TP" dev --state-dir "$OUT/dev" >"$OUT/dev.log" 2>&1 &
+log "starting the dev cluster, $NODES nodes (log: $OUT/dev.log)"
+"$TP" dev --nodes "$NODES" --state-dir "$OUT/dev" >"$OUT/dev.log" 2>&1 &
 DEV_PID=$!
 shown=0
 until grep -q "The dev cluster is ready" "$OUT/dev.log" 2>/dev/null; do
@@ -113,6 +133,8 @@ until grep -q "The dev cluster is ready" "$OUT/dev.log" 2>/dev/null; do
   sleep 1
 done
 export KUBECONFIG="$OUT/dev/kubeconfig"
+check_isolated 'tp-node0|veth[^:@ ]*'
+log "network namespace: loopback, the real node's bridge and its pods' veths only"
 
 log "creating the tenant conformance/conf [$(elapsed)]"
 kubectl apply -f - >/dev/null <<'EOF'

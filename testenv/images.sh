@@ -13,8 +13,19 @@
 #   registry.k8s.io/pause:3.10.2          Kubernetes' pause.c at the pinned version, static (as upstream)
 #   registry.k8s.io/e2e-test-images/agnhost:2.63.0
 #                                         agnhost at the pinned Kubernetes version; its userland is
-#                                         Debian's busybox (sh, nslookup, wget, nc…), not Alpine's
-#                                         packages (no bash, dig or curl)
+#                                         Debian's busybox (sh, nslookup, wget, nc…), dig and getent,
+#                                         not Alpine's packages (no bash or curl)
+#   registry.k8s.io/e2e-test-images/agnhost:2.55
+#                                         the same agnhost: the suite's "previous" agnhost, which its
+#                                         rolling updates replace with 2.63.0 (an older agnhost
+#                                         would need an older Kubernetes module)
+#   registry.k8s.io/e2e-test-images/glibc-dns-testing:2.0.0
+#                                         Debian's dig and getent (glibc) with busybox, as upstream's
+#                                         (Debian with dnsutils)
+#   registry.k8s.io/e2e-test-images/nginx:1.15-4, :1.27-0
+#                                         Debian's nginx (1.22, downloaded by packages.sh, never
+#                                         installed) serving /usr/share/nginx/html on port 80, with
+#                                         busybox; upstream's are nginx 1.15 and 1.27 on Alpine
 #   docker.io/rancher/mirrored-coredns-coredns:1.12.3
 #                                         CoreDNS 1.12.3 (testenv/coredns: the plugins the operator's
 #                                         Corefile names), the tenants' DNS as the syncer deploys it
@@ -31,10 +42,20 @@ die() { log "error: $*"; exit 1; }
 
 [[ -x "$BUSYBOX" ]] || die "$BUSYBOX is missing: install Debian's busybox-static (testenv/packages.sh)"
 BUSYBOX_VERSION="$(dpkg-query -W -f='${Version}' busybox-static)"
+DIG=/usr/bin/dig
+GETENT=/usr/bin/getent
+[[ -x "$DIG" ]] || die "$DIG is missing: install Debian's bind9-dnsutils (testenv/packages.sh)"
+DEBS="$CACHE_ROOT/testenv/debs"
+newest() { find "$DEBS" -maxdepth 1 -name "$1" 2>/dev/null | sort -V | tail -1; }
+NGINX_DEB="$(newest 'nginx_*.deb')"
+NGINX_COMMON_DEB="$(newest 'nginx-common_*.deb')"
+[[ -f "$NGINX_DEB" && -f "$NGINX_COMMON_DEB" ]] || die "Debian's nginx packages are not in $DEBS (testenv/packages.sh downloads them)"
 KUBE_SRC="$(cd "$TESTENV_DIR/kube" && GOFLAGS=-mod=readonly go list -m -f '{{.Dir}}' k8s.io/kubernetes)"
 KEY="$({
   cat "${BASH_SOURCE[0]}"
   printf 'busybox %s\n' "$BUSYBOX_VERSION"
+  dpkg-query -W -f='${Version}\n' bind9-dnsutils libc-bin
+  basename "$NGINX_DEB"; basename "$NGINX_COMMON_DEB"
   for b in pause agnhost coredns; do printf '%s ' "$b"; sha256sum <"$BIN_DIR/$b"; done
 } | sha256sum | cut -c1-16)"
 OUT="$CACHE_ROOT/testenv/images-$KEY"
@@ -69,6 +90,22 @@ with_busybox() {
   done < <("$BUSYBOX" --list-full)
 }
 
+# with_program DIR PROGRAM…: Debian's dynamically linked PROGRAMs and the libraries they load, at
+# the paths they have on the machine, and glibc's name service configuration.
+with_program() {
+  local d="$1" program lib
+  shift
+  for program in "$@"; do
+    mkdir -p "$d/$(dirname "$program")"
+    cp -L "$program" "$d/$program"
+    while IFS= read -r lib; do
+      mkdir -p "$d/$(dirname "$lib")"
+      cp -Ln "$lib" "$d/$lib"
+    done < <(ldd "$program" | grep -o '/[^ ]*')
+  done
+  printf 'passwd: files\ngroup: files\nhosts: files dns\n' >"$d/etc/nsswitch.conf"
+}
+
 # image NAME DIR [registry build flags…]: pack DIR as one layer and add it to the layout.
 image() {
   local name="$1" dir="$2"
@@ -96,7 +133,40 @@ cp "$KUBE_SRC/test/images/agnhost/porter/localhost.crt" "$KUBE_SRC/test/images/a
 mkdir -p "$d/uploads"
 printf 'user-defined-in-image:x:1000:1000::/home/user-defined-in-image:/bin/sh\n' >>"$d/etc/passwd"
 printf 'user-defined-in-image:x:1000:\n' >>"$d/etc/group"
+with_program "$d" "$DIG" "$GETENT"
 image registry.k8s.io/e2e-test-images/agnhost:2.63.0 "$d" --entrypoint /agnhost --cmd pause
+image registry.k8s.io/e2e-test-images/agnhost:2.55 "$d" --entrypoint /agnhost --cmd pause
+
+d="$TMP/glibc-dns-testing"; rootfs_base "$d"; with_busybox "$d"; with_program "$d" "$DIG" "$GETENT"
+image registry.k8s.io/e2e-test-images/glibc-dns-testing:2.0.0 "$d" --cmd sh
+
+# nginx: Debian's, unpacked from its packages, in the foreground, logging to the container's
+# output, its workers as nobody.
+d="$TMP/nginx"; rootfs_base "$d"; with_busybox "$d"
+dpkg-deb -x "$NGINX_DEB" "$TMP/nginx-deb"; dpkg-deb -x "$NGINX_COMMON_DEB" "$TMP/nginx-deb"
+with_program "$d" "$TMP/nginx-deb/usr/sbin/nginx"
+mkdir -p "$d/usr/sbin" "$d/etc/nginx" "$d/usr/share/nginx" "$d/var/lib/nginx" "$d/var/log/nginx" "$d/run"
+mv "$d/$TMP/nginx-deb/usr/sbin/nginx" "$d/usr/sbin/nginx"; rm -rf "${d:?}/${TMP#/}"
+cp "$TMP/nginx-deb/etc/nginx/mime.types" "$d/etc/nginx/"
+cp -r "$TMP/nginx-deb/usr/share/nginx/html" "$d/usr/share/nginx/"
+cat >"$d/etc/nginx/nginx.conf" <<'CONF'
+user nobody nobody;
+worker_processes 1;
+error_log /dev/stderr;
+pid /run/nginx.pid;
+events { worker_connections 512; }
+http {
+    include /etc/nginx/mime.types;
+    access_log /dev/stdout;
+    server {
+        listen 80;
+        root /usr/share/nginx/html;
+        index index.html;
+    }
+}
+CONF
+image registry.k8s.io/e2e-test-images/nginx:1.15-4 "$d" --entrypoint /usr/sbin/nginx "--cmd=-g,daemon off;"
+image registry.k8s.io/e2e-test-images/nginx:1.27-0 "$d" --entrypoint /usr/sbin/nginx "--cmd=-g,daemon off;"
 
 # CoreDNS: the binary alone, as upstream's image (which runs it as the pod says; ours as 65532).
 d="$TMP/coredns"; rootfs_base "$d"; cp "$BIN_DIR/coredns" "$d/coredns"

@@ -9,8 +9,28 @@
 #   pkg-config        finds libseccomp for runc's build
 #   busybox-static    the busybox images (one static binary, Debian's build of busybox)
 #   iproute2          ip: network namespaces, bridges and veths for the real node
+#   bind9-dnsutils    dig, in the images the conformance suite's DNS specs look names up with
+#
+# Downloaded, never installed (installing would start a web server on the machine), unpacked by
+# testenv/images.sh into the nginx images: nginx, nginx-common (into the cache's testenv/debs).
 set -euo pipefail
-PACKAGES=(nftables iptables conntrack libseccomp-dev pkg-config busybox-static iproute2)
+PACKAGES=(nftables iptables conntrack libseccomp-dev pkg-config busybox-static iproute2 bind9-dnsutils)
+DOWNLOADED=(nginx nginx-common)
+
+# The downloaded ones first: they need no root.
+DEBS="${TENANTPLANE_CACHE:-$HOME/.cache/tenantplane}/testenv/debs"
+mkdir -p "$DEBS"
+for p in "${DOWNLOADED[@]}"; do
+  version="$(apt-cache show --no-all-versions "$p" 2>/dev/null | sed -n 's/^Version: //p' | head -1)"
+  [[ -n "$version" ]] || { echo "testenv: Debian has no package $p (apt-get update?)" >&2; exit 1; }
+  if ! compgen -G "$DEBS/${p}_${version//:/%3a}_*.deb" >/dev/null; then
+    echo "testenv: downloading Debian's $p $version" >&2
+    (cd "$DEBS" && apt-get download -q "$p=$version" >/dev/null 2>&1) ||
+      { echo "testenv: apt-get download $p=$version failed" >&2; exit 1; }
+  fi
+done
+# build.sh prunes cache folders not used for three days.
+touch "$DEBS/.last-used"
 missing=()
 for p in "${PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")

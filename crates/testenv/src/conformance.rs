@@ -81,6 +81,23 @@ pub fn outcomes(json: &str) -> Result<BTreeMap<String, Outcome>> {
     Ok(out)
 }
 
+/// Specs the host fails because of what this test world lacks, not because of Kubernetes or of
+/// us: a part of a spec's full name, and what is missing. They are named in the report with the
+/// reason, never skipped.
+pub const WORLD_LACKS: &[(&str, &str)] = &[(
+    "Sample API Server using the current Aggregator",
+    "no sample-apiserver image: it is built from k8s.io/sample-apiserver with an etcd 3.6 \
+     image beside it, neither of which testenv builds",
+)];
+
+/// What this test world lacks that spec `name` needs, if it is one of [`WORLD_LACKS`].
+pub fn world_lack(name: &str) -> Option<&'static str> {
+    WORLD_LACKS
+        .iter()
+        .find(|(part, _)| name.contains(part))
+        .map(|(_, why)| *why)
+}
+
 /// The first line of `message`, at most `max` characters.
 fn first_line(message: &str, max: usize) -> String {
     let line = message
@@ -95,8 +112,10 @@ fn first_line(message: &str, max: usize) -> String {
     }
 }
 
-/// The table (test, host, tenant, and why the tenant fell short where the host passed) and the
-/// last line, `conformance parity: X/Y`: passed in the tenant out of passed on the host.
+/// The table (test, host, tenant, and why the tenant fell short where the host passed, or what
+/// this world lacks where the host failed), the host's passes of the specs it ran, the host's
+/// failures for what this world lacks by name, and the last line, `conformance parity: X/Y`:
+/// passed in the tenant out of passed on the host.
 pub fn report(host: &BTreeMap<String, Outcome>, tenant: &BTreeMap<String, Outcome>) -> String {
     let mut names: Vec<&String> = host.keys().chain(tenant.keys()).collect();
     names.sort();
@@ -111,6 +130,9 @@ pub fn report(host: &BTreeMap<String, Outcome>, tenant: &BTreeMap<String, Outcom
             (Outcome::Passed, Outcome::Passed) => String::new(),
             (Outcome::Passed, Outcome::Failed(m) | Outcome::Skipped(m)) => first_line(m, 200),
             (Outcome::Passed, Outcome::NotRun) => "the tenant's run ended before this test".into(),
+            (Outcome::Failed(_), _) => world_lack(name)
+                .map(|why| format!("the host fails it: {why}"))
+                .unwrap_or_default(),
             _ => String::new(),
         };
         if *h == Outcome::Passed {
@@ -142,6 +164,25 @@ pub fn report(host: &BTreeMap<String, Outcome>, tenant: &BTreeMap<String, Outcom
             n("skipped"),
             n("not run")
         ));
+    }
+    let ran = names
+        .iter()
+        .filter(|n| matches!(host.get(**n), Some(Outcome::Passed | Outcome::Failed(_))))
+        .count();
+    out.push_str(&format!("\n\nhost passed: {on_host}/{ran} run"));
+    let lacking: Vec<(&String, &str)> = names
+        .iter()
+        .filter(|n| matches!(host.get(**n), Some(Outcome::Failed(_))))
+        .filter_map(|n| world_lack(n).map(|why| (*n, why)))
+        .collect();
+    if !lacking.is_empty() {
+        out.push_str(&format!(
+            "\n\nfailed on the host for what this test world lacks ({}):",
+            lacking.len()
+        ));
+        for (name, why) in lacking {
+            out.push_str(&format!("\n- {name}: {why}"));
+        }
     }
     out.push_str(&format!("\n\nconformance parity: {both}/{on_host}\n"));
     out
@@ -272,5 +313,36 @@ mod tests {
             r.contains("tenant: 2 passed, 1 failed, 0 skipped, 1 not run"),
             "{r}"
         );
+        assert!(r.contains("\n\nhost passed: 3/4 run\n"), "{r}");
+    }
+
+    #[test]
+    fn a_host_failure_for_what_the_world_lacks_is_named_with_its_reason() {
+        let aggregator = "[sig-api-machinery] Aggregator Should be able to support the 1.17 \
+                          Sample API Server using the current Aggregator [Conformance]";
+        let host = BTreeMap::from([
+            (aggregator.to_string(), Outcome::Failed("timed out".into())),
+            ("other".to_string(), Outcome::Failed("broken".into())),
+            ("late".to_string(), Outcome::NotRun),
+            ("ok".to_string(), Outcome::Passed),
+        ]);
+        let tenant = BTreeMap::new();
+        let r = report(&host, &tenant);
+        let why = world_lack(aggregator).expect("the aggregator spec is known");
+        assert!(why.contains("sample-apiserver"), "{why}");
+        assert!(
+            r.contains(&format!("| FAILED | not run | the host fails it: {why} |")),
+            "{r}"
+        );
+        assert!(r.contains("| other | FAILED | not run |  |"), "{r}");
+        assert!(
+            r.contains(&format!(
+                "failed on the host for what this test world lacks (1):\n- {aggregator}: {why}\n"
+            )),
+            "{r}"
+        );
+        assert!(r.contains("host passed: 1/3 run"), "{r}");
+        assert!(r.ends_with("conformance parity: 0/1\n"), "{r}");
+        assert_eq!(world_lack("other"), None);
     }
 }

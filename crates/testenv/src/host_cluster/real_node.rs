@@ -337,7 +337,7 @@ impl ControlPlane {
                 &cgroup_root,
                 10250,
                 free_port()?,
-                "10.96.0.10",
+                CLUSTER_DNS,
             ),
         )?;
         let kubelet_dir = node_dir.join("kubelet");
@@ -379,6 +379,74 @@ impl ControlPlane {
             "--overwrite",
         ])?;
         RUNNING.store(true, std::sync::atomic::Ordering::SeqCst);
+
+        say("starting the cluster DNS (CoreDNS, Service kube-system/kube-dns)");
+        let dns = node_dir.join("cluster-dns.yaml");
+        write(&dns, CLUSTER_DNS_YAML)?;
+        self.kubectl_ok(&["apply", "-f", &dns.display().to_string()])?;
+        self.wait_until("the cluster DNS to be ready", || {
+            let out = self.kubectl_output(&[
+                "get",
+                "deployment",
+                "coredns",
+                "-n",
+                "kube-system",
+                "-o",
+                "jsonpath={.status.readyReplicas}",
+            ]);
+            Ok(out.is_ok_and(|s| s.trim() == "1"))
+        })?;
         Ok(())
+    }
+}
+
+/// The host's cluster DNS: CoreDNS as a Deployment in kube-system, its RBAC and Service kube-dns
+/// at [`CLUSTER_DNS`], as a conformant cluster has it.
+const CLUSTER_DNS_YAML: &str = include_str!("real_node/cluster_dns.yaml");
+
+/// The cluster DNS Service's address, the kubelet's `clusterDNS`.
+pub const CLUSTER_DNS: &str = "10.96.0.10";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cluster_dns_objects() -> Vec<serde_yaml::Value> {
+        serde_yaml::Deserializer::from_str(CLUSTER_DNS_YAML)
+            .map(|d| serde::Deserialize::deserialize(d).expect("YAML"))
+            .collect()
+    }
+
+    fn object<'a>(all: &'a [serde_yaml::Value], kind: &str) -> &'a serde_yaml::Value {
+        all.iter()
+            .find(|o| o["kind"] == kind)
+            .unwrap_or_else(|| panic!("no {kind}"))
+    }
+
+    #[test]
+    fn the_cluster_dns_answers_at_the_kubelets_address_from_the_tenants_image() {
+        let all = cluster_dns_objects();
+        let service = object(&all, "Service");
+        assert_eq!(service["metadata"]["name"], "kube-dns");
+        assert_eq!(service["metadata"]["namespace"], "kube-system");
+        assert_eq!(service["spec"]["clusterIP"], CLUSTER_DNS);
+        let pod = &object(&all, "Deployment")["spec"]["template"]["spec"];
+        let image = pod["containers"][0]["image"].as_str().expect("image");
+        assert!(
+            image.ends_with(tenantplane_syncer::addons::COREDNS_IMAGE),
+            "{image}: the image testenv/images.sh builds"
+        );
+        // CoreDNS asks the node's resolver, where nothing answers, for what is not the cluster's.
+        assert_eq!(pod["dnsPolicy"], "Default");
+        let corefile = object(&all, "ConfigMap")["data"]["Corefile"]
+            .as_str()
+            .expect("Corefile");
+        assert!(
+            corefile.contains("forward . /etc/resolv.conf"),
+            "{corefile}"
+        );
+        assert!(corefile.contains("kubernetes cluster.local"), "{corefile}");
+        let role = object(&all, "ClusterRoleBinding");
+        assert_eq!(role["subjects"][0]["name"], "coredns");
     }
 }

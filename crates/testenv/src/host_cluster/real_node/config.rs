@@ -14,6 +14,9 @@ pub const PAUSE_IMAGE: &str = "registry.k8s.io/pause:3.10.2";
 /// Registries whose images are served by the local registry (see testenv/images.sh).
 pub const MIRRORED_REGISTRIES: &[&str] = &["registry.k8s.io", "docker.io"];
 
+/// The runtime handler the Kubernetes end-to-end suite's RuntimeClass specs expect a node to have.
+pub const TEST_HANDLER: &str = "test-handler";
+
 /// containerd 2's configuration (version 3): its own root, state and socket under `dir`, the CRI
 /// plugin with runc through the v2 shim and cgroupfs (no systemd here), overlayfs, the CNI
 /// plugins from `bin_dir` and registry mirrors from `certs_dir`.
@@ -57,6 +60,14 @@ disabled_plugins = [
     [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc]
       runtime_type = "io.containerd.runc.v2"
       [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc.options]
+        BinaryName = "{bin}/runc"
+        Root = "{d}/runc"
+        SystemdCgroup = false
+    # The handler the conformance suite's RuntimeClasses name, as a conformant cluster sets it
+    # up: runc again under a second name.
+    [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.{TEST_HANDLER}]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.{TEST_HANDLER}.options]
         BinaryName = "{bin}/runc"
         Root = "{d}/runc"
         SystemdCgroup = false
@@ -247,6 +258,15 @@ mod tests {
         let runc = &runtime["containerd"]["runtimes"]["runc"]["options"];
         assert_eq!(runc["SystemdCgroup"].as_bool(), Some(false));
         assert_eq!(runc["BinaryName"].as_str(), Some("/bin-dir/runc"));
+        let handler = &runtime["containerd"]["runtimes"][TEST_HANDLER];
+        assert_eq!(
+            handler["runtime_type"].as_str(),
+            Some("io.containerd.runc.v2")
+        );
+        assert_eq!(
+            handler["options"]["BinaryName"].as_str(),
+            Some("/bin-dir/runc")
+        );
         assert_eq!(runtime["cni"]["conf_dir"].as_str(), Some("/n/net.d"));
         let images = &value["plugins"]["io.containerd.cri.v1.images"];
         assert_eq!(
