@@ -213,7 +213,13 @@ async fn converge_pod(cx: &Tenant, ns: &str, name: &str) -> Result<()> {
     }
     bind(cx, &t, &h).await?;
     let node = h.spec.as_ref().and_then(|s| s.node_name.clone());
-    let wanted = status::pod_status_up(&h, &terms_for(cx, &t, node), cx.tr.kubelet.as_ref());
+    let observed = t.status.as_ref().and_then(|s| s.observed_generation);
+    let wanted = status::pod_status_up(
+        &h,
+        &terms_for(cx, &t, node),
+        cx.tr.kubelet.as_ref(),
+        observed,
+    );
     if h.status.is_some() && status::pod_status_differs(t.status.as_ref(), &wanted) {
         let t_ip = t.status.as_ref().and_then(|s| s.pod_ip.as_ref());
         if t_ip != wanted.pod_ip.as_ref() {

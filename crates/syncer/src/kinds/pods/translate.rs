@@ -32,6 +32,12 @@ pub fn pod_meta(tr: &Translator, pod: &Pod, host_name: &str) -> kube::api::Objec
             naming::ANNOTATION_HOST_IP.into(),
             host_ip.unwrap_or_default(),
         );
+        if let Some(generation) = pod.metadata.generation {
+            a.insert(
+                naming::ANNOTATION_TENANT_GENERATION.into(),
+                generation.to_string(),
+            );
+        }
     }
     meta
 }
@@ -591,6 +597,24 @@ mod tests {
         assert_eq!(
             without.dns_policy, None,
             "the host's DNS when the tenant runs none"
+        );
+    }
+
+    #[test]
+    fn a_copy_records_the_tenant_generation_it_was_made_from() {
+        let mut p = pod();
+        p.metadata.generation = Some(4);
+        let meta = pod_meta(&translator(), &p, "web-0-x-default-x-dev");
+        assert_eq!(
+            meta.annotations.unwrap()[naming::ANNOTATION_TENANT_GENERATION],
+            "4"
+        );
+        let meta = pod_meta(&translator(), &pod(), "web-0-x-default-x-dev");
+        assert!(
+            !meta
+                .annotations
+                .unwrap()
+                .contains_key(naming::ANNOTATION_TENANT_GENERATION)
         );
     }
 }
