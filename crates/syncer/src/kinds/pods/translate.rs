@@ -158,7 +158,7 @@ pub fn pod(
         if let Some(d) = volume.downward_api.as_mut() {
             for item in d.items.iter_mut().flatten() {
                 if let Some(f) = item.field_ref.as_mut() {
-                    f.field_path = field_path(&f.field_path);
+                    f.field_path = field_path(tr, &f.field_path);
                 }
             }
         }
@@ -195,7 +195,7 @@ pub fn pod(
                     r.name = tr.host_name(&ns, &r.name);
                 }
                 if let Some(f) = from.field_ref.as_mut() {
-                    f.field_path = field_path(&f.field_path);
+                    f.field_path = field_path(tr, &f.field_path);
                 }
             }
         }
@@ -319,7 +319,7 @@ fn rewrite_projection(
     if let Some(d) = source.downward_api.as_mut() {
         for item in d.items.iter_mut().flatten() {
             if let Some(f) = item.field_ref.as_mut() {
-                f.field_path = field_path(&f.field_path);
+                f.field_path = field_path(tr, &f.field_path);
             }
         }
     }
@@ -370,8 +370,15 @@ fn affinity_terms(
     terms
 }
 
-/// Downward API fields that name the pod point at the tenant's values, kept in annotations.
-fn field_path(path: &str) -> String {
+/// Downward API fields that name the pod point at the tenant's values, kept in annotations; one
+/// label points at its host form (a Job's pods read their completion index so).
+fn field_path(tr: &Translator, path: &str) -> String {
+    if let Some(key) = path
+        .strip_prefix("metadata.labels['")
+        .and_then(|k| k.strip_suffix("']"))
+    {
+        return format!("metadata.labels['{}']", tr.label_key(key));
+    }
     let annotation = match path {
         "metadata.name" => naming::ANNOTATION_VIRTUAL_NAME,
         "metadata.namespace" => naming::ANNOTATION_VIRTUAL_NAMESPACE,
@@ -615,6 +622,20 @@ mod tests {
                 .annotations
                 .unwrap()
                 .contains_key(naming::ANNOTATION_TENANT_GENERATION)
+        );
+    }
+
+    #[test]
+    fn a_label_the_pod_reads_is_read_under_its_host_key() {
+        let tr = translator();
+        let index = "batch.kubernetes.io/job-completion-index";
+        let host = field_path(&tr, &format!("metadata.labels['{index}']"));
+        assert_eq!(host, format!("metadata.labels['{}']", tr.label_key(index)));
+        assert_ne!(tr.label_key(index), index);
+        assert_eq!(field_path(&tr, "metadata.labels"), "metadata.labels");
+        assert_eq!(
+            field_path(&tr, "metadata.annotations['a']"),
+            "metadata.annotations['a']"
         );
     }
 }
