@@ -295,7 +295,7 @@ impl ControlPlane {
         let containerd_dir = node_dir.join("containerd");
         write(
             &node_dir.join("net.d/10-tenantplane.conflist"),
-            &config::cni_conflist(),
+            &config::cni_conflist(&node_dir.join("ipam")),
         )?;
         let containerd_config = node_dir.join("containerd.toml");
         write(
