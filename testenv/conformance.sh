@@ -10,10 +10,11 @@
 # and refuses to go on if that namespace has any other route or link (once the dev cluster runs,
 # only its real node's bridge and the pods' veths are added): the suite makes the API servers and
 # pods dial pod and Service addresses, and nothing may leave the machine. There it starts
-# `tenantplane dev --nodes real` (CONFORMANCE_NODES=simulated: kwok's simulated node), a tenant `conformance/conf` with the
-# IsolationProfile `conformance` (Pod Security privileged, no NetworkPolicy, no quota, and an
-# `allow` that opens what the host's own test namespaces get) and the SyncPolicy `conformance` (every host node shown, so the
-# suite finds schedulable Nodes), and runs the suite on both at once.
+# `tenantplane dev --nodes real` (CONFORMANCE_NODES=simulated: kwok's simulated node), a tenant
+# `conformance/conf` with the IsolationProfile `conformance` (Pod Security privileged, no
+# NetworkPolicy, no quota, and an `allow` that opens what the host's own test namespaces get)
+# and the SyncPolicy `conformance` (every host node shown, so the suite finds schedulable
+# Nodes), and runs the suite on both at once.
 #
 # Settings (environment):
 #   CONFORMANCE_FOCUS    regexp of specs (default: [Conformance] of sig-api-machinery, apps,
