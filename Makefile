@@ -33,9 +33,9 @@ bench-sync: TENANTS ?= 1
 bench-sync: testenv
 	N=$(N) TENANTS=$(TENANTS) $(CARGO) bench -p tenantplane --locked --bench sync
 
-## conformance: the upstream [Conformance] tests that can pass on simulated nodes, on the dev
-## cluster's host and in a tenant at once, in a network namespace with only loopback; prints the
-## table and `conformance parity: X/Y` (CONFORMANCE_FOCUS, _SKIP, _PROCS, _TIMEOUT: see the script)
+## conformance: the upstream [Conformance] tests on the dev cluster's host (a real node) and in a
+## tenant at once, in namespaces of their own with no way out; prints the table, the host's passes
+## and `conformance parity: X/Y` (CONFORMANCE_NODES, _FOCUS, _SKIP, _PROCS, _TIMEOUT: see the script)
 conformance: testenv
 	bash testenv/conformance.sh
 

@@ -10,10 +10,11 @@
 # and refuses to go on if that namespace has any other route or link (once the dev cluster runs,
 # only its real node's bridge and the pods' veths are added): the suite makes the API servers and
 # pods dial pod and Service addresses, and nothing may leave the machine. There it starts
-# `tenantplane dev --nodes real` (CONFORMANCE_NODES=simulated: kwok's simulated node), a tenant `conformance/conf` with the
-# IsolationProfile `conformance` (Pod Security privileged, no NetworkPolicy, no quota, and an
-# `allow` that opens what the host's own test namespaces get) and the SyncPolicy `conformance` (every host node shown, so the
-# suite finds schedulable Nodes), and runs the suite on both at once.
+# `tenantplane dev --nodes real` (CONFORMANCE_NODES=simulated: kwok's simulated node), a tenant
+# `conformance/conf` with the IsolationProfile `conformance` (Pod Security privileged, no
+# NetworkPolicy, no quota, and an `allow` that opens what the host's own test namespaces get)
+# and the SyncPolicy `conformance` (every host node shown, so the suite finds schedulable
+# Nodes), and runs the suite on both at once.
 #
 # Settings (environment):
 #   CONFORMANCE_FOCUS    regexp of specs (default: [Conformance] of sig-api-machinery, apps,
@@ -37,6 +38,9 @@ TIMEOUT="${CONFORMANCE_TIMEOUT:-45m}"
 OUT="${CONFORMANCE_OUT:-$ROOT/.tenantplane/conformance}"
 HEARTBEAT_SECS="${CONFORMANCE_HEARTBEAT_SECS:-30}"
 NODES="${CONFORMANCE_NODES:-real}"
+# The simulated node's taint once a real node is there (only the local runtime's control-plane
+# pods go to it): the suite is told it does not make the node unfit for its tests.
+SIMULATED_TAINT=tenantplane.io/simulated
 
 log() { printf 'conformance: %s\n' "$*" >&2; }
 die() { log "error: $*"; exit 1; }
@@ -80,7 +84,7 @@ check_isolated() {
   routes="$( (ip -4 route show table all; ip -6 route show table all) | grep -Ev " dev ($own)( |$)" || true)
 $( (ip -4 route show table all; ip -6 route show table all) | grep -E '^default' || true)"
   routes="$(printf '%s\n' "$routes" | sed '/^$/d')"
-  links="$(ip -o link show | grep -Ev "^[0-9]+: ($own)(@[^:]*)?:" || true)"
+  links="$(ip -o link show 2>/dev/null | grep -Ev "^[0-9]+: ($own)(@[^:]*)?:" || true)"
   if [[ -n "$routes" || -n "$links" ]]; then
     die "this network namespace reaches beyond its own devices; refusing to run:
 $routes$links"
@@ -233,6 +237,7 @@ run_side() {
   "$E2E_BIN/ginkgo" --procs="$PROCS" --timeout="$TIMEOUT" --no-color --silence-skips \
     --focus="$FOCUS" --skip="$SKIP" --json-report="$OUT/$side.json" \
     "$E2E_BIN/e2e.test" -- --kubeconfig="$kubeconfig" --provider=skeleton \
+    --non-blocking-taints="node-role.kubernetes.io/control-plane,$SIMULATED_TAINT" \
     --report-dir="$OUT/$side" --e2e-output-dir="$OUT/$side" \
     >"$OUT/$side.log" 2>&1 &
   RUN_PIDS+=($!)

@@ -34,6 +34,9 @@ pub const ANNOTATION_SERVICE_ACCOUNT: &str = "tenantplane.io/service-account";
 /// On a copy: the address its tenant pod shows as `status.hostIP` (its virtual Node's, the
 /// operator's kubelet endpoint), for the downward API.
 pub const ANNOTATION_HOST_IP: &str = "tenantplane.io/host-ip";
+/// On a pod copy: the tenant pod's `metadata.generation` the copy was last made or updated
+/// from, so the tenant pod's `status.observedGeneration` says which of its specs runs.
+pub const ANNOTATION_TENANT_GENERATION: &str = "tenantplane.io/tenant-generation";
 /// On a host token Secret: when its token should be minted again (RFC 3339).
 pub const ANNOTATION_TOKEN_REFRESH: &str = "tenantplane.io/token-refresh-at";
 /// Tenant labels and annotations under this prefix are not copied: a tenant cannot claim to be

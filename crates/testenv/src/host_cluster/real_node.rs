@@ -147,7 +147,7 @@ pub(crate) fn run(program: &str, args: &[&str]) -> Result<()> {
 }
 
 /// The node's network, before the API server starts (it advertises the node's address): loopback
-/// up, the pod bridge with [`NODE_IP`], forwarding on and bridged traffic through netfilter (so
+/// up, the pod bridge with [`NODE_IP`] and the Service range routed to it, forwarding on and bridged traffic through netfilter (so
 /// kube-proxy's rules see a reply from a pod on the same bridge), all in this namespace only.
 pub(super) fn prepare_network() -> Result<()> {
     run("ip", &["link", "set", "lo", "up"])?;
@@ -161,6 +161,14 @@ pub(super) fn prepare_network() -> Result<()> {
     let address = format!("{NODE_IP}/{}", config::POD_PREFIX);
     run("ip", &["addr", "replace", &address, "dev", BRIDGE])?;
     run("ip", &["link", "set", BRIDGE, "up"])?;
+    // The Service range through the bridge, so this namespace's own processes (API servers
+    // calling webhooks, the tests) reach Service addresses: kube-proxy's DNAT comes after the
+    // route lookup, which fails without one ("network is unreachable"). Pods route through
+    // the bridge already.
+    run(
+        "ip",
+        &["route", "replace", super::SERVICE_CIDR, "dev", BRIDGE],
+    )?;
     for (key, value) in [
         ("net/ipv4/ip_forward", "1"),
         ("net/bridge/bridge-nf-call-iptables", "1"),
@@ -290,7 +298,7 @@ impl ControlPlane {
         let containerd_dir = node_dir.join("containerd");
         write(
             &node_dir.join("net.d/10-tenantplane.conflist"),
-            &config::cni_conflist(),
+            &config::cni_conflist(&node_dir.join("ipam")),
         )?;
         let containerd_config = node_dir.join("containerd.toml");
         write(

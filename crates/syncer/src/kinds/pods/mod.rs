@@ -29,11 +29,12 @@ use crate::kinds::nodes::{self, node_key};
 use crate::kinds::persistentvolumeclaims::Claims;
 use crate::kinds::secrets::{self, Secrets};
 use crate::kinds::services::is_tenant_api;
-use crate::naming::{ANNOTATION_APPLIED_HASH, SYNCER_MANAGER};
+use crate::naming::{self, ANNOTATION_APPLIED_HASH, SYNCER_MANAGER};
 use crate::tell;
 use crate::tenant::Tenant;
 use crate::tenant_terms::{self, Terms};
 
+pub mod carry;
 pub mod references;
 pub mod review;
 pub mod runtime_classes;
@@ -213,7 +214,13 @@ async fn converge_pod(cx: &Tenant, ns: &str, name: &str) -> Result<()> {
     }
     bind(cx, &t, &h).await?;
     let node = h.spec.as_ref().and_then(|s| s.node_name.clone());
-    let wanted = status::pod_status_up(&h, &terms_for(cx, &t, node), cx.tr.kubelet.as_ref());
+    let observed = t.status.as_ref().and_then(|s| s.observed_generation);
+    let wanted = status::pod_status_up(
+        &h,
+        &terms_for(cx, &t, node),
+        cx.tr.kubelet.as_ref(),
+        observed,
+    );
     if h.status.is_some() && status::pod_status_differs(t.status.as_ref(), &wanted) {
         let t_ip = t.status.as_ref().and_then(|s| s.pod_ip.as_ref());
         if t_ip != wanted.pod_ip.as_ref() {
@@ -356,9 +363,16 @@ fn tenant_dns(cx: &Tenant) -> Option<String> {
         .filter(|ip| ip != "None" && !ip.is_empty())
 }
 
-/// What of a pod copy can change once it runs: its metadata and its images. Its hash decides
-/// whether a copy is up to date.
+/// What of a pod copy can change once it runs: its metadata, its images, tolerations and
+/// active deadline (see [`carry`]). Its hash decides whether a copy is up to date.
 fn changeable(desired: &Pod) -> Value {
+    let spec = desired.spec.as_ref();
+    let init_images: Vec<_> = spec
+        .and_then(|s| s.init_containers.as_ref())
+        .into_iter()
+        .flatten()
+        .map(|c| (&c.name, &c.image))
+        .collect();
     json!({
         "metadata": {
             "labels": desired.metadata.labels,
@@ -366,6 +380,9 @@ fn changeable(desired: &Pod) -> Value {
             "ownerReferences": desired.metadata.owner_references,
         },
         "images": images(desired),
+        "initImages": init_images,
+        "tolerations": spec.map(|s| &s.tolerations),
+        "activeDeadlineSeconds": spec.map(|s| s.active_deadline_seconds),
     })
 }
 
@@ -422,20 +439,32 @@ async fn restore(cx: &Tenant, t: &Pod, h: &Pod, host_name: &str) -> Result<()> {
     if h.metadata.deletion_timestamp.is_some() {
         return Ok(());
     }
-    let meta = pod_meta(&cx.tr, t, host_name);
-    let wanted_images = images(t);
+    let mut meta = pod_meta(&cx.tr, t, host_name);
+    // The copy as it would be made now (its environment and DNS aside, which cannot change).
+    let want = translate::pod(&cx.tr, t, host_name, &[], None)
+        .spec
+        .unwrap_or_default();
+    let spec = carry::carried_spec(&h.spec.clone().unwrap_or_default(), &want);
+    if !carry::carries_all(&spec, &want) {
+        // Part of the tenant's spec does not reach the host: the copy keeps the generation it
+        // last carried whole.
+        let last = h
+            .annotations()
+            .get(naming::ANNOTATION_TENANT_GENERATION)
+            .cloned();
+        if let Some(a) = meta.annotations.as_mut() {
+            match last {
+                Some(g) => a.insert(naming::ANNOTATION_TENANT_GENERATION.into(), g),
+                None => a.remove(naming::ANNOTATION_TENANT_GENERATION),
+            };
+        }
+    }
     let desired = Pod {
         metadata: meta.clone(),
-        spec: t.spec.clone(),
+        spec: Some(spec.clone()),
         status: None,
     };
     let hash = hash_of(&changeable(&desired));
-    let mut spec = h.spec.clone().unwrap_or_default();
-    for c in spec.containers.iter_mut() {
-        if let Some((_, image)) = wanted_images.iter().find(|(n, _)| *n == c.name) {
-            c.image = image.clone();
-        }
-    }
     let mut body = json!({
         "apiVersion": "v1",
         "kind": "Pod",

@@ -4,13 +4,33 @@
 
 use k8s_openapi::api::core::v1::{ContainerStatus, Pod, PodCondition, PodStatus};
 
+use crate::naming::ANNOTATION_TENANT_GENERATION;
 use crate::spec::KubeletEndpoint;
 use crate::tenant_terms::{Terms, WAITING_FOR_ROOM, status_message};
 
 /// The status the tenant pod should show for its host copy: the host's, with its messages said
 /// in tenant terms and the scheduler's reasons for waiting replaced by one sentence.
-pub fn pod_status_up(host: &Pod, terms: &Terms, kubelet: Option<&KubeletEndpoint>) -> PodStatus {
+/// `observed` is the tenant pod's `status.observedGeneration` now (see [`observed_generation`]).
+pub fn pod_status_up(
+    host: &Pod,
+    terms: &Terms,
+    kubelet: Option<&KubeletEndpoint>,
+    observed: Option<i64>,
+) -> PodStatus {
     let mut status = host.status.clone().unwrap_or_default();
+    // Generations count the tenant pod's specs, not the copy's.
+    let host_generation = host.metadata.generation;
+    let current = observed_generation(host, observed);
+    status.observed_generation = current;
+    for c in status.conditions.iter_mut().flatten() {
+        if c.observed_generation.is_some() {
+            c.observed_generation = if c.observed_generation == host_generation {
+                tenant_generation(host).or(current)
+            } else {
+                current
+            };
+        }
+    }
     // The pod's node is its virtual Node, whose address is the operator's kubelet endpoint: the
     // host node's own address is not the tenant's to see.
     status.host_ip = kubelet.map(|k| k.address.clone());
@@ -49,6 +69,30 @@ pub fn pod_status_up(host: &Pod, terms: &Terms, kubelet: Option<&KubeletEndpoint
     status
 }
 
+/// The tenant generation copy `host` was last made or updated from.
+fn tenant_generation(host: &Pod) -> Option<i64> {
+    host.metadata
+        .annotations
+        .as_ref()?
+        .get(ANNOTATION_TENANT_GENERATION)?
+        .parse()
+        .ok()
+}
+
+/// The tenant pod's `status.observedGeneration`: the tenant generation the copy carries, once
+/// the host's kubelet has observed the copy's current spec; until then what the tenant pod
+/// showed (`observed`). The host's own number counts the copy's specs, which move only with
+/// what the syncer carries down (images), so it is never shown as it is.
+pub fn observed_generation(host: &Pod, observed: Option<i64>) -> Option<i64> {
+    let seen = host.status.as_ref().and_then(|s| s.observed_generation);
+    match (seen, host.metadata.generation, tenant_generation(host)) {
+        (Some(seen), Some(generation), Some(tenant)) if seen >= generation => {
+            Some(observed.map_or(tenant, |o| o.max(tenant)))
+        }
+        _ => observed,
+    }
+}
+
 /// A container's state messages ("secret \"creds-x-default-x-dev\" not found") in tenant terms.
 fn container_in_tenant_terms(c: &mut ContainerStatus, terms: &Terms) {
     for state in [c.state.as_mut(), c.last_state.as_mut()]
@@ -74,7 +118,7 @@ pub fn pod_status_differs(current: Option<&PodStatus>, wanted: &PodStatus) -> bo
     let Some(current) = current else {
         return true;
     };
-    type Cond = (String, String, Option<String>, Option<String>);
+    type Cond = (String, String, Option<String>, Option<String>, Option<i64>);
     let conds = |s: &PodStatus| -> Vec<Cond> {
         let mut v: Vec<_> = s
             .conditions
@@ -86,6 +130,7 @@ pub fn pod_status_differs(current: Option<&PodStatus>, wanted: &PodStatus) -> bo
                     c.status.clone(),
                     c.reason.clone(),
                     c.message.clone(),
+                    c.observed_generation,
                 )
             })
             .collect();
@@ -100,6 +145,7 @@ pub fn pod_status_differs(current: Option<&PodStatus>, wanted: &PodStatus) -> bo
         || current.init_container_statuses != wanted.init_container_statuses
         || current.reason != wanted.reason
         || current.message != wanted.message
+        || current.observed_generation != wanted.observed_generation
         || conds(current) != conds(wanted)
 }
 
@@ -130,7 +176,78 @@ mod tests {
                 address: "10.96.0.42".into(),
                 port: 10250,
             }),
+            None,
         )
+    }
+
+    /// A copy at host generation `generation`, made from tenant generation `tenant`, whose
+    /// kubelet observed host generation `seen`.
+    fn copy_at(generation: i64, tenant: Option<i64>, seen: Option<i64>) -> Pod {
+        let annotations = tenant.map(|t| json!({ANNOTATION_TENANT_GENERATION: t.to_string()}));
+        serde_json::from_value(json!({
+            "metadata": {"name": "web-x-default-x-dev", "generation": generation,
+                         "annotations": annotations},
+            "status": {"observedGeneration": seen, "conditions": [
+                {"type": "Ready", "status": "True", "observedGeneration": seen},
+                {"type": "PodScheduled", "status": "True"}]}
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn the_tenant_sees_its_own_generation_observed_once_the_kubelet_has_the_copys_spec() {
+        // Tolerations changed in the tenant (generation 3): nothing of them goes down, so the
+        // copy stays at host generation 1, observed, and carries tenant generation 3.
+        assert_eq!(
+            observed_generation(&copy_at(1, Some(3), Some(1)), Some(2)),
+            Some(3)
+        );
+        // An image changed (tenant 4, host 2): the kubelet has not seen host generation 2 yet.
+        assert_eq!(
+            observed_generation(&copy_at(2, Some(4), Some(1)), Some(3)),
+            Some(3)
+        );
+        assert_eq!(
+            observed_generation(&copy_at(2, Some(4), Some(2)), Some(3)),
+            Some(4)
+        );
+        // Never backwards, and nothing made up for a copy without the mark or a kubelet.
+        assert_eq!(
+            observed_generation(&copy_at(1, Some(2), Some(1)), Some(5)),
+            Some(5)
+        );
+        assert_eq!(
+            observed_generation(&copy_at(1, None, Some(1)), Some(2)),
+            Some(2)
+        );
+        assert_eq!(observed_generation(&copy_at(1, Some(2), None), None), None);
+    }
+
+    #[test]
+    fn conditions_show_tenant_generations_and_a_new_one_is_written_up() {
+        let terms = Terms {
+            host_namespace: "team-dev",
+            namespace: "default",
+            name: "web",
+            copy: Box::new(copy),
+            hidden_node: Box::new(|_| false),
+        };
+        let status = |h: &Pod, observed| pod_status_up(h, &terms, None, observed);
+        let before = status(&copy_at(1, Some(1), Some(1)), None);
+        assert_eq!(before.observed_generation, Some(1));
+        let after = status(&copy_at(1, Some(2), Some(1)), Some(1));
+        assert_eq!(after.observed_generation, Some(2));
+        let conds = after.conditions.as_ref().unwrap();
+        assert_eq!(conds[0].observed_generation, Some(2), "{conds:?}");
+        assert_eq!(conds[1].observed_generation, None, "{conds:?}");
+        assert!(pod_status_differs(Some(&before), &after));
+        // The kubelet behind: the tenant keeps what it showed, conditions too.
+        let behind = status(&copy_at(2, Some(3), Some(1)), Some(2));
+        assert_eq!(behind.observed_generation, Some(2));
+        assert_eq!(
+            behind.conditions.as_ref().unwrap()[0].observed_generation,
+            Some(2)
+        );
     }
 
     #[test]

@@ -32,6 +32,12 @@ pub fn pod_meta(tr: &Translator, pod: &Pod, host_name: &str) -> kube::api::Objec
             naming::ANNOTATION_HOST_IP.into(),
             host_ip.unwrap_or_default(),
         );
+        if let Some(generation) = pod.metadata.generation {
+            a.insert(
+                naming::ANNOTATION_TENANT_GENERATION.into(),
+                generation.to_string(),
+            );
+        }
     }
     meta
 }
@@ -152,7 +158,7 @@ pub fn pod(
         if let Some(d) = volume.downward_api.as_mut() {
             for item in d.items.iter_mut().flatten() {
                 if let Some(f) = item.field_ref.as_mut() {
-                    f.field_path = field_path(&f.field_path);
+                    f.field_path = field_path(tr, &f.field_path);
                 }
             }
         }
@@ -189,7 +195,7 @@ pub fn pod(
                     r.name = tr.host_name(&ns, &r.name);
                 }
                 if let Some(f) = from.field_ref.as_mut() {
-                    f.field_path = field_path(&f.field_path);
+                    f.field_path = field_path(tr, &f.field_path);
                 }
             }
         }
@@ -313,7 +319,7 @@ fn rewrite_projection(
     if let Some(d) = source.downward_api.as_mut() {
         for item in d.items.iter_mut().flatten() {
             if let Some(f) = item.field_ref.as_mut() {
-                f.field_path = field_path(&f.field_path);
+                f.field_path = field_path(tr, &f.field_path);
             }
         }
     }
@@ -364,8 +370,15 @@ fn affinity_terms(
     terms
 }
 
-/// Downward API fields that name the pod point at the tenant's values, kept in annotations.
-fn field_path(path: &str) -> String {
+/// Downward API fields that name the pod point at the tenant's values, kept in annotations; one
+/// label points at its host form (a Job's pods read their completion index so).
+fn field_path(tr: &Translator, path: &str) -> String {
+    if let Some(key) = path
+        .strip_prefix("metadata.labels['")
+        .and_then(|k| k.strip_suffix("']"))
+    {
+        return format!("metadata.labels['{}']", tr.label_key(key));
+    }
     let annotation = match path {
         "metadata.name" => naming::ANNOTATION_VIRTUAL_NAME,
         "metadata.namespace" => naming::ANNOTATION_VIRTUAL_NAMESPACE,
@@ -591,6 +604,38 @@ mod tests {
         assert_eq!(
             without.dns_policy, None,
             "the host's DNS when the tenant runs none"
+        );
+    }
+
+    #[test]
+    fn a_copy_records_the_tenant_generation_it_was_made_from() {
+        let mut p = pod();
+        p.metadata.generation = Some(4);
+        let meta = pod_meta(&translator(), &p, "web-0-x-default-x-dev");
+        assert_eq!(
+            meta.annotations.unwrap()[naming::ANNOTATION_TENANT_GENERATION],
+            "4"
+        );
+        let meta = pod_meta(&translator(), &pod(), "web-0-x-default-x-dev");
+        assert!(
+            !meta
+                .annotations
+                .unwrap()
+                .contains_key(naming::ANNOTATION_TENANT_GENERATION)
+        );
+    }
+
+    #[test]
+    fn a_label_the_pod_reads_is_read_under_its_host_key() {
+        let tr = translator();
+        let index = "batch.kubernetes.io/job-completion-index";
+        let host = field_path(&tr, &format!("metadata.labels['{index}']"));
+        assert_eq!(host, format!("metadata.labels['{}']", tr.label_key(index)));
+        assert_ne!(tr.label_key(index), index);
+        assert_eq!(field_path(&tr, "metadata.labels"), "metadata.labels");
+        assert_eq!(
+            field_path(&tr, "metadata.annotations['a']"),
+            "metadata.annotations['a']"
         );
     }
 }

@@ -23,6 +23,7 @@ use crate::tenant::Tenant;
 use crate::translate::Translator;
 
 pub mod address;
+pub mod api;
 
 use address::{OwnAddress, own_address, squatted};
 
@@ -77,6 +78,7 @@ async fn converge_service(cx: &Tenant, ns: &str, name: &str) -> Result<()> {
         };
         let ip = cx.tr.api_ip.clone();
         take_cluster_ip(cx, &t, &ip, Some(vec![ip.clone()]), None).await?;
+        api::ensure_api_endpoints(cx).await?;
         return Ok(());
     }
     let enabled = Services::enabled(&cx.policy);

@@ -100,8 +100,11 @@ pub fn hosts_toml(upstream: &str, registry: &str) -> String {
 }
 
 /// The pod network: one bridge, addresses from [`POD_CIDR`], no masquerade (nothing here has
-/// anywhere to go), hairpin so a pod reaches itself through a Service, and host ports.
-pub fn cni_conflist() -> String {
+/// anywhere to go), hairpin so a pod reaches itself through a Service, and host ports. The
+/// addresses handed out are kept in `ipam_dir`, the node's own: host-local's default is the
+/// machine's /var/lib/cni, where every node that was killed before it released its pods'
+/// addresses would leave them taken for the next (a conformance run found the range used up).
+pub fn cni_conflist(ipam_dir: &Path) -> String {
     serde_json::to_string_pretty(&serde_json::json!({
         "cniVersion": "1.0.0",
         "name": "tenantplane",
@@ -115,6 +118,7 @@ pub fn cni_conflist() -> String {
                 "ipam": {
                     "type": "host-local",
                     "ranges": [[{"subnet": POD_CIDR, "gateway": NODE_IP}]],
+                    "dataDir": ipam_dir,
                     "routes": [{"dst": "0.0.0.0/0"}]
                 }
             },
@@ -293,12 +297,17 @@ mod tests {
 
     #[test]
     fn the_pod_network_never_masquerades() {
-        let v: serde_json::Value = serde_json::from_str(&cni_conflist()).expect("JSON");
+        let v: serde_json::Value =
+            serde_json::from_str(&cni_conflist(Path::new("/n/ipam"))).expect("JSON");
         let bridge = &v["plugins"][0];
         assert_eq!(bridge["ipMasq"], false);
         assert_eq!(bridge["bridge"], BRIDGE);
         assert_eq!(bridge["ipam"]["ranges"][0][0]["subnet"], POD_CIDR);
         assert_eq!(bridge["ipam"]["ranges"][0][0]["gateway"], NODE_IP);
+        assert_eq!(
+            bridge["ipam"]["dataDir"], "/n/ipam",
+            "the node's own, not the machine's"
+        );
     }
 
     #[test]

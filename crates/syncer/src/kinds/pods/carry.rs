@@ -1,0 +1,171 @@
+//! What of a running pod's spec its copy follows. A pod allows few edits; the tenant's are
+//! carried down where the host allows them (container and init container images, tolerations
+//! added, an active deadline set or shortened). The copy records the tenant's generation only
+//! when it carries all of the tenant's spec that can change, so the tenant pod's
+//! `observedGeneration` never claims what the host does not run (resized resources and
+//! ephemeral containers are not carried).
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{Container, PodSpec, ResourceRequirements};
+
+/// `host`, the live copy's spec, with the tenant's edits from `want` (the tenant pod as the
+/// copy would be made now) that the host allows on a running pod.
+pub fn carried_spec(host: &PodSpec, want: &PodSpec) -> PodSpec {
+    let mut spec = host.clone();
+    carry_images(&mut spec.containers, &want.containers);
+    if let (Some(host_init), Some(want_init)) =
+        (spec.init_containers.as_mut(), want.init_containers.as_ref())
+    {
+        carry_images(host_init, want_init);
+    }
+    for toleration in want.tolerations.iter().flatten() {
+        let tolerations = spec.tolerations.get_or_insert_with(Vec::new);
+        if !tolerations.contains(toleration) {
+            tolerations.push(toleration.clone());
+        }
+    }
+    spec.active_deadline_seconds =
+        match (host.active_deadline_seconds, want.active_deadline_seconds) {
+            (None, Some(w)) => Some(w),
+            (Some(h), Some(w)) if w < h => Some(w),
+            (h, _) => h,
+        };
+    spec
+}
+
+fn carry_images(host: &mut [Container], want: &[Container]) {
+    for c in host.iter_mut() {
+        if let Some(w) = want.iter().find(|w| w.name == c.name) {
+            c.image = w.image.clone();
+        }
+    }
+}
+
+/// Does the copy's spec `host` run all of `want` that can change on a running pod?
+pub fn carries_all(host: &PodSpec, want: &PodSpec) -> bool {
+    let containers_match = |host: &[Container], want: &[Container]| {
+        want.iter().all(|w| {
+            host.iter().any(|h| {
+                h.name == w.name
+                    && h.image == w.image
+                    && resources_hold(h.resources.as_ref(), w.resources.as_ref())
+            })
+        })
+    };
+    let ephemeral = |s: &PodSpec| -> Vec<String> {
+        s.ephemeral_containers
+            .iter()
+            .flatten()
+            .map(|c| c.name.clone())
+            .collect()
+    };
+    containers_match(&host.containers, &want.containers)
+        && containers_match(
+            host.init_containers.as_deref().unwrap_or_default(),
+            want.init_containers.as_deref().unwrap_or_default(),
+        )
+        && want
+            .tolerations
+            .iter()
+            .flatten()
+            .all(|t| host.tolerations.iter().flatten().any(|h| h == t))
+        && host.active_deadline_seconds == want.active_deadline_seconds
+        && ephemeral(want)
+            .iter()
+            .all(|name| ephemeral(host).contains(name))
+}
+
+/// Does `host` hold every request and limit `want` names, at its value? (The host may add
+/// defaults of its own, a LimitRange's.)
+fn resources_hold(
+    host: Option<&ResourceRequirements>,
+    want: Option<&ResourceRequirements>,
+) -> bool {
+    let empty = BTreeMap::new();
+    let Some(want) = want else {
+        return true;
+    };
+    let host_requests = host.and_then(|h| h.requests.as_ref()).unwrap_or(&empty);
+    let host_limits = host.and_then(|h| h.limits.as_ref()).unwrap_or(&empty);
+    let holds = |wanted: Option<&BTreeMap<_, _>>, held: &BTreeMap<_, _>| {
+        wanted
+            .into_iter()
+            .flatten()
+            .all(|(k, v)| held.get(k) == Some(v))
+    };
+    holds(want.requests.as_ref(), host_requests) && holds(want.limits.as_ref(), host_limits)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn spec(v: serde_json::Value) -> PodSpec {
+        serde_json::from_value(v).unwrap()
+    }
+
+    fn running() -> PodSpec {
+        spec(json!({
+            "containers": [{"name": "c", "image": "a:1",
+                            "resources": {"requests": {"cpu": "100m", "memory": "10Mi"}}}],
+            "initContainers": [{"name": "i", "image": "b:1"}],
+            "tolerations": [{"key": "profile", "operator": "Exists"}]
+        }))
+    }
+
+    #[test]
+    fn the_edits_a_running_pod_allows_are_carried_and_then_all_is_carried() {
+        let want = spec(json!({
+            "containers": [{"name": "c", "image": "a:2",
+                            "resources": {"requests": {"cpu": "100m"}}}],
+            "initContainers": [{"name": "i", "image": "b:2"}],
+            "tolerations": [{"key": "profile", "operator": "Exists"},
+                            {"key": "foo", "operator": "Equal", "value": "bar", "effect": "NoSchedule"}],
+            "activeDeadlineSeconds": 5000
+        }));
+        let host = running();
+        assert!(!carries_all(&host, &want));
+        let carried = carried_spec(&host, &want);
+        assert_eq!(carried.containers[0].image.as_deref(), Some("a:2"));
+        assert_eq!(
+            carried.init_containers.as_ref().unwrap()[0]
+                .image
+                .as_deref(),
+            Some("b:2")
+        );
+        assert_eq!(carried.tolerations.as_ref().unwrap().len(), 2);
+        assert_eq!(carried.active_deadline_seconds, Some(5000));
+        // The host's own default (memory) does not count against the tenant's spec.
+        assert!(carries_all(&carried, &want));
+    }
+
+    #[test]
+    fn a_resize_or_an_ephemeral_container_is_not_carried_so_not_claimed() {
+        let mut want = running();
+        want.containers[0].resources =
+            Some(serde_json::from_value(json!({"requests": {"cpu": "200m"}})).unwrap());
+        let carried = carried_spec(&running(), &want);
+        assert!(!carries_all(&carried, &want));
+        let mut want = running();
+        want.ephemeral_containers =
+            Some(serde_json::from_value(json!([{"name": "debugger", "image": "d"}])).unwrap());
+        assert!(!carries_all(&carried_spec(&running(), &want), &want));
+        assert!(carries_all(&running(), &running()));
+    }
+
+    #[test]
+    fn an_active_deadline_is_only_set_or_shortened() {
+        let mut host = running();
+        host.active_deadline_seconds = Some(100);
+        let mut want = running();
+        want.active_deadline_seconds = Some(300);
+        assert_eq!(
+            carried_spec(&host, &want).active_deadline_seconds,
+            Some(100)
+        );
+        want.active_deadline_seconds = Some(50);
+        assert_eq!(carried_spec(&host, &want).active_deadline_seconds, Some(50));
+    }
+}
