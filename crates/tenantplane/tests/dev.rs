@@ -251,6 +251,15 @@ async fn a_demo_killed_with_kill_9_starts_clean_the_next_time() {
     assert!(running.is_some(), "the tenant's CoreDNS never ran");
     first.start_kill().unwrap();
     first.wait().await.unwrap();
+    let state_arg = state.display().to_string();
+    let gone = tenantplane_testenv::eventually(Duration::from_secs(60), || async {
+        processes_naming(&state_arg)
+            .iter()
+            .all(|p| p.contains("containerd-shim"))
+            .then_some(())
+    })
+    .await;
+    assert!(gone.is_some(), "only the shims outlive a killed demo");
 
     let mut second = start_dev(&state).await;
     assert!(
@@ -266,5 +275,13 @@ async fn a_demo_killed_with_kill_9_starts_clean_the_next_time() {
     );
     second.start_kill().unwrap();
     second.wait().await.unwrap();
+    // Its children die of their parent's death a moment later; the next test's node needs the
+    // kubelet's port.
+    let state_arg = state.display().to_string();
+    let gone = tenantplane_testenv::eventually(Duration::from_secs(60), || async {
+        processes_naming(&state_arg).is_empty().then_some(())
+    })
+    .await;
+    assert!(gone.is_some(), "{:#?}", processes_naming(&state_arg));
     let _ = std::fs::remove_dir_all(&state);
 }
