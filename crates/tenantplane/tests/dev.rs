@@ -12,6 +12,10 @@ use tokio::process::Command;
 
 const LIMIT: Duration = Duration::from_secs(300);
 
+/// One real node per network namespace (its bridge, its kubelet's port, kube-proxy's tables):
+/// the tests of this binary take turns.
+static ONE_NODE: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 fn binary() -> &'static str {
     env!("CARGO_BIN_EXE_tenantplane")
 }
@@ -112,6 +116,7 @@ fn node_cgroup(state: &Path) -> PathBuf {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn the_demo_runs_the_example_workload_in_real_containers_and_stops_clean() {
+    let _turn = ONE_NODE.lock().await;
     let state = std::env::temp_dir().join(format!("tenantplane-dev-test-{}", std::process::id()));
     let state_arg = state.display().to_string();
     let mut dev = start_dev(&state).await;
@@ -225,6 +230,7 @@ async fn the_demo_runs_the_example_workload_in_real_containers_and_stops_clean()
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_demo_killed_with_kill_9_starts_clean_the_next_time() {
+    let _turn = ONE_NODE.lock().await;
     let state = std::env::temp_dir().join(format!("tenantplane-dev-kill-{}", std::process::id()));
     let mut first = start_dev(&state).await;
     let cgroup = node_cgroup(&state);
