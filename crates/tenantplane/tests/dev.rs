@@ -285,7 +285,10 @@ async fn a_demo_killed_with_kill_9_starts_clean_the_next_time() {
     // kubelet's port.
     let state_arg = state.display().to_string();
     let gone = tenantplane_testenv::eventually(Duration::from_secs(60), || async {
-        processes_naming(&state_arg).is_empty().then_some(())
+        processes_naming(&state_arg)
+            .iter()
+            .all(|p| p.contains("containerd-shim"))
+            .then_some(())
     })
     .await;
     assert!(gone.is_some(), "{:#?}", processes_naming(&state_arg));
