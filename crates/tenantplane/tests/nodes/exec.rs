@@ -5,19 +5,14 @@
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::Api;
 use serde_json::json;
-use tenantplane_testenv::{shared, use_real_nodes};
+use tenantplane_testenv::shared;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use super::common::{TenantSetup, TestHost};
 use super::*;
 
 #[tokio::test(flavor = "multi_thread")]
 async fn exec_cp_and_attach_reach_the_container() {
-    use_real_nodes();
-    let world = TestHost::start_with_kubelet("nodes-exec")
-        .await
-        .ready(TenantSetup::seed())
-        .await;
+    let world = real_tenant("nodes-exec").await;
     let tenant = &world.tenant;
     create_pod(
         tenant,
@@ -109,11 +104,7 @@ async fn exec_cp_and_attach_reach_the_container() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn port_forward_and_debug_from_the_tenant() {
-    use_real_nodes();
-    let world = TestHost::start_with_kubelet("nodes-fwd")
-        .await
-        .ready(TenantSetup::seed())
-        .await;
+    let world = real_tenant("nodes-fwd").await;
     let tenant = &world.tenant;
     create_pod(
         tenant,

@@ -22,11 +22,20 @@ use kube::api::{Api, PostParams};
 use kube::{Client, Resource};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
-use tenantplane_testenv::{eventually, shared};
+use tenantplane_testenv::{eventually, shared, use_real_nodes};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
 use tokio::process::{Child, ChildStdout, Command};
 
-use common::{ReadyTenant, WAIT};
+use common::{ReadyTenant, TenantSetup, TestHost, WAIT};
+
+/// The seed tenant, Ready, with the operator's kubelet endpoint, on this binary's real node.
+pub async fn real_tenant(prefix: &str) -> ReadyTenant {
+    use_real_nodes();
+    TestHost::start_with_kubelet(prefix)
+        .await
+        .ready(TenantSetup::seed())
+        .await
+}
 
 pub const BUSYBOX: &str = "busybox:1.35.0";
 pub const AGNHOST: &str = "registry.k8s.io/e2e-test-images/agnhost:2.63.0";

@@ -8,9 +8,9 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 use kube::api::{Api, ListParams, Patch, PatchParams};
 use serde_json::json;
-use tenantplane_testenv::{eventually, use_real_nodes};
+use tenantplane_testenv::eventually;
 
-use super::common::{TenantSetup, TestHost, WAIT};
+use super::common::WAIT;
 use super::*;
 
 /// A probe of `kind` (its body `how`) every second, failing after two misses.
@@ -32,11 +32,7 @@ fn idle(name: &str) -> serde_json::Value {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn liveness_probes_of_every_kind_restart_what_fails_and_leave_what_passes() {
-    use_real_nodes();
-    let world = TestHost::start_with_kubelet("nodes-live")
-        .await
-        .ready(TenantSetup::seed())
-        .await;
+    let world = real_tenant("nodes-live").await;
     let tenant = &world.tenant;
     // One pod, one container per probe kind and outcome; the servers are netexec (HTTP on 8080)
     // and grpc-health-checking (gRPC on 5000, service `ok`, until told otherwise), the probes of
@@ -133,11 +129,7 @@ async fn liveness_probes_of_every_kind_restart_what_fails_and_leave_what_passes(
 
 #[tokio::test(flavor = "multi_thread")]
 async fn readiness_startup_and_hooks_hold_and_run_as_on_the_host() {
-    use_real_nodes();
-    let world = TestHost::start_with_kubelet("nodes-ready")
-        .await
-        .ready(TenantSetup::seed())
-        .await;
+    let world = real_tenant("nodes-ready").await;
     let tenant = &world.tenant;
     let file_probe = |path: &str| probe(json!({"exec": {"command": ["cat", path]}}));
     // Ready once /tmp/ready exists; started once /tmp/started exists (its liveness probe, which
@@ -229,11 +221,7 @@ async fn readiness_startup_and_hooks_hold_and_run_as_on_the_host() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_rollout_waits_for_the_new_pods_to_be_ready() {
-    use_real_nodes();
-    let world = TestHost::start_with_kubelet("nodes-rollout")
-        .await
-        .ready(TenantSetup::seed())
-        .await;
+    let world = real_tenant("nodes-rollout").await;
     let tenant = &world.tenant;
     // Version 1 is ready at once; any later version only once someone touches /tmp/ready.
     let mut c = busybox(

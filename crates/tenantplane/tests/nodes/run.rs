@@ -5,18 +5,14 @@
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, LogParams};
 use serde_json::json;
-use tenantplane_testenv::{eventually, use_real_nodes};
+use tenantplane_testenv::eventually;
 
-use super::common::{TenantSetup, TestHost, WAIT};
+use super::common::WAIT;
 use super::*;
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_tenant_pod_runs_for_real_and_its_end_reaches_the_tenant() {
-    use_real_nodes();
-    let world = TestHost::start_with_kubelet("nodes-run")
-        .await
-        .ready(TenantSetup::seed())
-        .await;
+    let world = real_tenant("nodes-run").await;
     let tenant = &world.tenant;
     create_pod(
         tenant,
@@ -56,11 +52,7 @@ fn numbers(logs: &str) -> Vec<u64> {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn logs_follow_and_show_the_previous_run_and_a_recent_window() {
-    use_real_nodes();
-    let world = TestHost::start_with_kubelet("nodes-logs")
-        .await
-        .ready(TenantSetup::seed())
-        .await;
+    let world = real_tenant("nodes-logs").await;
     let tenant = &world.tenant;
     create_pod(
         tenant,
@@ -176,11 +168,7 @@ fn ending(pod: &Pod) -> Option<(i32, Option<String>, Option<String>, i32)> {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn crash_loops_and_oom_kills_reach_the_tenant_as_the_host_shows_them() {
-    use_real_nodes();
-    let world = TestHost::start_with_kubelet("nodes-end")
-        .await
-        .ready(TenantSetup::seed())
-        .await;
+    let world = real_tenant("nodes-end").await;
     let tenant = &world.tenant;
     create_pod(
         tenant,

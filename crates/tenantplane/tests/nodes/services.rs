@@ -7,9 +7,9 @@ use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{Pod, Service};
 use kube::api::{Api, LogParams};
 use serde_json::json;
-use tenantplane_testenv::{eventually, use_real_nodes};
+use tenantplane_testenv::eventually;
 
-use super::common::{TenantSetup, TestHost, WAIT, cluster_ip};
+use super::common::{WAIT, cluster_ip};
 use super::*;
 
 /// The addresses `nslookup name` answers with (busybox prints the server first, then
@@ -26,11 +26,7 @@ fn answers(nslookup: &str) -> Vec<String> {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_tenant_pod_finds_and_reaches_the_tenants_services() {
-    use_real_nodes();
-    let world = TestHost::start_with_kubelet("nodes-svc")
-        .await
-        .ready(TenantSetup::seed())
-        .await;
+    let world = real_tenant("nodes-svc").await;
     let tenant = &world.tenant;
     create_pod(
         tenant,
@@ -149,11 +145,7 @@ async fn a_tenant_pod_finds_and_reaches_the_tenants_services() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_pod_knows_itself_by_its_tenant_names() {
-    use_real_nodes();
-    let world = TestHost::start_with_kubelet("nodes-self")
-        .await
-        .ready(TenantSetup::seed())
-        .await;
+    let world = real_tenant("nodes-self").await;
     let tenant = &world.tenant;
     // The downward API, as variables and as a file.
     let mut me = busybox(
