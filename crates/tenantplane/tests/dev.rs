@@ -44,21 +44,47 @@ async fn run(program: &Path, args: &[&str], kubeconfig: &Path) -> (i32, String, 
 
 /// Processes whose command line names `needle`.
 fn processes_naming(needle: &str) -> Vec<String> {
+    pids_naming(needle).into_iter().map(|(_, c)| c).collect()
+}
+
+/// (pid, command line) of the processes whose command line names `needle`.
+fn pids_naming(needle: &str) -> Vec<(u32, String)> {
     let mut found = Vec::new();
     for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
-        if entry
+        if let Some(pid) = entry
             .file_name()
             .to_str()
-            .is_some_and(|n| n.parse::<u32>().is_ok())
+            .and_then(|n| n.parse::<u32>().ok())
         {
             let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
             let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
             if cmdline.contains(needle) {
-                found.push(cmdline);
+                found.push((pid, cmdline));
             }
         }
     }
     found
+}
+
+/// `kill -9` the demo, and wait until nothing it started runs but its containerd shims (which
+/// outlive it by design until the next start); their pids.
+async fn kill_9(mut dev: tokio::process::Child, state: &Path) -> Vec<u32> {
+    dev.start_kill().unwrap();
+    dev.wait().await.unwrap();
+    let state_arg = state.display().to_string();
+    let shims_only = tenantplane_testenv::eventually(Duration::from_secs(60), || async {
+        let left = pids_naming(&state_arg);
+        left.iter()
+            .all(|(_, c)| c.contains("containerd-shim"))
+            .then(|| left.into_iter().map(|(pid, _)| pid).collect::<Vec<_>>())
+    })
+    .await;
+    shims_only.unwrap_or_else(|| {
+        panic!(
+            "a killed demo leaves only its shims: {:#?}",
+            processes_naming(&state_arg)
+        )
+    })
 }
 
 /// `tenantplane dev --nodes real` on `state`, once it says it is ready.
@@ -232,7 +258,7 @@ async fn the_demo_runs_the_example_workload_in_real_containers_and_stops_clean()
 async fn a_demo_killed_with_kill_9_starts_clean_the_next_time() {
     let _turn = ONE_NODE.lock().await;
     let state = std::env::temp_dir().join(format!("tenantplane-dev-kill-{}", std::process::id()));
-    let mut first = start_dev(&state).await;
+    let first = start_dev(&state).await;
     let cgroup = node_cgroup(&state);
     // Pods run (the tenant's CoreDNS at least), so shims and containers are there to be left.
     let kubeconfig = state.join("kubeconfig");
@@ -255,42 +281,31 @@ async fn a_demo_killed_with_kill_9_starts_clean_the_next_time() {
     })
     .await;
     assert!(running.is_some(), "the tenant's CoreDNS never ran");
-    first.start_kill().unwrap();
-    first.wait().await.unwrap();
-    let state_arg = state.display().to_string();
-    let gone = tenantplane_testenv::eventually(Duration::from_secs(60), || async {
-        processes_naming(&state_arg)
-            .iter()
-            .all(|p| p.contains("containerd-shim"))
-            .then_some(())
-    })
-    .await;
-    assert!(gone.is_some(), "only the shims outlive a killed demo");
+    let shims = kill_9(first, &state).await;
 
-    let mut second = start_dev(&state).await;
+    let second = start_dev(&state).await;
     assert!(
         !cgroup.exists(),
         "the killed node's cgroup {} is gone",
         cgroup.display()
     );
-    let shims = processes_naming("containerd-shim");
-    let old = cgroup.display().to_string();
+    let left: Vec<u32> = shims.iter().copied().filter(|pid| alive(*pid)).collect();
     assert!(
-        shims.iter().all(|s| !s.contains(&old)),
-        "no shim of the killed node is left: {shims:#?}"
+        left.is_empty(),
+        "no shim of the killed node is left: {left:?}"
     );
-    second.start_kill().unwrap();
-    second.wait().await.unwrap();
-    // Its children die of their parent's death a moment later; the next test's node needs the
-    // kubelet's port.
-    let state_arg = state.display().to_string();
-    let gone = tenantplane_testenv::eventually(Duration::from_secs(60), || async {
-        processes_naming(&state_arg)
-            .iter()
-            .all(|p| p.contains("containerd-shim"))
-            .then_some(())
-    })
-    .await;
-    assert!(gone.is_some(), "{:#?}", processes_naming(&state_arg));
+    // The next test's node needs the kubelet's port: wait for this one's to go.
+    kill_9(second, &state).await;
     let _ = std::fs::remove_dir_all(&state);
+}
+
+/// Whether process `pid` lives: it exists and is not a zombie (a killed shim whose new parent,
+/// PID 1 of the tests' PID namespace, does not reap it stays one).
+fn alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+        // The state follows the command name, which is in parentheses and may hold spaces.
+        stat.rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().next())
+            .is_some_and(|state| state != "Z")
+    })
 }
