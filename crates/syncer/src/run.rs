@@ -29,6 +29,10 @@ use crate::wiring::Setup;
 const WORKERS: usize = 32;
 /// Everything is looked at again this often, whatever the watches said.
 const RESYNC: Duration = Duration::from_secs(300);
+
+/// The first wait before the add-ons are tried again after a failed pass (doubling up to
+/// [`RESYNC`]).
+const ADDON_RETRY: Duration = Duration::from_secs(2);
 /// A stopped engine is started again after this, doubled each time in a row up to the last.
 const RESTART_FIRST: Duration = Duration::from_secs(1);
 const RESTART_MAX: Duration = Duration::from_secs(60);
@@ -280,12 +284,28 @@ async fn run(
             let resync = async {
                 let mut every = tokio::time::interval(RESYNC);
                 every.tick().await;
-                engine.cx.ensure_addons().await;
+                // Failures of the add-ons in a row: a failed pass (the tenant API server
+                // restarting, say) is tried again after a back-off, not at the next resync, so
+                // `Synced` says False no longer than the failure lasts.
+                let mut addon_failures = u32::from(!engine.cx.ensure_addons().await);
                 loop {
+                    let failures = addon_failures;
+                    let retry = async move {
+                        if failures == 0 {
+                            std::future::pending::<()>().await;
+                        }
+                        let wait = crate::backoff::delay(failures, ADDON_RETRY, RESYNC);
+                        tokio::time::sleep(wait).await;
+                    };
                     tokio::select! {
                         _ = every.tick() => {
                             engine.enqueue_everything();
-                            engine.cx.ensure_addons().await;
+                            let ok = engine.cx.ensure_addons().await;
+                            addon_failures = if ok { 0 } else { addon_failures.saturating_add(1) };
+                        }
+                        () = retry => {
+                            let ok = engine.cx.ensure_addons().await;
+                            addon_failures = if ok { 0 } else { addon_failures.saturating_add(1) };
                         }
                         Some(kind) = relisted.next() => {
                             if let Some(entry) = engine.entries.get(kind) {

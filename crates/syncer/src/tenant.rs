@@ -170,8 +170,8 @@ impl Tenant {
     }
 
     /// Keep the tenant's add-ons (its cluster DNS, its refusals) as they should be; a failure is reported in
-    /// `Synced` until a later pass succeeds.
-    pub(crate) async fn ensure_addons(&self) {
+    /// `Synced` until a later pass succeeds. Whether this pass did.
+    pub(crate) async fn ensure_addons(&self) -> bool {
         const WHAT: &str = "the tenant's DNS (Deployment kube-system/coredns)";
         let host_dns = Api::<k8s_openapi::api::core::v1::Service>::namespaced(
             self.host.clone(),
@@ -191,6 +191,7 @@ impl Tenant {
                 reason: e.reason(),
                 message: format!("{WHAT}: {e}"),
             });
+        let mut ok = failure.is_none();
         self.reporter.set_error(WHAT, failure);
         const REFUSALS: &str = "the tenant's admission policies (ValidatingAdmissionPolicy \
             tenantplane-no-ephemeral-containers)";
@@ -201,7 +202,9 @@ impl Tenant {
                 reason: e.reason(),
                 message: format!("{REFUSALS}: {e}"),
             });
+        ok &= failure.is_none();
         self.reporter.set_error(REFUSALS, failure);
+        ok
     }
 }
 
