@@ -52,10 +52,11 @@ ALL_COMPONENTS=(
   "loopback|cni|github.com/containernetworking/plugins/plugins/main/loopback"
   "portmap|cni|github.com/containernetworking/plugins/plugins/meta/portmap"
   "registry|registry|tenantplane.local/testenv/registry"
+  "kube-network-policies|netpol|sigs.k8s.io/kube-network-policies/cmd"
   "e2e.test|e2e|k8s.io/kubernetes/test/e2e"
   "ginkgo|e2e|github.com/onsi/ginkgo/v2/ginkgo"
 )
-MODULES=(etcd kine kube kwok helm coredns containerd runc cni registry)
+MODULES=(etcd kine kube kwok helm coredns containerd runc cni registry netpol)
 KEY_PREFIX=""
 if [[ "${1:-}" == "--conformance" ]]; then
   MODULES=(e2e)

@@ -29,6 +29,10 @@
 #   docker.io/rancher/mirrored-coredns-coredns:1.12.3
 #                                         CoreDNS 1.12.3 (testenv/coredns: the plugins the operator's
 #                                         Corefile names), the tenants' DNS as the syncer deploys it
+#   registry.k8s.io/networking/kube-network-policies:v0.8.0
+#                                         kube-network-policies v0.8.0 (testenv/netpol) at /bin/netpol,
+#                                         as upstream's image has it; the real node's NetworkPolicy
+#                                         enforcer
 #   registry.k8s.io/e2e-test-images/busybox:1.37.0-1, docker.io/library/busybox:latest, :1.35.0
 #                                         Debian's busybox-static (1.35.0), every applet linked
 # An image that cannot be built from the real software is left out (see testenv/README.md).
@@ -56,7 +60,7 @@ KEY="$({
   printf 'busybox %s\n' "$BUSYBOX_VERSION"
   dpkg-query -W -f='${Version}\n' bind9-dnsutils libc-bin
   basename "$NGINX_DEB"; basename "$NGINX_COMMON_DEB"
-  for b in pause agnhost coredns; do printf '%s ' "$b"; sha256sum <"$BIN_DIR/$b"; done
+  for b in pause agnhost coredns kube-network-policies; do printf '%s ' "$b"; sha256sum <"$BIN_DIR/$b"; done
 } | sha256sum | cut -c1-16)"
 OUT="$CACHE_ROOT/testenv/images-$KEY"
 if [[ -f "$OUT/.complete" ]]; then
@@ -171,6 +175,10 @@ image registry.k8s.io/e2e-test-images/nginx:1.27-0 "$d" --entrypoint /usr/sbin/n
 # CoreDNS: the binary alone, as upstream's image (which runs it as the pod says; ours as 65532).
 d="$TMP/coredns"; rootfs_base "$d"; cp "$BIN_DIR/coredns" "$d/coredns"
 image docker.io/rancher/mirrored-coredns-coredns:1.12.3 "$d" --entrypoint /coredns
+
+# kube-network-policies: the binary alone at the path upstream's DaemonSet names as its command.
+d="$TMP/netpol"; rootfs_base "$d"; mkdir -p "$d/bin"; cp "$BIN_DIR/kube-network-policies" "$d/bin/netpol"
+image registry.k8s.io/networking/kube-network-policies:v0.8.0 "$d" --cmd /bin/netpol
 
 touch "$LAYOUT/.complete" "$LAYOUT/.last-used"
 chmod -R a+rX "$LAYOUT"

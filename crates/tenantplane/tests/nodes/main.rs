@@ -3,12 +3,14 @@
 //! `restricted`. The control plane of this binary runs a real node ([`use_real_nodes`]); `make
 //! test` runs it in a network namespace of its own. One module per part of a kubelet's work:
 //! `run` (output, identity, how containers end), `exec` (exec, cp, attach, debug,
-//! port-forward), `probes` (probes, hooks, rollouts), `services` (Services, DNS, identity).
+//! port-forward), `network_policy` (the isolation policies, enforced by packets), `probes`
+//! (probes, hooks, rollouts), `services` (Services, DNS, identity).
 
 #[path = "../common/mod.rs"]
 mod common;
 
 mod exec;
+mod network_policy;
 mod probes;
 mod run;
 mod services;

@@ -48,6 +48,7 @@ impl RealNodeState {
         RUNNING.store(false, std::sync::atomic::Ordering::SeqCst);
         cgroups::kill_shims(&self.containerd_socket);
         cgroups::remove(&self.cgroup_root);
+        stop_steering();
     }
 }
 
@@ -74,7 +75,7 @@ pub fn machine_allows() -> std::result::Result<(), String> {
     std::fs::create_dir(&probe)
         .and_then(|_| std::fs::remove_dir(&probe))
         .map_err(|e| format!("cgroups are not writable ({}: {e})", cgroup_dir.display()))?;
-    for tool in ["ip", "nft", "unshare"] {
+    for tool in ["ip", "nft", "iptables-nft", "unshare"] {
         if !on_path(tool) {
             return Err(format!(
                 "`{tool}` is not installed (testenv/packages.sh installs it)"
@@ -161,6 +162,9 @@ pub(super) fn prepare_network() -> Result<()> {
     let address = format!("{NODE_IP}/{}", config::POD_PREFIX);
     run("ip", &["addr", "replace", &address, "dev", BRIDGE])?;
     run("ip", &["link", "set", BRIDGE, "up"])?;
+    // A node killed in this namespace left its steering behind, with no enforcer to read the
+    // queue: every pod's packets would be dropped (the cluster DNS would never be ready).
+    stop_steering();
     // The Service range through the bridge, so this namespace's own processes (API servers
     // calling webhooks, the tests) reach Service addresses: kube-proxy's DNAT comes after the
     // route lookup, which fails without one ("network is unreachable"). Pods route through
@@ -281,6 +285,14 @@ impl ControlPlane {
             write(&file, &format!("{value}\n"))?;
             binds.push((file, Path::new("/proc/sys").join(key)));
         }
+        // libcni keeps each attachment's result under /var/lib/cni, a path containerd cannot
+        // change: the node's own folder goes over it there, so nothing of the node's is left in
+        // the machine's (which keeps at most the empty folder, made once as the mount point).
+        let cni_cache = node_dir.join("cni-cache");
+        std::fs::create_dir_all(&cni_cache)?;
+        std::fs::create_dir_all(LIBCNI_CACHE)
+            .map_err(|e| Error::Io(format!("creating {LIBCNI_CACHE}: {e}")))?;
+        binds.push((cni_cache, PathBuf::from(LIBCNI_CACHE)));
         crate::process::private_mounts(binds)
             .map_err(|e| Error::Io(format!("the node's mount namespace: {e}")))?;
         let socket = node_dir.join("containerd").join("containerd.sock");
@@ -404,8 +416,135 @@ impl ControlPlane {
             ]);
             Ok(out.is_ok_and(|s| s.trim() == "1"))
         })?;
+
+        say("starting the NetworkPolicy enforcer (kube-network-policies)");
+        let enforcer = node_dir.join("network-policies.yaml");
+        write(&enforcer, NETWORK_POLICIES_YAML)?;
+        self.kubectl_ok(&["apply", "-f", &enforcer.display().to_string()])?;
+        self.wait_until("the NetworkPolicy enforcer to be ready", || {
+            let out = self.kubectl_output(&[
+                "get",
+                "daemonset",
+                "kube-network-policies",
+                "-n",
+                "kube-system",
+                "-o",
+                "jsonpath={.status.numberReady}",
+            ]);
+            Ok(out.is_ok_and(|s| s.trim() == "1"))
+        })?;
+        // Ready is "its container runs"; its queue is bound a moment later (the kernel lists it).
+        self.wait_until("the NetworkPolicy enforcer's queue", || {
+            let queues = std::fs::read_to_string("/proc/self/net/netfilter/nfnetlink_queue")
+                .unwrap_or_default();
+            Ok(queues
+                .lines()
+                .any(|l| l.split_whitespace().next() == Some(ENFORCER_QUEUE)))
+        })?;
+        steer_to_the_enforcer()?;
         Ok(())
     }
+}
+
+/// The NetworkPolicy enforcer: kube-network-policies' DaemonSet and RBAC (see the file's header
+/// for how it differs from upstream's manifest).
+const NETWORK_POLICIES_YAML: &str = include_str!("real_node/network_policies.yaml");
+
+/// The netfilter queue the enforcer reads (its `--nfqueue-id`).
+const ENFORCER_QUEUE: &str = "100";
+
+/// Where libcni caches results, whatever its caller says.
+const LIBCNI_CACHE: &str = "/var/lib/cni";
+
+/// The chain that sends pods' new connections to the enforcer.
+const STEERING_CHAIN: &str = "TENANTPLANE-NETPOL";
+
+/// Empty the steering chain, if there is one: the jumps to it then decide nothing.
+fn stop_steering() {
+    let _ = run(
+        "iptables-nft",
+        &["-w", "-t", "mangle", "-F", STEERING_CHAIN],
+    );
+}
+
+/// Send the first packet of every pod connection to the enforcer's queue, where it decides by the
+/// NetworkPolicies: kube-network-policies' own rules do that with nftables' `queue` expression,
+/// which this kernel lacks (CONFIG_NFT_QUEUE), so its rule set never loads. The same steering
+/// through the xtables NFQUEUE target (iptables-nft) reaches the same queue. Like its rules:
+/// established and related packets and the node's root processes (kubelet probes) pass, and
+/// nothing passes while the enforcer is down (no bypass). Unlike them, everything a pod sends or
+/// receives is queued (it lists only pods that policies select: a verdict for the others is
+/// "allow"), and so is what a pod sends to an address of the node itself (INPUT): in this test
+/// world the host's API server, the operator and the tenants' control planes listen on the
+/// node, where in a cluster they are other machines or pods, and the policies must hold for them
+/// too. Idempotent: a dev cluster restarted in the same namespace finds the chain and refills it.
+fn steer_to_the_enforcer() -> Result<()> {
+    let iptables = |args: &[&str]| {
+        let mut all = vec!["-w", "-t", "mangle"];
+        all.extend_from_slice(args);
+        run("iptables-nft", &all)
+    };
+    if iptables(&["-N", STEERING_CHAIN]).is_err() {
+        iptables(&["-F", STEERING_CHAIN])?;
+    }
+    iptables(&[
+        "-A",
+        STEERING_CHAIN,
+        "-m",
+        "conntrack",
+        "--ctstate",
+        "ESTABLISHED,RELATED",
+        "-j",
+        "RETURN",
+    ])?;
+    iptables(&[
+        "-A",
+        STEERING_CHAIN,
+        "-j",
+        "NFQUEUE",
+        "--queue-num",
+        ENFORCER_QUEUE,
+    ])?;
+    let cidr = config::POD_CIDR;
+    let jumps: [&[&str]; 3] = [
+        // From a pod, to anywhere (forwarded, or bridged to a pod beside it); root's own packets
+        // (a socket owned by uid 0: the kubelet, the control plane) pass.
+        &[
+            "POSTROUTING",
+            "-s",
+            cidr,
+            "-m",
+            "owner",
+            "!",
+            "--uid-owner",
+            "0",
+        ],
+        // To a pod, from anywhere but root's own sockets.
+        &[
+            "POSTROUTING",
+            "-d",
+            cidr,
+            "-m",
+            "owner",
+            "!",
+            "--uid-owner",
+            "0",
+        ],
+        // From a pod to an address of the node.
+        &["INPUT", "-i", BRIDGE, "-s", cidr],
+    ];
+    for jump in jumps {
+        let mut rule = jump.to_vec();
+        rule.extend_from_slice(&["-j", STEERING_CHAIN]);
+        let mut check = vec!["-C"];
+        check.extend_from_slice(&rule);
+        if iptables(&check).is_err() {
+            let mut add = vec!["-A"];
+            add.extend_from_slice(&rule);
+            iptables(&add)?;
+        }
+    }
+    Ok(())
 }
 
 /// The host's cluster DNS: CoreDNS as a Deployment in kube-system, its RBAC and Service kube-dns
