@@ -267,3 +267,26 @@ pub async fn next_line(lines: &mut Lines<BufReader<ChildStdout>>, what: &str) ->
         .unwrap()
         .unwrap_or_else(|| panic!("{what} ended"))
 }
+
+/// The tenant pod `pod` reaches its tenant's API server by the name a program would use:
+/// `kubernetes.default.svc`, through the resolver's search list, to the API server's TLS port,
+/// which answers plain HTTP with 400. (`timeout`, not wget's `-T`: Debian's static busybox 1.35
+/// wget crashes with SIGSEGV when given `-T`.)
+pub async fn reaches_the_tenant_api(kubeconfig: &Path, pod: &str) {
+    let said = kubectl(
+        kubeconfig,
+        &[
+            "exec",
+            pod,
+            "--",
+            "timeout",
+            "10",
+            "wget",
+            "-qO-",
+            "http://kubernetes.default.svc:443/",
+        ],
+        "",
+    )
+    .await;
+    assert!(said.2.contains("400 Bad Request"), "{said:?}");
+}

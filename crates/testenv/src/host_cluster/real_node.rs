@@ -404,35 +404,17 @@ impl ControlPlane {
         let dns = node_dir.join("cluster-dns.yaml");
         write(&dns, CLUSTER_DNS_YAML)?;
         self.kubectl_ok(&["apply", "-f", &dns.display().to_string()])?;
-        self.wait_until("the cluster DNS to be ready", || {
-            let out = self.kubectl_output(&[
-                "get",
-                "deployment",
-                "coredns",
-                "-n",
-                "kube-system",
-                "-o",
-                "jsonpath={.status.readyReplicas}",
-            ]);
-            Ok(out.is_ok_and(|s| s.trim() == "1"))
-        })?;
+        self.wait_for_one_ready("the cluster DNS", "deployment/coredns", "readyReplicas")?;
 
         say("starting the NetworkPolicy enforcer (kube-network-policies)");
         let enforcer = node_dir.join("network-policies.yaml");
         write(&enforcer, NETWORK_POLICIES_YAML)?;
         self.kubectl_ok(&["apply", "-f", &enforcer.display().to_string()])?;
-        self.wait_until("the NetworkPolicy enforcer to be ready", || {
-            let out = self.kubectl_output(&[
-                "get",
-                "daemonset",
-                "kube-network-policies",
-                "-n",
-                "kube-system",
-                "-o",
-                "jsonpath={.status.numberReady}",
-            ]);
-            Ok(out.is_ok_and(|s| s.trim() == "1"))
-        })?;
+        self.wait_for_one_ready(
+            "the NetworkPolicy enforcer",
+            "daemonset/kube-network-policies",
+            "numberReady",
+        )?;
         // Ready is "its container runs"; its queue is bound a moment later (the kernel lists it).
         self.wait_until("the NetworkPolicy enforcer's queue", || {
             let queues = std::fs::read_to_string("/proc/self/net/netfilter/nfnetlink_queue")
@@ -443,6 +425,23 @@ impl ControlPlane {
         })?;
         steer_to_the_enforcer()?;
         Ok(())
+    }
+}
+
+impl ControlPlane {
+    /// Wait until `object` of kube-system (`kind/name`) counts one ready pod in status `field`.
+    fn wait_for_one_ready(&self, what: &str, object: &str, field: &str) -> Result<()> {
+        self.wait_until(&format!("{what} to be ready"), || {
+            let out = self.kubectl_output(&[
+                "get",
+                object,
+                "-n",
+                "kube-system",
+                "-o",
+                &format!("jsonpath={{.status.{field}}}"),
+            ]);
+            Ok(out.is_ok_and(|s| s.trim() == "1"))
+        })
     }
 }
 
@@ -506,35 +505,18 @@ fn steer_to_the_enforcer() -> Result<()> {
         ENFORCER_QUEUE,
     ])?;
     let cidr = config::POD_CIDR;
-    let jumps: [&[&str]; 3] = [
-        // From a pod, to anywhere (forwarded, or bridged to a pod beside it); root's own packets
-        // (a socket owned by uid 0: the kubelet, the control plane) pass.
-        &[
-            "POSTROUTING",
-            "-s",
-            cidr,
-            "-m",
-            "owner",
-            "!",
-            "--uid-owner",
-            "0",
-        ],
-        // To a pod, from anywhere but root's own sockets.
-        &[
-            "POSTROUTING",
-            "-d",
-            cidr,
-            "-m",
-            "owner",
-            "!",
-            "--uid-owner",
-            "0",
-        ],
+    // Packets of sockets owned by root (the kubelet, the control plane) are not a pod's.
+    let not_root = ["-m", "owner", "!", "--uid-owner", "0"];
+    let jumps: [Vec<&str>; 3] = [
+        // From a pod, to anywhere (forwarded, or bridged to a pod beside it).
+        [&["POSTROUTING", "-s", cidr][..], &not_root].concat(),
+        // To a pod, from anywhere.
+        [&["POSTROUTING", "-d", cidr][..], &not_root].concat(),
         // From a pod to an address of the node.
-        &["INPUT", "-i", BRIDGE, "-s", cidr],
+        vec!["INPUT", "-i", BRIDGE, "-s", cidr],
     ];
     for jump in jumps {
-        let mut rule = jump.to_vec();
+        let mut rule = jump;
         rule.extend_from_slice(&["-j", STEERING_CHAIN]);
         let mut check = vec!["-C"];
         check.extend_from_slice(&rule);
