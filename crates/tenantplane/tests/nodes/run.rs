@@ -236,3 +236,67 @@ async fn crash_loops_and_oom_kills_reach_the_tenant_as_the_host_shows_them() {
         .unwrap();
     assert_eq!(logs, "allocating\n");
 }
+
+/// The CPU quota the container's cgroup has, as the container reads it (cgroup v1's
+/// `cpu.cfs_quota_us`, or v2's `cpu.max`): the figure a resize must change.
+const CPU_QUOTA: &str = "cat /sys/fs/cgroup/cpu/cpu.cfs_quota_us 2>/dev/null \
+    || cut -d' ' -f1 /sys/fs/cgroup/cpu.max";
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_resize_in_the_tenant_resizes_the_running_container() {
+    let world = real_tenant("nodes-resize").await;
+    let tenant = &world.tenant;
+    let mut c = busybox("c", "exec sleep 3600");
+    c["resources"] = json!({"requests": {"cpu": "100m", "memory": "32Mi"},
+                            "limits": {"cpu": "200m", "memory": "64Mi"}});
+    create_pod(tenant, "elastic", json!({"containers": [c]})).await;
+    let before = running(tenant, "elastic").await;
+    let (_connect, kubeconfig) = connect(&world).await;
+    assert_eq!(
+        exec_until_ok(&kubeconfig, "elastic", CPU_QUOTA).await,
+        "20000\n"
+    );
+    let restarts = container(&before, "c").unwrap().restart_count;
+
+    // As `kubectl patch pod --subresource resize` does.
+    let pods = Api::<Pod>::namespaced(tenant.clone(), "default");
+    pods.patch_subresource(
+        "resize",
+        "elastic",
+        &kube::api::PatchParams::default(),
+        &kube::api::Patch::Strategic(json!({"spec": {"containers": [{"name": "c",
+            "resources": {"requests": {"cpu": "150m"}, "limits": {"cpu": "300m"}}}]}})),
+    )
+    .await
+    .unwrap();
+    // The kubelet's account of it reaches the tenant: the container runs with the new
+    // resources, and the tenant's new generation is observed.
+    let resized = pod_where(tenant, "elastic", "showed the resize", |p| {
+        let limits = container(p, "c")
+            .and_then(|c| c.resources.as_ref())
+            .and_then(|r| r.limits.as_ref())
+            .and_then(|l| l.get("cpu"))
+            .map(|q| q.0.clone());
+        let observed = p.status.as_ref().and_then(|s| s.observed_generation);
+        limits.as_deref() == Some("300m") && observed == p.metadata.generation
+    })
+    .await;
+    let host = host_copy(&world, "elastic").await;
+    let host_limits = host.spec.unwrap().containers[0]
+        .resources
+        .clone()
+        .unwrap()
+        .limits
+        .unwrap();
+    assert_eq!(host_limits["cpu"].0, "300m");
+    assert_eq!(
+        exec_until_ok(&kubeconfig, "elastic", CPU_QUOTA).await,
+        "30000\n",
+        "the cgroup follows the resize"
+    );
+    assert_eq!(
+        container(&resized, "c").unwrap().restart_count,
+        restarts,
+        "a CPU resize does not restart the container"
+    );
+}

@@ -1,13 +1,15 @@
 //! What of a running pod's spec its copy follows. A pod allows few edits; the tenant's are
 //! carried down where the host allows them (container and init container images, tolerations
-//! added, an active deadline set or shortened). The copy records the tenant's generation only
-//! when it carries all of the tenant's spec that can change, so the tenant pod's
-//! `observedGeneration` never claims what the host does not run (resized resources and
-//! ephemeral containers are not carried).
+//! added, an active deadline set or shortened); a resize (the tenant's `pods/resize`) goes to
+//! the copy's own `resize` subresource ([`resize_patch`]). The copy records the tenant's
+//! generation only when it carries all of the tenant's spec that can change, so the tenant pod's
+//! `observedGeneration` never claims what the host does not run (a resize the host has not taken
+//! yet, or refused, and ephemeral containers, which are refused).
 
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{Container, PodSpec, ResourceRequirements};
+use serde_json::{Value, json};
 
 /// `host`, the live copy's spec, with the tenant's edits from `want` (the tenant pod as the
 /// copy would be made now) that the host allows on a running pod.
@@ -40,6 +42,39 @@ fn carry_images(host: &mut [Container], want: &[Container]) {
             c.image = w.image.clone();
         }
     }
+}
+
+/// The patch of the copy's `resize` subresource that gives its containers (and init containers:
+/// sidecars resize too) the requests and limits of `want`, naming only those whose resources
+/// `host` does not hold; `None` when there is nothing to resize. The host's admission (quota,
+/// limits, its node's room) decides, as for a resize made on the host.
+pub fn resize_patch(host: &PodSpec, want: &PodSpec) -> Option<Value> {
+    let changed = |host: &[Container], want: &[Container]| -> Vec<Value> {
+        want.iter()
+            .filter(|w| {
+                host.iter().any(|h| {
+                    h.name == w.name && !resources_hold(h.resources.as_ref(), w.resources.as_ref())
+                })
+            })
+            .map(|w| json!({"name": w.name, "resources": w.resources}))
+            .collect()
+    };
+    let containers = changed(&host.containers, &want.containers);
+    let init = changed(
+        host.init_containers.as_deref().unwrap_or_default(),
+        want.init_containers.as_deref().unwrap_or_default(),
+    );
+    if containers.is_empty() && init.is_empty() {
+        return None;
+    }
+    let mut spec = serde_json::Map::new();
+    if !containers.is_empty() {
+        spec.insert("containers".into(), Value::Array(containers));
+    }
+    if !init.is_empty() {
+        spec.insert("initContainers".into(), Value::Array(init));
+    }
+    Some(json!({ "spec": spec }))
 }
 
 /// Does the copy's spec `host` run all of `want` that can change on a running pod?
@@ -153,6 +188,36 @@ mod tests {
             Some(serde_json::from_value(json!([{"name": "debugger", "image": "d"}])).unwrap());
         assert!(!carries_all(&carried_spec(&running(), &want), &want));
         assert!(carries_all(&running(), &running()));
+    }
+
+    #[test]
+    fn a_resize_patches_only_the_containers_whose_resources_changed() {
+        assert_eq!(resize_patch(&running(), &running()), None);
+        let mut want = running();
+        want.containers[0].resources = Some(
+            serde_json::from_value(
+                json!({"requests": {"cpu": "200m", "memory": "10Mi"}, "limits": {"cpu": "1"}}),
+            )
+            .unwrap(),
+        );
+        let patch = resize_patch(&running(), &want).unwrap();
+        assert_eq!(
+            patch,
+            json!({"spec": {"containers": [{"name": "c", "resources":
+                {"requests": {"cpu": "200m", "memory": "10Mi"}, "limits": {"cpu": "1"}}}]}})
+        );
+        // Once the host holds it, nothing is left to resize and all is carried.
+        let mut resized = running();
+        resized.containers[0].resources = want.containers[0].resources.clone();
+        assert_eq!(resize_patch(&resized, &want), None);
+        assert!(carries_all(&resized, &want));
+        // A sidecar's resize goes by its own list.
+        let mut want = running();
+        want.init_containers.as_mut().unwrap()[0].resources =
+            Some(serde_json::from_value(json!({"requests": {"cpu": "50m"}})).unwrap());
+        let patch = resize_patch(&running(), &want).unwrap();
+        assert_eq!(patch["spec"]["initContainers"][0]["name"], "i");
+        assert!(patch["spec"].get("containers").is_none());
     }
 
     #[test]
