@@ -297,23 +297,28 @@ async fn run(
                         let wait = crate::backoff::delay(failures, ADDON_RETRY, RESYNC);
                         tokio::time::sleep(wait).await;
                     };
-                    tokio::select! {
+                    let addons_due = tokio::select! {
                         _ = every.tick() => {
                             engine.enqueue_everything();
-                            let ok = engine.cx.ensure_addons().await;
-                            addon_failures = if ok { 0 } else { addon_failures.saturating_add(1) };
+                            true
                         }
-                        () = retry => {
-                            let ok = engine.cx.ensure_addons().await;
-                            addon_failures = if ok { 0 } else { addon_failures.saturating_add(1) };
-                        }
+                        () = retry => true,
                         Some(kind) = relisted.next() => {
                             if let Some(entry) = engine.entries.get(kind) {
                                 for key in (entry.everything)(&engine.cx) {
                                     engine.cx.queue.add(key);
                                 }
                             }
+                            false
                         }
+                    };
+                    if addons_due {
+                        let ok = engine.cx.ensure_addons().await;
+                        addon_failures = if ok {
+                            0
+                        } else {
+                            addon_failures.saturating_add(1)
+                        };
                     }
                 }
             };

@@ -8,8 +8,14 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::{Container, PodSpec, ResourceRequirements};
+use k8s_openapi::api::core::v1::{Container, Pod, PodSpec, ResourceRequirements};
+use kube::api::{Patch, PatchParams};
 use serde_json::{Value, json};
+
+use crate::error::{Error, Result};
+use crate::tell;
+use crate::tenant::Tenant;
+use crate::tenant_terms::{self, Terms};
 
 /// `host`, the live copy's spec, with the tenant's edits from `want` (the tenant pod as the
 /// copy would be made now) that the host allows on a running pod.
@@ -75,6 +81,36 @@ pub fn resize_patch(host: &PodSpec, want: &PodSpec) -> Option<Value> {
         spec.insert("initContainers".into(), Value::Array(init));
     }
     Some(json!({ "spec": spec }))
+}
+
+/// Resize the copy `host_name` (whose spec is `host`) to the resources of `want`, if they
+/// differ; the host's refusal is also told on the tenant pod `t` (in `terms`).
+pub async fn resize(
+    cx: &Tenant,
+    t: &Pod,
+    host_name: &str,
+    host: &PodSpec,
+    want: &PodSpec,
+    terms: Terms<'_>,
+) -> Result<()> {
+    let Some(patch) = resize_patch(host, want) else {
+        return Ok(());
+    };
+    let resized = cx
+        .host_api::<Pod>()
+        .patch_subresource(
+            "resize",
+            host_name,
+            &PatchParams::default(),
+            &Patch::Strategic(patch),
+        )
+        .await
+        .map_err(Error::from_api);
+    if let Err(e @ Error::HostRejected(_)) = &resized {
+        let message = tenant_terms::status_message(&format!("resizing: {e}"), &terms);
+        tell::tell(cx, t, e.reason(), &message).await;
+    }
+    resized.map(|_| ())
 }
 
 /// Does the copy's spec `host` run all of `want` that can change on a running pod?

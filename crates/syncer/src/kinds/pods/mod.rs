@@ -433,8 +433,9 @@ async fn create_host_pod(cx: &Tenant, t: &Pod, host_name: &str) -> Result<()> {
 }
 
 /// Put back what a hand edit on the host changed, and carry the tenant's edits down: labels,
-/// annotations, images, and a resize (through the copy's `resize` subresource). The rest of a pod's spec cannot change; the apply sends it as the host
-/// has it, so only these fields move (and a label the tenant removed is removed).
+/// annotations, images, and a resize ([`carry::resize`]). The rest of a pod's spec cannot change;
+/// the apply sends it as the host has it, so only these fields move (and a label the tenant
+/// removed is removed).
 async fn restore(cx: &Tenant, t: &Pod, h: &Pod, host_name: &str) -> Result<()> {
     if h.metadata.deletion_timestamp.is_some() {
         return Ok(());
@@ -491,24 +492,7 @@ async fn restore(cx: &Tenant, t: &Pod, h: &Pod, host_name: &str) -> Result<()> {
     )
     .await
     .map_err(Error::on_host)?;
-    if let Some(patch) = carry::resize_patch(&spec, &want) {
-        let resized = cx
-            .host_api::<Pod>()
-            .patch_subresource(
-                "resize",
-                &h.name_any(),
-                &PatchParams::default(),
-                &Patch::Strategic(patch),
-            )
-            .await
-            .map_err(Error::from_api);
-        if let Err(e @ Error::HostRejected(_)) = &resized {
-            let message =
-                tenant_terms::status_message(&format!("resizing: {e}"), &terms_for(cx, t, None));
-            tell::tell(cx, t, e.reason(), &message).await;
-        }
-        resized?;
-    }
+    carry::resize(cx, t, &h.name_any(), &spec, &want, terms_for(cx, t, None)).await?;
     Ok(())
 }
 
