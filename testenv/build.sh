@@ -43,6 +43,7 @@ ALL_COMPONENTS=(
   "kubelet|kube|k8s.io/kubernetes/cmd/kubelet"
   "kube-proxy|kube|k8s.io/kubernetes/cmd/kube-proxy"
   "agnhost|kube|k8s.io/kubernetes/test/images/agnhost"
+  "nnp|kube|k8s.io/kubernetes/test/images/nonewprivs"
   "pause|kube|c:k8s.io/kubernetes:build/pause/linux/pause.c"
   "containerd|containerd|github.com/containerd/containerd/v2/cmd/containerd"
   "containerd-shim-runc-v2|containerd|github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2"

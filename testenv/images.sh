@@ -13,8 +13,10 @@
 #   registry.k8s.io/pause:3.10.2          Kubernetes' pause.c at the pinned version, static (as upstream)
 #   registry.k8s.io/e2e-test-images/agnhost:2.63.0
 #                                         agnhost at the pinned Kubernetes version; its userland is
-#                                         Debian's busybox (sh, nslookup, wget, nc…), dig and getent,
-#                                         not Alpine's packages (no bash or curl)
+#                                         Debian's: busybox for the small tools, and the programs
+#                                         upstream's Dockerfile installs from Alpine (dig, curl,
+#                                         OpenBSD nc, ip and ss, bash) from Debian's packages; no
+#                                         iperf, ipcs or the fake registry's content
 #   registry.k8s.io/e2e-test-images/agnhost:2.55
 #                                         the same agnhost: the suite's "previous" agnhost, which its
 #                                         rolling updates replace with 2.63.0 (an older agnhost
@@ -33,6 +35,9 @@
 #                                         kube-network-policies v0.8.0 (testenv/netpol) at /bin/netpol,
 #                                         as upstream's image has it; the real node's NetworkPolicy
 #                                         enforcer
+#   registry.k8s.io/e2e-test-images/nonewprivs:1.4
+#                                         its nnp program at the pinned Kubernetes version, setuid
+#                                         root at /usr/local/bin/nnp as upstream's; no Alpine under it
 #   registry.k8s.io/e2e-test-images/busybox:1.37.0-1, docker.io/library/busybox:latest, :1.35.0
 #                                         Debian's busybox-static (1.35.0), every applet linked
 # An image that cannot be built from the real software is left out (see testenv/README.md).
@@ -58,9 +63,9 @@ KUBE_SRC="$(cd "$TESTENV_DIR/kube" && GOFLAGS=-mod=readonly go list -m -f '{{.Di
 KEY="$({
   cat "${BASH_SOURCE[0]}"
   printf 'busybox %s\n' "$BUSYBOX_VERSION"
-  dpkg-query -W -f='${Version}\n' bind9-dnsutils libc-bin
+  dpkg-query -W -f='${Version}\n' bind9-dnsutils libc-bin curl netcat-openbsd iproute2 bash
   basename "$NGINX_DEB"; basename "$NGINX_COMMON_DEB"
-  for b in pause agnhost coredns kube-network-policies; do printf '%s ' "$b"; sha256sum <"$BIN_DIR/$b"; done
+  for b in pause agnhost nnp coredns kube-network-policies; do printf '%s ' "$b"; sha256sum <"$BIN_DIR/$b"; done
 } | sha256sum | cut -c1-16)"
 OUT="$CACHE_ROOT/testenv/images-$KEY"
 if [[ -f "$OUT/.complete" ]]; then
@@ -83,7 +88,8 @@ rootfs_base() {
   printf 'root:x:0:\nnobody:x:65534:\n' >"$d/etc/group"
 }
 
-# with_busybox DIR: Debian's static busybox with a link for every applet.
+# with_busybox DIR: Debian's static busybox with a link for every applet at its usual path and,
+# as the busybox images upstream have them, in /bin (the suite runs /bin/sysctl, for one).
 with_busybox() {
   local d="$1" applet
   mkdir -p "$d/bin" "$d/sbin" "$d/usr/bin" "$d/usr/sbin"
@@ -91,6 +97,7 @@ with_busybox() {
   while IFS= read -r applet; do
     [[ "$applet" == bin/busybox ]] && continue
     ln -sf /bin/busybox "$d/$applet"
+    [[ -e "$d/bin/${applet##*/}" ]] || ln -s /bin/busybox "$d/bin/${applet##*/}"
   done < <("$BUSYBOX" --list-full)
 }
 
@@ -101,6 +108,8 @@ with_program() {
   shift
   for program in "$@"; do
     mkdir -p "$d/$(dirname "$program")"
+    # An applet's link there points at /bin/busybox: copying through it would write the machine's.
+    rm -f "$d/$program"
     cp -L "$program" "$d/$program"
     while IFS= read -r lib; do
       mkdir -p "$d/$(dirname "$lib")"
@@ -136,10 +145,18 @@ cp "$BIN_DIR/agnhost" "$d/agnhost"; ln -s agnhost "$d/agnhost-2"
 cp "$KUBE_SRC/test/images/agnhost/porter/localhost.crt" "$KUBE_SRC/test/images/agnhost/porter/localhost.key" "$d/"
 mkdir -p "$d/uploads"
 printf 'user-defined-in-image:x:1000:1000::/home/user-defined-in-image:/bin/sh\n' >>"$d/etc/passwd"
-printf 'user-defined-in-image:x:1000:\n' >>"$d/etc/group"
-with_program "$d" "$DIG" "$GETENT"
+printf 'user-defined-in-image:x:1000:\ngroup-defined-in-image:x:50000:user-defined-in-image\n' >>"$d/etc/group"
+with_program "$d" "$DIG" "$GETENT" /usr/bin/curl /bin/nc.openbsd /usr/bin/bash /usr/bin/ss /usr/sbin/ip
+# OpenBSD's nc under the name the specs call (busybox's has no -z, -u or -v).
+ln -sf /bin/nc.openbsd "$d/bin/nc"; ln -sf /bin/nc.openbsd "$d/usr/bin/nc"
+ln -sf /usr/bin/bash "$d/bin/bash"; ln -sf /usr/sbin/ip "$d/sbin/ip"; ln -sf /usr/sbin/ip "$d/bin/ip"
 image registry.k8s.io/e2e-test-images/agnhost:2.63.0 "$d" --entrypoint /agnhost --cmd pause
 image registry.k8s.io/e2e-test-images/agnhost:2.55 "$d" --entrypoint /agnhost --cmd pause
+
+# nonewprivs: one program that prints its effective uid, setuid root, run as the pod's user.
+d="$TMP/nonewprivs"; rootfs_base "$d"; mkdir -p "$d/usr/local/bin"
+cp "$BIN_DIR/nnp" "$d/usr/local/bin/nnp"; chmod 4755 "$d/usr/local/bin/nnp"
+image registry.k8s.io/e2e-test-images/nonewprivs:1.4 "$d" --cmd /usr/local/bin/nnp
 
 d="$TMP/glibc-dns-testing"; rootfs_base "$d"; with_busybox "$d"; with_program "$d" "$DIG" "$GETENT"
 image registry.k8s.io/e2e-test-images/glibc-dns-testing:2.0.0 "$d" --cmd sh

@@ -10,11 +10,14 @@
 #   busybox-static    the busybox images (one static binary, Debian's build of busybox)
 #   iproute2          ip: network namespaces, bridges and veths for the real node
 #   bind9-dnsutils    dig, in the images the conformance suite's DNS specs look names up with
+#   curl, netcat-openbsd, bash
+#                     the agnhost image's userland as upstream's Dockerfile installs it (the
+#                     suite's Service specs run `curl`, `nc -z -w` and `bash -c` in agnhost pods)
 #
 # Downloaded, never installed (installing would start a web server on the machine), unpacked by
 # testenv/images.sh into the nginx images: nginx, nginx-common (into the cache's testenv/debs).
 set -euo pipefail
-PACKAGES=(nftables iptables conntrack libseccomp-dev pkg-config busybox-static iproute2 bind9-dnsutils)
+PACKAGES=(nftables iptables conntrack libseccomp-dev pkg-config busybox-static iproute2 bind9-dnsutils curl netcat-openbsd bash)
 DOWNLOADED=(nginx nginx-common)
 
 # The downloaded ones first: they need no root.
