@@ -75,6 +75,7 @@ pub fn machine_allows() -> std::result::Result<(), String> {
     std::fs::create_dir(&probe)
         .and_then(|_| std::fs::remove_dir(&probe))
         .map_err(|e| format!("cgroups are not writable ({}: {e})", cgroup_dir.display()))?;
+    inotify_headroom(INOTIFY_HEADROOM)?;
     for tool in ["ip", "nft", "iptables-nft", "unshare"] {
         if !on_path(tool) {
             return Err(format!(
@@ -83,6 +84,47 @@ pub fn machine_allows() -> std::result::Result<(), String> {
         }
     }
     Ok(())
+}
+
+/// The inotify instances a real node and its tenants' control planes take together, with room:
+/// the kubelet, containerd and kube-proxy hold a few each, every tenant API server six.
+const INOTIFY_HEADROOM: usize = 48;
+
+/// Can this user open `wanted` more inotify instances? The limit (`fs.inotify.max_user_instances`,
+/// 128 by default) is per user across the whole machine, and a kubelet that meets it fails to start
+/// with `inotify_init: too many open files`, far from the cause. Other processes' instances cannot
+/// be counted from inside a PID namespace, so this opens them and closes them again.
+fn inotify_headroom(wanted: usize) -> std::result::Result<(), String> {
+    let mut opened = Vec::new();
+    let mut failure = None;
+    while opened.len() < wanted {
+        // SAFETY: inotify_init1 has no preconditions; a valid descriptor is closed below.
+        let fd = unsafe { libc::inotify_init1(libc::IN_CLOEXEC) };
+        if fd < 0 {
+            failure = Some(std::io::Error::last_os_error());
+            break;
+        }
+        opened.push(fd);
+    }
+    let free = opened.len();
+    for fd in opened {
+        // SAFETY: fd was opened above and is closed once.
+        unsafe { libc::close(fd) };
+    }
+    match failure {
+        None => Ok(()),
+        Some(e) => {
+            let limit = std::fs::read_to_string("/proc/sys/fs/inotify/max_user_instances")
+                .map(|s| s.trim().to_string())
+                .unwrap_or_else(|_| "unknown".into());
+            Err(format!(
+                "only {free} inotify instances are free for this user ({e}; \
+                 fs.inotify.max_user_instances is {limit}, and other processes hold the rest) \
+                 and a real node needs {wanted}: stop other test runs or dev clusters, or raise \
+                 the limit (sysctl fs.inotify.max_user_instances=512)"
+            ))
+        }
+    }
 }
 
 fn on_path(program: &str) -> bool {
@@ -539,6 +581,17 @@ pub const CLUSTER_DNS: &str = "10.96.0.10";
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn running_out_of_inotify_instances_is_named_with_the_limit_and_the_fix() {
+        assert_eq!(inotify_headroom(2), Ok(()));
+        // More than any machine allows a user (the limit, or the open-file limit, ends it first);
+        // every instance it opened is closed again.
+        let why = inotify_headroom(1 << 20).unwrap_err();
+        assert!(why.contains("fs.inotify.max_user_instances"), "{why}");
+        assert!(why.contains("sysctl"), "{why}");
+        assert_eq!(inotify_headroom(2), Ok(()));
+    }
 
     fn cluster_dns_objects() -> Vec<serde_yaml::Value> {
         serde_yaml::Deserializer::from_str(CLUSTER_DNS_YAML)
