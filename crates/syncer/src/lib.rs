@@ -31,13 +31,13 @@ pub mod kind_trait;
 pub mod kinds;
 pub mod naming;
 pub mod queue;
+pub mod retired;
 mod run;
 pub mod spec;
 pub mod tell;
 pub mod tenant;
 pub mod tenant_terms;
 pub mod translate;
-pub mod unsupported;
 mod wiring;
 
 use std::collections::HashMap;

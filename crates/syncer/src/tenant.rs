@@ -193,17 +193,17 @@ impl Tenant {
             });
         let mut ok = failure.is_none();
         self.reporter.set_error(WHAT, failure);
-        const REFUSALS: &str = "the tenant's admission policies (ValidatingAdmissionPolicy \
-            tenantplane-no-ephemeral-containers)";
-        let failure = crate::unsupported::ensure_refusals(&self.tenant, self.tr.name())
+        const RETIRED: &str = "removing what an earlier release put in the tenant \
+            (ValidatingAdmissionPolicy tenantplane-no-ephemeral-containers)";
+        let failure = crate::retired::remove_retired(&self.tenant, self.tr.name())
             .await
             .err()
             .map(|e| Failure {
                 reason: e.reason(),
-                message: format!("{REFUSALS}: {e}"),
+                message: format!("{RETIRED}: {e}"),
             });
         ok &= failure.is_none();
-        self.reporter.set_error(REFUSALS, failure);
+        self.reporter.set_error(RETIRED, failure);
         ok
     }
 }

@@ -13,7 +13,8 @@ use super::values::listed;
 const DEFAULT_REGISTRY: &str = "docker.io";
 
 /// Why a pod's images may not be pulled on the host under `allow`; empty when they may (or when
-/// the profile lists no registries, which admits any). Ephemeral containers never reach a copy.
+/// the profile lists no registries, which admits any). An ephemeral container is judged on its
+/// own, as a pod's only container (`kinds::pods::ephemeral`).
 pub fn image_refusals(allow: &Allowances, spec: &PodSpec) -> Vec<String> {
     let Some(allowed) = allow.image_registries.as_ref() else {
         return vec![];

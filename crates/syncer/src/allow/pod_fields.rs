@@ -62,7 +62,9 @@ pub const FIELDS: &[(&str, &[(&str, Decision)])] = &[
             ("dnsConfig", Translate),
             ("dnsPolicy", Translate),
             ("enableServiceLinks", Translate),
-            // Started through the tenant's ephemeralcontainers subresource, never on create.
+            // Never on create (the API allows them only through the ephemeralcontainers
+            // subresource); each is then judged and translated as the pod's only container
+            // would be (`kinds::pods::ephemeral`), and started through the copy's subresource.
             ("ephemeralContainers", Clear),
             ("hostAliases", Copy),
             ("hostIPC", Check),

@@ -1,6 +1,7 @@
 //! Into a running container from the tenant, through `tenantplane connect`'s kubeconfig and the
 //! virtual node's kubelet endpoint: `exec` with stdin, `cp` both ways, `attach`, `debug`
-//! (ephemeral containers) and `port-forward`.
+//! (ephemeral containers: started in the running copy, or refused by the profile) and
+//! `port-forward`.
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::Api;
@@ -144,7 +145,7 @@ async fn port_forward_and_debug_from_the_tenant() {
     );
     drop(forward);
 
-    // debug: an ephemeral container either runs or is refused with a message that says why.
+    // debug: an ephemeral container starts in the running pod, logs, and takes exec.
     let custom = shared().dir().join(format!("{}-debug.json", world.ns.name));
     std::fs::write(&custom, r#"{"securityContext": {"runAsUser": 1000}}"#).unwrap();
     let said = kubectl(
@@ -157,6 +158,7 @@ async fn port_forward_and_debug_from_the_tenant() {
             "--profile=restricted",
             "--custom",
             custom.to_str().unwrap(),
+            "--target=c",
             "-c",
             "dbg",
             "--",
@@ -167,18 +169,109 @@ async fn port_forward_and_debug_from_the_tenant() {
         "",
     )
     .await;
-    // They are refused: a host copy's containers are fixed when it is made.
-    assert_ne!(said.0, 0, "kubectl debug is refused: {said:?}");
-    assert!(
-        said.2
-            .contains(tenantplane_syncer::unsupported::EPHEMERAL_CONTAINERS_MESSAGE),
-        "{said:?}"
+    assert_eq!(said.0, 0, "kubectl debug: {said:?}");
+    let debugged = pod_where(tenant, "server", "ran its ephemeral container", |p| {
+        p.status
+            .iter()
+            .flat_map(|s| s.ephemeral_container_statuses.iter().flatten())
+            .any(|c| c.name == "dbg" && c.state.as_ref().is_some_and(|s| s.running.is_some()))
+    })
+    .await;
+    let restarts = |p: &Pod| {
+        p.status
+            .iter()
+            .flat_map(|s| s.container_statuses.iter().flatten())
+            .map(|c| c.restart_count)
+            .sum::<i32>()
+    };
+    assert_eq!(restarts(&debugged), 0, "the pod ran on: {debugged:?}");
+    let logs = kubectl_until(&kubeconfig, &["logs", "server", "-c", "dbg"], "debugging").await;
+    assert_eq!(
+        logs.trim(),
+        "debugging server",
+        "the tenant pod's name: {logs:?}"
     );
-    let pod = Api::<Pod>::namespaced(tenant.clone(), "default")
-        .get("server")
-        .await
-        .unwrap();
-    assert!(pod.spec.and_then(|s| s.ephemeral_containers).is_none());
+    let said = kubectl(
+        &kubeconfig,
+        &["exec", "server", "-c", "dbg", "--", "echo", "marco"],
+        "",
+    )
+    .await;
+    assert_eq!((said.0, said.1.trim()), (0, "marco"), "{said:?}");
+    // It shares the target's process namespace: the server is there to look at.
+    let said = kubectl(
+        &kubeconfig,
+        &["exec", "server", "-c", "dbg", "--", "ps"],
+        "",
+    )
+    .await;
+    assert!(
+        said.1.contains("netexec"),
+        "the target's processes: {said:?}"
+    );
+    let copy = host_copy(&world, "server").await;
+    let started = copy
+        .spec
+        .and_then(|s| s.ephemeral_containers)
+        .unwrap_or_default();
+    assert_eq!(started.len(), 1, "{started:?}");
+    assert_eq!(started[0].target_container_name.as_deref(), Some("c"));
+
+    // One the profile refuses (privileged) is not started, the tenant reads why on the pod, and
+    // the pod runs on with its first debug container.
+    let said = kubectl(
+        &kubeconfig,
+        &[
+            "debug",
+            "server",
+            "--image",
+            BUSYBOX,
+            "--profile=sysadmin",
+            "-c",
+            "root",
+            "--",
+            "sleep",
+            "3600",
+        ],
+        "",
+    )
+    .await;
+    assert_eq!(said.0, 0, "the tenant's API takes it: {said:?}");
+    let events = Api::<k8s_openapi::api::events::v1::Event>::namespaced(tenant.clone(), "default");
+    let told = eventually(WAIT, || async {
+        events
+            .list(&Default::default())
+            .await
+            .ok()?
+            .items
+            .into_iter()
+            .filter_map(|e| e.note)
+            .find(|n| n.contains("ephemeral container \"root\" is not started"))
+    })
+    .await
+    .expect("the refusal is told on the pod");
+    assert!(told.contains("privileged"), "{told}");
+    let copy = host_copy(&world, "server").await;
+    let started: Vec<String> = copy
+        .spec
+        .and_then(|s| s.ephemeral_containers)
+        .unwrap_or_default()
+        .into_iter()
+        .map(|c| c.name)
+        .collect();
+    assert_eq!(started, vec!["dbg".to_string()]);
+    let pod = running(tenant, "server").await;
+    assert_eq!(restarts(&pod), 0);
+}
+
+/// `kubectl ARGS` until its output holds `want` (a container's first lines take a moment).
+async fn kubectl_until(kubeconfig: &std::path::Path, args: &[&str], want: &str) -> String {
+    let found = eventually(WAIT, || async {
+        let said = kubectl(kubeconfig, args, "").await;
+        (said.0 == 0 && said.1.contains(want)).then_some(said.1)
+    })
+    .await;
+    found.unwrap_or_else(|| panic!("kubectl {args:?} never said {want:?}"))
 }
 
 /// An HTTP/1.0 GET of `path` from 127.0.0.1:`port`: the whole answer.

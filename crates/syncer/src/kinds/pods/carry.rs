@@ -4,7 +4,7 @@
 //! the copy's own `resize` subresource ([`resize_patch`]). The copy records the tenant's
 //! generation only when it carries all of the tenant's spec that can change, so the tenant pod's
 //! `observedGeneration` never claims what the host does not run (a resize the host has not taken
-//! yet, or refused, and ephemeral containers, which are refused).
+//! yet, or refused, and ephemeral containers the copy does not run yet).
 
 use std::collections::BTreeMap;
 

@@ -35,6 +35,7 @@ use crate::tenant::Tenant;
 use crate::tenant_terms::{self, Terms};
 
 pub mod carry;
+pub mod ephemeral;
 pub mod references;
 pub mod review;
 pub mod runtime_classes;
@@ -433,7 +434,8 @@ async fn create_host_pod(cx: &Tenant, t: &Pod, host_name: &str) -> Result<()> {
 }
 
 /// Put back what a hand edit on the host changed, and carry the tenant's edits down: labels,
-/// annotations, images, and a resize ([`carry::resize`]). The rest of a pod's spec cannot change;
+/// annotations, images, a resize ([`carry::resize`]) and ephemeral containers
+/// ([`ephemeral::carry`]). The rest of a pod's spec cannot change;
 /// the apply sends it as the host has it, so only these fields move (and a label the tenant
 /// removed is removed).
 async fn restore(cx: &Tenant, t: &Pod, h: &Pod, host_name: &str) -> Result<()> {
@@ -442,9 +444,11 @@ async fn restore(cx: &Tenant, t: &Pod, h: &Pod, host_name: &str) -> Result<()> {
     }
     let mut meta = pod_meta(&cx.tr, t, host_name);
     // The copy as it would be made now (its environment and DNS aside, which cannot change).
-    let want = translate::pod(&cx.tr, t, host_name, &[], None)
+    let mut want = translate::pod(&cx.tr, t, host_name, &[], None)
         .spec
         .unwrap_or_default();
+    // Of the ephemeral containers, only which run counts here ([`ephemeral::carry`] starts them).
+    want.ephemeral_containers = t.spec.as_ref().and_then(|s| s.ephemeral_containers.clone());
     let spec = carry::carried_spec(&h.spec.clone().unwrap_or_default(), &want);
     if !carry::carries_all(&spec, &want) {
         // Part of the tenant's spec does not reach the host: the copy keeps the generation it
@@ -493,7 +497,7 @@ async fn restore(cx: &Tenant, t: &Pod, h: &Pod, host_name: &str) -> Result<()> {
     .await
     .map_err(Error::on_host)?;
     carry::resize(cx, t, &h.name_any(), &spec, &want, terms_for(cx, t, None)).await?;
-    Ok(())
+    ephemeral::carry(cx, t, h, host_name, terms_for(cx, t, None)).await
 }
 
 /// Show why a tenant pod does not run in its `PodScheduled` condition (the Event is

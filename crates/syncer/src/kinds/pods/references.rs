@@ -57,10 +57,18 @@ pub fn references(pod: &Pod) -> References {
             }
         }
     }
+    // Ephemeral containers' too: one started by `kubectl debug` reads them as the others do.
+    let ephemeral: Vec<_> = spec
+        .ephemeral_containers
+        .iter()
+        .flatten()
+        .map(super::ephemeral::as_container)
+        .collect();
     for c in spec
         .containers
         .iter()
         .chain(spec.init_containers.iter().flatten())
+        .chain(&ephemeral)
     {
         for e in c.env.iter().flatten() {
             if let Some(from) = &e.value_from {

@@ -143,6 +143,7 @@ pub fn pod_status_differs(current: Option<&PodStatus>, wanted: &PodStatus) -> bo
         || current.host_ip != wanted.host_ip
         || current.container_statuses != wanted.container_statuses
         || current.init_container_statuses != wanted.init_container_statuses
+        || current.ephemeral_container_statuses != wanted.ephemeral_container_statuses
         || current.reason != wanted.reason
         || current.message != wanted.message
         || current.observed_generation != wanted.observed_generation
@@ -305,6 +306,20 @@ mod tests {
         assert!(pod_status_differs(Some(&before), &after));
         assert!(!pod_status_differs(Some(&after), &after));
         assert!(pod_status_differs(None, &after));
+    }
+
+    #[test]
+    fn an_ephemeral_container_that_starts_is_written_up() {
+        let status = |state: serde_json::Value| {
+            up(
+                json!({"ephemeralContainerStatuses": [{"name": "dbg", "image": "busybox",
+                "imageID": "", "ready": false, "restartCount": 0, "state": state}]}),
+            )
+        };
+        let creating = status(json!({"waiting": {"reason": "ContainerCreating"}}));
+        let running = status(json!({"running": {"startedAt": "2026-12-03T00:00:00Z"}}));
+        assert!(pod_status_differs(Some(&creating), &running));
+        assert!(!pod_status_differs(Some(&running), &running));
     }
 
     #[test]
