@@ -19,7 +19,9 @@
 # Settings (environment):
 #   CONFORMANCE_FOCUS    regexp of specs (default: [Conformance] of sig-api-machinery, apps,
 #                        node, network, scheduling)
-#   CONFORMANCE_SKIP     regexp of specs left out (default: [Serial], [Disruptive])
+#   CONFORMANCE_SKIP     regexp of specs left out (default: [Serial], [Disruptive]). The specs whose
+#                        pods take a fixed host port (NODE_PORT_SPECS below) run after the rest,
+#                        each side alone: the two sides share one real node.
 #   CONFORMANCE_PROCS    parallel ginkgo processes per side (default 20: most specs wait on
 #                        timers, so the machine idles at 6; each process takes about 150 MB)
 #   CONFORMANCE_TIMEOUT  the time bound of each side's run (default 45m); what it leaves is
@@ -38,6 +40,9 @@ TIMEOUT="${CONFORMANCE_TIMEOUT:-45m}"
 OUT="${CONFORMANCE_OUT:-$ROOT/.tenantplane/conformance}"
 HEARTBEAT_SECS="${CONFORMANCE_HEARTBEAT_SECS:-30}"
 NODES="${CONFORMANCE_NODES:-real}"
+# Specs whose pods take a fixed port on the node (hostPort): the host's and the tenant's runs
+# share one real node, so these run after the rest, each side alone.
+NODE_PORT_SPECS='HostPort validates that there is no conflict|Should recreate evicted statefulset'
 # The simulated node's taint once a real node is there (only the local runtime's control-plane
 # pods go to it): the suite is told it does not make the node unfit for its tests.
 SIMULATED_TAINT=tenantplane.io/simulated
@@ -230,12 +235,13 @@ while [[ "$phase" != Ready ]]; do
 done
 "$TP" kubeconfig conf -n conformance >"$OUT/tenant.kubeconfig"
 
-# One side's run, in the background; its ginkgo's pid goes into RUN_PIDS.
+# One side's run, in the background, of the specs FOCUS and SKIP select (default: the
+# selection, less the node-port specs); its ginkgo's pid goes into RUN_PIDS.
 run_side() {
-  local side="$1" kubeconfig="$2"
+  local side="$1" kubeconfig="$2" focus="${3:-$FOCUS}" skip="${4:-$SKIP|$NODE_PORT_SPECS}"
   mkdir -p "$OUT/$side"
   "$E2E_BIN/ginkgo" --procs="$PROCS" --timeout="$TIMEOUT" --no-color --silence-skips \
-    --focus="$FOCUS" --skip="$SKIP" --json-report="$OUT/$side.json" \
+    --focus="$focus" --skip="$skip" --json-report="$OUT/$side.json" \
     "$E2E_BIN/e2e.test" -- --kubeconfig="$kubeconfig" --provider=skeleton \
     --non-blocking-taints="node-role.kubernetes.io/control-plane,$SIMULATED_TAINT" \
     --report-dir="$OUT/$side" --e2e-output-dir="$OUT/$side" \
@@ -265,10 +271,21 @@ while kill -0 "${RUN_PIDS[0]}" 2>/dev/null || kill -0 "${RUN_PIDS[1]}" 2>/dev/nu
 done
 wait "${RUN_PIDS[@]}" 2>/dev/null || true
 RUN_PIDS=()
+# The specs that take a fixed port on the one real node, each side alone, one after the other:
+# run beside each other, the two sides' pods would take each other's port.
 for side in host tenant; do
+  kubeconfig="$KUBECONFIG"
+  [[ "$side" == tenant ]] && kubeconfig="$OUT/tenant.kubeconfig"
+  log "running the node-port specs on the $side alone [$(elapsed)]"
+  run_side "$side-node-ports" "$kubeconfig" "($NODE_PORT_SPECS).*\[Conformance\]" "$SKIP"
+  wait "${RUN_PIDS[@]}" 2>/dev/null || true
+  RUN_PIDS=()
+done
+for side in host tenant host-node-ports tenant-node-ports; do
   [[ -s "$OUT/$side.json" ]] || die "no report from the $side run: $(tail -20 "$OUT/$side.log")"
 done
-"$REPORT" "$OUT/host.json" "$OUT/tenant.json" | tee "$OUT/report.md"
+"$REPORT" "$OUT/host.json,$OUT/host-node-ports.json" "$OUT/tenant.json,$OUT/tenant-node-ports.json" |
+  tee "$OUT/report.md"
 log "done in $(elapsed): table in $OUT/report.md, the suite's logs in $OUT/host.log and $OUT/tenant.log"
 }
 

@@ -15,8 +15,9 @@
 #                                         agnhost at the pinned Kubernetes version; its userland is
 #                                         Debian's: busybox for the small tools, and the programs
 #                                         upstream's Dockerfile installs from Alpine (dig, curl,
-#                                         OpenBSD nc, ip and ss, bash) from Debian's packages; no
-#                                         iperf, ipcs or the fake registry's content
+#                                         OpenBSD nc, ip and ss, bash) from Debian's packages, and
+#                                         /bin/sh is Debian's dash; no iperf, ipcs or the fake
+#                                         registry's content
 #   registry.k8s.io/e2e-test-images/agnhost:2.55
 #                                         the same agnhost: the suite's "previous" agnhost, which its
 #                                         rolling updates replace with 2.63.0 (an older agnhost
@@ -63,7 +64,7 @@ KUBE_SRC="$(cd "$TESTENV_DIR/kube" && GOFLAGS=-mod=readonly go list -m -f '{{.Di
 KEY="$({
   cat "${BASH_SOURCE[0]}"
   printf 'busybox %s\n' "$BUSYBOX_VERSION"
-  dpkg-query -W -f='${Version}\n' bind9-dnsutils libc-bin curl netcat-openbsd iproute2 bash
+  dpkg-query -W -f='${Version}\n' bind9-dnsutils libc-bin curl netcat-openbsd iproute2 bash dash
   basename "$NGINX_DEB"; basename "$NGINX_COMMON_DEB"
   for b in pause agnhost nnp coredns kube-network-policies; do printf '%s ' "$b"; sha256sum <"$BIN_DIR/$b"; done
 } | sha256sum | cut -c1-16)"
@@ -146,9 +147,12 @@ cp "$KUBE_SRC/test/images/agnhost/porter/localhost.crt" "$KUBE_SRC/test/images/a
 mkdir -p "$d/uploads"
 printf 'user-defined-in-image:x:1000:1000::/home/user-defined-in-image:/bin/sh\n' >>"$d/etc/passwd"
 printf 'user-defined-in-image:x:1000:\ngroup-defined-in-image:x:50000:user-defined-in-image\n' >>"$d/etc/group"
-with_program "$d" "$DIG" "$GETENT" /usr/bin/curl /bin/nc.openbsd /usr/bin/bash /usr/bin/ss /usr/sbin/ip
-# OpenBSD's nc under the name the specs call (busybox's has no -z, -u or -v).
-ln -sf /bin/nc.openbsd "$d/bin/nc"; ln -sf /bin/nc.openbsd "$d/usr/bin/nc"
+with_program "$d" "$DIG" "$GETENT" /usr/bin/curl /bin/nc.openbsd /usr/bin/bash /usr/bin/ss /usr/sbin/ip \
+  /usr/bin/dash
+# OpenBSD's nc under the name the specs call (busybox's has no -z, -u or -v). The shell is dash:
+# Debian builds busybox to prefer its own applets over PATH, so its `sh -c "nc …"` would run
+# busybox's nc whatever PATH says (Alpine's busybox, upstream's /bin/sh, looks PATH up).
+ln -sf /bin/nc.openbsd "$d/bin/nc"; ln -sf /bin/nc.openbsd "$d/usr/bin/nc"; ln -sf /usr/bin/dash "$d/bin/sh"
 ln -sf /usr/bin/bash "$d/bin/bash"; ln -sf /usr/sbin/ip "$d/sbin/ip"; ln -sf /usr/sbin/ip "$d/bin/ip"
 image registry.k8s.io/e2e-test-images/agnhost:2.63.0 "$d" --entrypoint /agnhost --cmd pause
 image registry.k8s.io/e2e-test-images/agnhost:2.55 "$d" --entrypoint /agnhost --cmd pause
