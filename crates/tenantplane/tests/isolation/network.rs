@@ -169,7 +169,7 @@ async fn a_tenant_never_chooses_its_host_service_address() {
 #[tokio::test]
 async fn a_profile_may_honour_chosen_addresses_but_never_the_reserved_ones() {
     let world = TenantSetup::seed()
-        .allow(json!({"chosenClusterIPs": true}))
+        .allow(json!({"chosenClusterIPs": true, "externalNames": ["foo.example.com"]}))
         .start("iso-svcip-on")
         .await;
     let (ns, host, tenant) = (&world.ns, &world.host, &world.tenant);
@@ -185,6 +185,43 @@ async fn a_profile_may_honour_chosen_addresses_but_never_the_reserved_ones() {
     assert_ne!(dns, "10.96.0.10");
     let message = told(tenant, "fake-dns", "NotCopied").await;
     assert!(message.contains("first and tenth addresses"), "{message}");
+
+    // An ExternalName Service turned ClusterIP keeps the address its tenant gave it, and stays
+    // the same object: its copy asks for that address as a new copy would.
+    let external: Service = serde_json::from_value(json!({
+        "metadata": {"name": "ext", "namespace": "default"},
+        "spec": {"type": "ExternalName", "externalName": "foo.example.com"}
+    }))
+    .unwrap();
+    let made = create(&services, &external).await;
+    let copies = Api::<Service>::namespaced(host.clone(), &ns.name);
+    let copied = eventually(WAIT, || async {
+        copies
+            .get_opt("ext-x-default-x-dev")
+            .await
+            .ok()?
+            .filter(|c| {
+                c.spec.as_ref().and_then(|s| s.external_name.as_deref()) == Some("foo.example.com")
+            })
+    })
+    .await;
+    assert!(
+        copied.is_some(),
+        "the ExternalName Service never got its copy"
+    );
+    let turned = services
+        .patch(
+            "ext",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"type": "ClusterIP", "externalName": null,
+                                          "ports": [{"port": 80}]}})),
+        )
+        .await
+        .unwrap();
+    let given = turned.spec.and_then(|s| s.cluster_ip).unwrap();
+    assert_eq!(shared_address(host, tenant, &ns.name, "ext").await, given);
+    let now = services.get("ext").await.unwrap();
+    assert_eq!(now.uid(), made.uid(), "the tenant Service was made again");
 }
 
 /// Addresses of metadata and identity endpoints, in both families and as NAT64 reaches them.

@@ -115,10 +115,12 @@ async fn converge_service(cx: &Tenant, ns: &str, name: &str) -> Result<()> {
         delete_if_present(&api, live, None).await?;
         return Ok(());
     }
-    // The live copy's address cannot change; a new copy asks for the tenant's only where the
-    // profile honours it.
+    // The live copy's address cannot change; a copy that gets its first address (a new one, or
+    // an ExternalName Service turned ClusterIP) asks for the tenant's only where the profile
+    // honours it.
     let own = own_address(&cx.tr, &t);
-    let desired = match (h.as_deref(), &own) {
+    let addressed = h.as_deref().filter(|h| holds_address(h));
+    let desired = match (addressed, &own) {
         (Some(h), _) => with_address(service(&cx.tr, &t, &host_name), h),
         (None, OwnAddress::Asked) => with_address(service(&cx.tr, &t, &host_name), &t),
         (None, OwnAddress::NotAsked(_)) => service(&cx.tr, &t, &host_name),
@@ -126,9 +128,9 @@ async fn converge_service(cx: &Tenant, ns: &str, name: &str) -> Result<()> {
     match apply_copy(cx, ns, name, h.as_deref(), &desired).await {
         // The host holds the tenant's address already, or its range lacks it: the copy takes
         // one of the host's choosing, and the tenant Service is made again with that.
-        Err(Error::HostRejected(m)) if h.is_none() && m.contains("spec.clusterIP") => {
+        Err(Error::HostRejected(m)) if addressed.is_none() && m.contains("spec.clusterIP") => {
             debug!(service = %format!("{ns}/{name}"), reason = %m, "the host refused the tenant's address");
-            apply_copy(cx, ns, name, None, &service(&cx.tr, &t, &host_name)).await?;
+            apply_copy(cx, ns, name, h.as_deref(), &service(&cx.tr, &t, &host_name)).await?;
         }
         other => other?,
     }
@@ -235,6 +237,14 @@ async fn take_cluster_ip(
         keep_endpoints(cx, &endpoints).await?;
     }
     Ok(true)
+}
+
+/// Does Service `s` hold a cluster IP (not headless, not ExternalName)?
+fn holds_address(s: &Service) -> bool {
+    s.spec
+        .as_ref()
+        .and_then(|s| s.cluster_ip.as_deref())
+        .is_some_and(|ip| !ip.is_empty() && ip != "None")
 }
 
 /// Does Service `t` leave its Endpoints to a person (no selector, not ExternalName)?
