@@ -300,3 +300,45 @@ async fn a_resize_in_the_tenant_resizes_the_running_container() {
         "a CPU resize does not restart the container"
     );
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_safe_sysctl_is_set_in_the_pod_and_its_start_is_told() {
+    let world = real_tenant("nodes-sysctl").await;
+    let tenant = &world.tenant;
+    create_pod(
+        tenant,
+        "tuned",
+        json!({
+            "restartPolicy": "Never",
+            "securityContext": {"sysctls": [{"name": "kernel.shm_rmid_forced", "value": "1"}]},
+            "containers": [busybox("c", "sysctl kernel.shm_rmid_forced")],
+        }),
+    )
+    .await;
+    let pod = pod_where(tenant, "tuned", "succeeded", |p| {
+        phase(p) == Some("Succeeded")
+    })
+    .await;
+    let logs = Api::<Pod>::namespaced(tenant.clone(), "default")
+        .logs("tuned", &LogParams::default())
+        .await
+        .unwrap();
+    assert_eq!(logs.trim(), "kernel.shm_rmid_forced = 1", "{pod:?}");
+    // The kubelet's Events about the container reach the tenant pod, its start among them
+    // (what a client waiting for "Started" or an error looks for), even for one that ended at once.
+    let events = Api::<k8s_openapi::api::core::v1::Event>::namespaced(tenant.clone(), "default");
+    let reasons = eventually(WAIT, || async {
+        let reasons: Vec<String> = events
+            .list(&Default::default())
+            .await
+            .ok()?
+            .items
+            .into_iter()
+            .filter(|e| e.involved_object.uid == pod.metadata.uid)
+            .filter_map(|e| e.reason)
+            .collect();
+        reasons.iter().any(|r| r == "Started").then_some(reasons)
+    })
+    .await;
+    assert!(reasons.is_some(), "the tenant pod was never told Started");
+}
