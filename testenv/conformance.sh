@@ -50,8 +50,8 @@ SIMULATED_TAINT=tenantplane.io/simulated
 log() { printf 'conformance: %s\n' "$*" >&2; }
 die() { log "error: $*"; exit 1; }
 
-# All in one function, so that bash has read the whole script before it runs any of it (an edit
-# to the file during a run changes nothing).
+# All in one function, and the last line exits, so that bash has read the whole script before it
+# runs any of it and reads nothing after (an edit to the file during a run changes nothing).
 main() {
 if [[ "${TENANTPLANE_CONFORMANCE_INSIDE:-}" != 1 ]]; then
   # Outside the namespace: everything that may need the package registries.
@@ -278,6 +278,13 @@ for side in host tenant; do
   [[ "$side" == tenant ]] && kubeconfig="$OUT/tenant.kubeconfig"
   log "running the node-port specs on the $side alone [$(elapsed)]"
   run_side "$side-node-ports" "$kubeconfig" "($NODE_PORT_SPECS).*\[Conformance\]" "$SKIP"
+  while kill -0 "${RUN_PIDS[0]}" 2>/dev/null; do
+    for ((i = 0; i < HEARTBEAT_SECS; i++)); do
+      kill -0 "${RUN_PIDS[0]}" 2>/dev/null || break
+      sleep 1
+    done
+    log "  $side: $(done_count "$side-node-ports") node-port specs done ($(failed_count "$side-node-ports") failed) [$(elapsed)]"
+  done
   wait "${RUN_PIDS[@]}" 2>/dev/null || true
   RUN_PIDS=()
 done
@@ -289,4 +296,4 @@ done
 log "done in $(elapsed): table in $OUT/report.md, the suite's logs in $OUT/host.log and $OUT/tenant.log"
 }
 
-main "$@"
+main "$@"; exit $?
