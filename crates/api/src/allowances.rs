@@ -246,7 +246,7 @@ impl AnnotationAllowances {
             "ConfigMap" => &self.config_maps,
             "Secret" => &self.secrets,
             "ServiceAccount" => &self.service_accounts,
-            "Endpoints" => &self.endpoints,
+            "Endpoints" | "EndpointSlice" => &self.endpoints,
             _ => &[],
         }
     }

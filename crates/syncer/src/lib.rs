@@ -48,6 +48,7 @@ use futures::channel::mpsc::UnboundedSender;
 use k8s_openapi::api::core::v1::{
     ConfigMap, Endpoints, PersistentVolumeClaim, Pod, Secret, Service, ServiceAccount,
 };
+use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::Ingress;
 use kube::Client;
 use kube::api::{Api, DeleteParams, ListParams};
@@ -234,6 +235,7 @@ impl Syncers {
         delete_all::<Pod>(host, namespace, &dp, &lp).await?;
         delete_all::<Service>(host, namespace, &dp, &lp).await?;
         delete_all::<Endpoints>(host, namespace, &dp, &lp).await?;
+        delete_all::<EndpointSlice>(host, namespace, &dp, &lp).await?;
         delete_all::<ConfigMap>(host, namespace, &dp, &lp).await?;
         delete_all::<Secret>(host, namespace, &dp, &lp).await?;
         delete_all::<PersistentVolumeClaim>(host, namespace, &dp, &lp).await?;

@@ -22,11 +22,7 @@ copy_down_kind!(EndpointsKind, Endpoints, "Endpoints", to_host.endpoints as "end
 impl CopyDown for EndpointsKind {
     fn wanted(cx: &Tenant, ep: &Endpoints) -> bool {
         let (ns, name) = (ep.namespace().unwrap_or_default(), ep.name_any());
-        let selectorless = cx.tenant_get::<Service>(&ns, &name).is_some_and(|s| {
-            s.spec.as_ref().is_none_or(|sp| sp.selector.is_none())
-                && cx.syncs::<Service>(&s.metadata)
-        });
-        selectorless && Self::synced(cx, &ep.metadata) && !(ns == "default" && name == "kubernetes")
+        written_by_hand(cx, &ns, &name) && Self::synced(cx, &ep.metadata)
     }
 
     /// Without the tenant's caches no address is known to be its own: only the profile's CIDRs.
@@ -51,6 +47,27 @@ impl CopyDown for EndpointsKind {
             dropped,
         }
     }
+}
+
+/// Are the endpoints of tenant Service `ns/name` a person's to write (it syncs, has no selector,
+/// and is not the tenant API server's), so theirs go down as written, filtered? The host computes
+/// every other Service's endpoints from its own pods.
+pub fn written_by_hand(cx: &Tenant, ns: &str, name: &str) -> bool {
+    !crate::kinds::services::is_tenant_api(ns, name)
+        && cx.tenant_get::<Service>(ns, name).is_some_and(|s| {
+            s.spec.as_ref().is_none_or(|sp| sp.selector.is_none())
+                && cx.syncs::<Service>(&s.metadata)
+        })
+}
+
+/// May a copy name address `ip`: one of this tenant's own pods (`own`) or inside the profile's
+/// `allow.endpointCIDRs`? `None`: yes; otherwise the sentence that says why it is left out.
+pub fn left_out(tr: &Translator, own: &BTreeSet<String>, ip: &str) -> Option<String> {
+    (!own.contains(ip) && !allow::in_cidrs(&tr.allow.endpoint_cidrs, ip)).then(|| {
+        format!(
+            "address {ip} is left out: it is not one of this tenant's pods nor inside the IsolationProfile's allow.endpointCIDRs"
+        )
+    })
 }
 
 /// The addresses of this tenant's pod copies on the host.
@@ -83,15 +100,13 @@ pub fn pod_ips<'a>(pods: impl Iterator<Item = &'a Pod>) -> BTreeSet<String> {
 /// should (an address of a pod that is gone, or of one that has come), so an address leaves a
 /// copy with its pod rather than on a later pass.
 pub fn wake_stale(cx: &Tenant) {
-    let wanted: Vec<_> = cx
+    // Read only when something written by hand is there to compare.
+    let own = std::cell::LazyCell::new(|| own_pod_ips(cx));
+    crate::kinds::endpointslices::wake_stale(cx, &own);
+    let wanted = cx
         .tenant_list::<Endpoints>()
         .into_iter()
-        .filter(|ep| EndpointsKind::wanted(cx, ep))
-        .collect();
-    if wanted.is_empty() {
-        return;
-    }
-    let own = own_pod_ips(cx);
+        .filter(|ep| EndpointsKind::wanted(cx, ep));
     for ep in wanted {
         let (ns, name) = (ep.namespace().unwrap_or_default(), ep.name_any());
         let host_name = cx.tr.host_name(&ns, &name);
@@ -150,21 +165,17 @@ fn host_subsets(
 ) -> (Option<Vec<EndpointSubset>>, Vec<String>) {
     let mut dropped = Vec::new();
     let mut subsets = ep.subsets.clone();
-    let allowed = |ip: &str| own.contains(ip) || allow::in_cidrs(&tr.allow.endpoint_cidrs, ip);
     for s in subsets.iter_mut().flatten() {
         for list in [s.addresses.as_mut(), s.not_ready_addresses.as_mut()]
             .into_iter()
             .flatten()
         {
-            list.retain(|a| {
-                let ok = allowed(&a.ip);
-                if !ok {
-                    dropped.push(format!(
-                        "address {} is left out: it is not one of this tenant's pods nor inside the IsolationProfile's allow.endpointCIDRs",
-                        a.ip
-                    ));
+            list.retain(|a| match left_out(tr, own, &a.ip) {
+                Some(why) => {
+                    dropped.push(why);
+                    false
                 }
-                ok
+                None => true,
             });
             for a in list.iter_mut() {
                 // Tenant object references mean nothing on the host.

@@ -17,6 +17,7 @@ use crate::wiring::Setup;
 pub mod classes;
 pub mod configmaps;
 pub mod endpoints;
+pub mod endpointslices;
 pub mod events;
 pub mod ingresses;
 pub mod nodes;
@@ -66,6 +67,7 @@ pub fn all() -> Vec<Entry> {
         entry::<pods::Pods>(),
         entry::<services::Services>(),
         entry::<endpoints::EndpointsKind>(),
+        entry::<endpointslices::EndpointSlices>(),
         entry::<configmaps::ConfigMaps>(),
         entry::<secrets::Secrets>(),
         entry::<persistentvolumeclaims::Claims>(),
@@ -101,7 +103,7 @@ mod tests {
     fn the_summary_names_what_moves_each_way() {
         assert_eq!(
             summary(&SyncPolicySpec::default()),
-            "in sync: pods, services, endpoints, configmaps, secrets, persistentvolumeclaims to the host; virtual nodes, events from the host"
+            "in sync: pods, services, endpoints, endpointslices, configmaps, secrets, persistentvolumeclaims to the host; virtual nodes, events from the host"
         );
         let mut all = SyncPolicySpec::default();
         all.to_host.service_accounts.enabled = true;
@@ -110,7 +112,7 @@ mod tests {
         all.from_host.ingress_classes.enabled = true;
         assert_eq!(
             summary(&all),
-            "in sync: pods, services, endpoints, configmaps, secrets, persistentvolumeclaims, serviceaccounts, ingresses to the host; virtual nodes, events, storageclasses, ingressclasses from the host"
+            "in sync: pods, services, endpoints, endpointslices, configmaps, secrets, persistentvolumeclaims, serviceaccounts, ingresses to the host; virtual nodes, events, storageclasses, ingressclasses from the host"
         );
     }
 

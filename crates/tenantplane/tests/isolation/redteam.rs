@@ -485,6 +485,42 @@ async fn redteam_token_secrets_finalizers_owners_and_tenant_events_stay_in_the_t
         &slice,
     )
     .await;
+    // And a slice written by hand for a selector-less Service, which goes down: its endpoint
+    // naming the host API is left out of the copy, the one naming the tenant's own pod is kept.
+    create(
+        &services,
+        &serde_json::from_value(
+            json!({"metadata": {"name": "nosel", "namespace": "default"},
+            "spec": {"ports": [{"port": 443}]}}),
+        )
+        .unwrap(),
+    )
+    .await;
+    let reader_ip = eventually(WAIT, || async {
+        Api::<Pod>::namespaced(tenant.clone(), "default")
+            .get("reader")
+            .await
+            .ok()?
+            .status?
+            .pod_ip
+    })
+    .await
+    .expect("the tenant's pod never got an address");
+    let by_hand: EndpointSlice = serde_json::from_value(json!({
+        "metadata": {"name": "nosel-rogue", "namespace": "default",
+                     "labels": {"kubernetes.io/service-name": "nosel",
+                                "endpointslice.kubernetes.io/managed-by": "endpointslice-controller.k8s.io.x"}},
+        "addressType": "IPv4",
+        "endpoints": [{"addresses": [host_api_ip], "conditions": {"ready": true}},
+                      {"addresses": [reader_ip], "conditions": {"ready": true}}],
+        "ports": [{"port": 443}]
+    }))
+    .unwrap();
+    create(
+        &Api::<EndpointSlice>::namespaced(tenant.clone(), "default"),
+        &by_hand,
+    )
+    .await;
 
     let copy = host_copy::<ConfigMap>(host, &ns.name, "owned").await;
     assert!(
@@ -528,6 +564,16 @@ async fn redteam_token_secrets_finalizers_owners_and_tenant_events_stay_in_the_t
             "hand-written Endpoints of a Service with a selector reached the host: {ips}"
         );
     }
+    let nosel = host_copy::<EndpointSlice>(host, &ns.name, "nosel-rogue").await;
+    assert_eq!(
+        nosel
+            .endpoints
+            .iter()
+            .map(|e| e.addresses.clone())
+            .collect::<Vec<_>>(),
+        [vec![reader_ip.clone()]],
+        "the copy of a slice written by hand kept more than the tenant's own pod"
+    );
     let host_slices = Api::<EndpointSlice>::namespaced(host.clone(), &ns.name)
         .list(&ListParams::default())
         .await

@@ -382,6 +382,103 @@ async fn a_selectorless_service_keeps_its_endpoints_and_a_deleted_service_stays_
     })
     .await;
     assert!(host_copy.is_some(), "the Endpoints never reached the host");
+    // The slice the tenant mirrored from them stays in the tenant: the host mirrors its own.
+    let host_slices = Api::<EndpointSlice>::namespaced(host.clone(), &ns.name);
+    let copies_for = |service: &'static str| {
+        let host_slices = host_slices.clone();
+        async move {
+            host_slices
+                .list(&ListParams::default().labels(&format!(
+                    "kubernetes.io/service-name={service},endpointslice.kubernetes.io/managed-by=syncer.tenantplane.io"
+                )))
+                .await
+                .unwrap()
+                .items
+        }
+    };
+    assert!(copies_for("db-x-default-x-dev").await.is_empty());
+
+    // EndpointSlices a person writes for a selector-less Service go down, tied to its copy and
+    // holding only the addresses the profile allows; one computed by a tenant controller does
+    // not.
+    services
+        .create(
+            &pp,
+            &serde_json::from_value(json!({
+                "metadata": {"name": "cache", "namespace": "default"},
+                "spec": {"ports": [{"name": "redis", "port": 6379}]}
+            }))
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+    let tenant_slices = Api::<EndpointSlice>::namespaced(tenant.clone(), "default");
+    for (name, managed_by, ip) in [
+        ("cache-a", "by-hand", "10.1.2.4"),
+        ("cache-b", "by-hand", "10.9.9.9"),
+        ("cache-c", "endpointslice-controller.k8s.io", "10.1.2.5"),
+    ] {
+        tenant_slices
+            .create(
+                &pp,
+                &serde_json::from_value(json!({
+                    "metadata": {"name": name, "namespace": "default", "labels": {
+                        "kubernetes.io/service-name": "cache",
+                        "endpointslice.kubernetes.io/managed-by": managed_by}},
+                    "addressType": "IPv4",
+                    "endpoints": [{"addresses": [ip], "conditions": {"ready": true}}],
+                    "ports": [{"name": "redis", "port": 6379, "protocol": "TCP"}]
+                }))
+                .unwrap(),
+            )
+            .await
+            .unwrap();
+    }
+    let copied = eventually(WAIT, || async {
+        let copies = copies_for("cache-x-default-x-dev").await;
+        (copies.len() == 2).then_some(copies)
+    })
+    .await
+    .expect("the two slices written by hand never reached the host");
+    let mut addresses: Vec<Vec<String>> = copied
+        .iter()
+        .map(|s| {
+            s.endpoints
+                .iter()
+                .flat_map(|e| e.addresses.clone())
+                .collect()
+        })
+        .collect();
+    addresses.sort();
+    assert_eq!(addresses, [vec![], vec!["10.1.2.4".to_string()]]);
+    assert!(
+        host_slices
+            .get_opt("cache-c-x-default-x-dev")
+            .await
+            .unwrap()
+            .is_none(),
+        "a slice of the tenant's endpointslice controller reached the host"
+    );
+    // A selector hands the Service's endpoints to the host's controller: the copies go.
+    services
+        .patch(
+            "cache",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"selector": {"app": "cache"}}})),
+        )
+        .await
+        .unwrap();
+    let gone = eventually(WAIT, || async {
+        copies_for("cache-x-default-x-dev")
+            .await
+            .is_empty()
+            .then_some(())
+    })
+    .await;
+    assert!(
+        gone.is_some(),
+        "slices stayed on the host after their Service took a selector"
+    );
 
     // An address the host holds already: the copy takes one of the host's choosing, and the
     // tenant Service is made again with it.

@@ -9,6 +9,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::{
     Binding, ConfigMap, Endpoints, ObjectReference, Pod, Secret, Service,
 };
+use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{ObjectMeta, Patch, PatchParams, PostParams};
@@ -25,6 +26,7 @@ use crate::key::Key;
 use crate::kind_trait::{Kind, scoped_api};
 use crate::kinds::configmaps::ConfigMaps;
 use crate::kinds::endpoints::EndpointsKind;
+use crate::kinds::endpointslices::EndpointSlices;
 use crate::kinds::nodes::{self, node_key};
 use crate::kinds::persistentvolumeclaims::Claims;
 use crate::kinds::secrets::{self, Secrets};
@@ -229,6 +231,11 @@ async fn converge_pod(cx: &Tenant, ns: &str, name: &str) -> Result<()> {
             for ep in cx.tenant_list::<Endpoints>() {
                 if ep.namespace().as_deref() == Some(ns) {
                     cx.queue.add(Key::for_object::<EndpointsKind>(&*ep));
+                }
+            }
+            for s in cx.tenant_list::<EndpointSlice>() {
+                if s.namespace().as_deref() == Some(ns) {
+                    cx.queue.add(Key::for_object::<EndpointSlices>(&*s));
                 }
             }
         }

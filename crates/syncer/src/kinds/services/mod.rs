@@ -81,6 +81,8 @@ async fn converge_service(cx: &Tenant, ns: &str, name: &str) -> Result<()> {
         api::ensure_api_endpoints(cx).await?;
         return Ok(());
     }
+    // Whether slices written by hand for it go down follows the Service.
+    crate::kinds::endpointslices::wake_for_service(cx, ns, name);
     let enabled = Services::enabled(&cx.policy);
     let t = cx
         .tenant_get::<Service>(ns, name)
