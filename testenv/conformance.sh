@@ -168,6 +168,8 @@ spec:
     capabilities: [NET_ADMIN, NET_RAW, SYS_ADMIN, SYS_PTRACE, NET_BIND_SERVICE, SYS_TIME]
     loadBalancers: true
     nodePorts: true
+    # The suite dials node ports and host ports at a node's InternalIP.
+    nodeAddresses: true
     externalNames: ["*.com", "*.org", "*.local", "*.io", "*.net"]
     endpointCIDRs: [0.0.0.0/0, "::/0"]
     annotations:

@@ -114,6 +114,12 @@ pub struct Allowances {
     /// Services of type `NodePort`. Otherwise refused.
     #[serde(default)]
     pub node_ports: bool,
+    /// The host nodes' own addresses (`InternalIP`, `ExternalIP`) on the tenant's virtual Nodes
+    /// and as its pods' `hostIP`, so node ports and host ports are reached at a node's address
+    /// from the tenant as on the host. Off: a virtual Node's and a pod's host address is the
+    /// operator's kubelet endpoint, and the host's addresses are never shown.
+    #[serde(default)]
+    pub node_addresses: bool,
     /// Names `ExternalName` Services may point at: exact DNS names, or `*.example.com` for any
     /// name under `example.com`. Otherwise refused.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]

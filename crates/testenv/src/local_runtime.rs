@@ -472,7 +472,13 @@ impl LocalRuntime {
                 "--kubelet-client-key={}",
                 write("client-kube-apiserver.key", &kubelet_client.key_pem)?.display()
             ),
-            "--kubelet-preferred-address-types=InternalIP,ExternalIP,Hostname".to_string(),
+            // As the pod says, else as k3s does.
+            format!(
+                "--kubelet-preferred-address-types={}",
+                args_value(pod, "--kube-apiserver-arg=kubelet-preferred-address-types=")
+                    .first()
+                    .unwrap_or(&"InternalIP,ExternalIP,Hostname")
+            ),
         ];
         let service_cidr = args_value(pod, "--service-cidr=")
             .first()

@@ -57,6 +57,10 @@ pub struct Addressing {
 
 /// The arguments of `k3s server` for an agentless tenant control plane. The API Service's
 /// cluster IP, which synced pods dial, is in the serving certificate.
+/// The tenant API server's flag for which Node address it dials a kubelet at, and its order.
+pub const KUBELET_ADDRESS_TYPES: &str = "kubelet-preferred-address-types=";
+pub const KUBELET_ADDRESS_ORDER: &str = "Hostname,InternalIP,ExternalIP";
+
 pub fn k3s_args(
     tenant: &str,
     namespace: &str,
@@ -88,6 +92,12 @@ pub fn k3s_args(
         // Virtual Nodes' kubelet is the operator's endpoint, whose certificate its own CA signs.
         args.push(format!(
             "--kube-apiserver-arg=kubelet-certificate-authority={DATA_DIR}/server/tls/{KUBELET_CA_FILE}"
+        ));
+        // The endpoint is each virtual Node's Hostname address, dialled first; its InternalIP
+        // and ExternalIP are the host node's where the profile shows them (k3s's own order
+        // starts with InternalIP).
+        args.push(format!(
+            "--kube-apiserver-arg={KUBELET_ADDRESS_TYPES}{KUBELET_ADDRESS_ORDER}"
         ));
     }
     args.extend(
@@ -452,6 +462,10 @@ mod tests {
             .filter_map(|a| a.as_str())
             .collect();
         assert!(args.contains(&format!("--kube-apiserver-arg=kubelet-certificate-authority={DATA_DIR}/server/tls/{KUBELET_CA_FILE}").as_str()), "{args:?}");
+        assert!(
+            args.contains(&"--kube-apiserver-arg=kubelet-preferred-address-types=Hostname,InternalIP,ExternalIP"),
+            "{args:?}"
+        );
     }
 
     #[test]

@@ -200,3 +200,122 @@ async fn a_pod_knows_itself_by_its_tenant_names() {
         "every call sent the pod's own token ({hash}): {calls}"
     );
 }
+
+/// A profile that shows node addresses: the virtual Node's InternalIP and a pod's hostIP are the
+/// host node's, a NodePort Service answers at that address from a tenant pod, and the tenant API
+/// server still reaches the kubelet endpoint (its Hostname address) for logs and exec.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_node_port_answers_at_the_nodes_address_when_the_profile_shows_it() {
+    use k8s_openapi::api::core::v1::Node;
+    use_real_nodes();
+    let world = TestHost::start_with_kubelet("nodes-addr")
+        .await
+        .ready(
+            TenantSetup::seed()
+                .allow(json!({"nodePorts": true, "nodeAddresses": true}))
+                // Node-port traffic reaches the pod from the node's own address (kube-proxy
+                // masquerades it), which the profile's NetworkPolicy does not admit; its quota
+                // holds no node ports.
+                .profile_spec(json!({"networkPolicy": {"enabled": false},
+                                     "resourceQuota": {"enforce": false}})),
+        )
+        .await;
+    let tenant = &world.tenant;
+    create_pod(
+        tenant,
+        "web-a",
+        json!({"containers": [agnhost("c", &["netexec", "--http-port=8080", "--udp-port=-1"])]}),
+    )
+    .await;
+    create::<Service>(
+        tenant,
+        json!({
+            "metadata": {"name": "web", "namespace": "default"},
+            "spec": {"type": "NodePort", "selector": {"app": "web-a"},
+                     "ports": [{"port": 80, "targetPort": 8080}]},
+        }),
+    )
+    .await;
+    create_pod(
+        tenant,
+        "client",
+        json!({"containers": [busybox("c", "exec sleep 3600")]}),
+    )
+    .await;
+    running(tenant, "client").await;
+    let web = running(tenant, "web-a").await;
+    let node_name = web.spec.as_ref().and_then(|s| s.node_name.clone()).unwrap();
+    let internal = |n: &Node| -> Vec<String> {
+        n.status
+            .iter()
+            .flat_map(|s| s.addresses.iter().flatten())
+            .filter(|a| a.type_ == "InternalIP")
+            .map(|a| a.address.clone())
+            .collect()
+    };
+    let host_node = Api::<Node>::all(world.host.clone())
+        .get(&node_name)
+        .await
+        .unwrap();
+    let node_ip = internal(&host_node)
+        .into_iter()
+        .next()
+        .expect("the host node has no InternalIP");
+    let shown = eventually(WAIT, || async {
+        let n = Api::<Node>::all(tenant.clone())
+            .get(&node_name)
+            .await
+            .ok()?;
+        (internal(&n) == [node_ip.clone()]).then_some(n)
+    })
+    .await;
+    assert!(shown.is_some(), "the virtual Node never showed {node_ip}");
+    let host_ip = eventually(WAIT, || async {
+        let p = Api::<Pod>::namespaced(tenant.clone(), "default")
+            .get("web-a")
+            .await
+            .ok()?;
+        p.status?.host_ip.filter(|ip| ip == &node_ip)
+    })
+    .await;
+    assert!(host_ip.is_some(), "the pod's hostIP never became {node_ip}");
+
+    // The tenant API server dials the kubelet endpoint, not the host node's address.
+    let logs = Api::<Pod>::namespaced(tenant.clone(), "default")
+        .logs("web-a", &LogParams::default())
+        .await
+        .unwrap();
+    assert!(logs.contains("Started HTTP server"), "{logs}");
+    let (_connect, kubeconfig) = connect(&world).await;
+    // The tenant Service shows the node port its host copy answers on.
+    let node_port = |s: Service| s.spec?.ports?.first()?.node_port;
+    let last = std::cell::RefCell::new((None, None));
+    let port = eventually(WAIT, || async {
+        let mine = Api::<Service>::namespaced(tenant.clone(), "default")
+            .get("web")
+            .await
+            .ok()
+            .and_then(node_port);
+        let host_name = tenantplane_syncer::naming::host_name_for(&world.name, "default", "web");
+        let copy = Api::<Service>::namespaced(world.host.clone(), &world.ns.name)
+            .get_opt(&host_name)
+            .await;
+        let copy = copy.ok().flatten().and_then(node_port);
+        *last.borrow_mut() = (mine, copy);
+        mine.filter(|_| mine == copy)
+    })
+    .await
+    .unwrap_or_else(|| {
+        panic!(
+            "tenant and copy node ports never agreed: {:?}",
+            last.borrow()
+        )
+    });
+    let said = exec_until_ok(
+        &kubeconfig,
+        "client",
+        &format!("timeout 10 wget -qO- http://{node_ip}:{port}/hostname"),
+    )
+    .await;
+    assert_eq!(said, "web-a");
+}

@@ -74,6 +74,7 @@ pub async fn ensure_virtual_node(cx: &Tenant, name: &str) -> Result<bool> {
         cx.tr.name(),
         cx.tr.kubelet.as_ref(),
         &cx.policy.from_host.nodes.labels,
+        cx.tr.allow.node_addresses,
     );
     let nodes: Api<Node> = Api::all(cx.tenant.clone());
     let current = cx.tenant_get::<Node>("", name);

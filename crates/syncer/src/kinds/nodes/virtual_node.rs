@@ -49,35 +49,48 @@ fn system_info(host: &NodeSystemInfo) -> NodeSystemInfo {
 }
 
 /// The virtual Node the tenant sees for host node `node`: its name, topology labels (and those
-/// `labels` lists), capacity and conditions; no taints, pod CIDRs, addresses or provider details
-/// of the host. Its kubelet is `kubelet` (the operator's endpoint) when given: its only address,
-/// besides its name, and its port. Without it the Node has its name for an address, no kubelet.
+/// `labels` lists), capacity and conditions; no taints, pod CIDRs or provider details of the
+/// host, and its addresses only when `node_addresses` (the profile's `allow.nodeAddresses`).
+/// Its kubelet is `kubelet` (the operator's endpoint) when given: its `Hostname` address (the
+/// tenant API server dials that type first), its port, and its `InternalIP` too unless the host's
+/// are shown. Without it the Node has its name for a `Hostname`, no kubelet.
 pub fn virtual_node(
     host: &Node,
     tenant: &str,
     kubelet: Option<&KubeletEndpoint>,
     labels: &[String],
+    node_addresses: bool,
 ) -> Node {
     let mut labels = shown_labels(host.metadata.labels.as_ref(), labels);
     labels.insert(naming::LABEL_SYNCED_FROM.into(), tenant.into());
     let status = host.status.clone().unwrap_or_default();
-    let mut addresses = vec![NodeAddress {
-        type_: "Hostname".into(),
-        address: host.metadata.name.clone().unwrap_or_default(),
-    }];
-    let daemon_endpoints = kubelet.map(|k| {
-        addresses.insert(
-            0,
-            NodeAddress {
-                type_: "InternalIP".into(),
-                address: k.address.clone(),
-            },
-        );
-        NodeDaemonEndpoints {
-            kubelet_endpoint: Some(DaemonEndpoint {
-                port: i32::from(k.port),
-            }),
-        }
+    let address = |type_: &str, address: &str| NodeAddress {
+        type_: type_.into(),
+        address: address.into(),
+    };
+    let mut addresses: Vec<NodeAddress> = if node_addresses {
+        status
+            .addresses
+            .iter()
+            .flatten()
+            .filter(|a| matches!(a.type_.as_str(), "InternalIP" | "ExternalIP"))
+            .cloned()
+            .collect()
+    } else {
+        kubelet
+            .map(|k| address("InternalIP", &k.address))
+            .into_iter()
+            .collect()
+    };
+    let name = host.metadata.name.clone().unwrap_or_default();
+    addresses.push(address(
+        "Hostname",
+        kubelet.map_or(name.as_str(), |k| k.address.as_str()),
+    ));
+    let daemon_endpoints = kubelet.map(|k| NodeDaemonEndpoints {
+        kubelet_endpoint: Some(DaemonEndpoint {
+            port: i32::from(k.port),
+        }),
     });
     Node {
         metadata: ObjectMeta {
@@ -160,7 +173,7 @@ mod tests {
                        "capacity": {"pods": "110"}, "addresses": [{"type": "InternalIP", "address": "10.0.0.5"}]}
         }))
         .unwrap();
-        let node = virtual_node(&host, "dev", None, &[]);
+        let node = virtual_node(&host, "dev", None, &[], false);
         assert!(node.spec.is_none(), "no taints, provider ID or pod CIDR");
         assert!(node.metadata.annotations.is_none());
         let labels = node.metadata.labels.clone().unwrap();
@@ -200,7 +213,7 @@ mod tests {
             address: "10.96.0.42".into(),
             port: 10250,
         };
-        let node = virtual_node(&host, "dev", Some(&kubelet), &[]);
+        let node = virtual_node(&host, "dev", Some(&kubelet), &[], false);
         let status = node.status.clone().unwrap();
         let addresses: Vec<_> = status
             .addresses
@@ -212,9 +225,27 @@ mod tests {
             addresses,
             [
                 ("InternalIP".to_string(), "10.96.0.42".to_string()),
-                ("Hostname".to_string(), "n1".to_string())
+                ("Hostname".to_string(), "10.96.0.42".to_string())
             ],
             "no host address shows"
+        );
+        // A profile that shows node addresses: the host's IPs, the endpoint as the Hostname the
+        // tenant API server dials first.
+        let shown: Vec<_> = virtual_node(&host, "dev", Some(&kubelet), &[], true)
+            .status
+            .unwrap()
+            .addresses
+            .unwrap()
+            .into_iter()
+            .map(|a| (a.type_, a.address))
+            .collect();
+        assert_eq!(
+            shown,
+            [
+                ("InternalIP".to_string(), "10.0.0.5".to_string()),
+                ("ExternalIP".to_string(), "203.0.113.9".to_string()),
+                ("Hostname".to_string(), "10.96.0.42".to_string())
+            ]
         );
         let port = status
             .daemon_endpoints
@@ -231,6 +262,7 @@ mod tests {
                 port: 10251,
             }),
             &[],
+            false,
         );
         assert!(
             node_differs(&elsewhere, &node),
@@ -279,7 +311,7 @@ mod tests {
             address: "10.96.0.42".into(),
             port: 10250,
         };
-        let node = virtual_node(&host, "dev", Some(&kubelet), &[]);
+        let node = virtual_node(&host, "dev", Some(&kubelet), &[], false);
         let keys: Vec<&str> = node
             .metadata
             .labels
@@ -363,7 +395,7 @@ mod tests {
     #[test]
     fn a_node_shown_before_trimming_loses_its_other_labels_and_identifiers() {
         let host = identifying_host();
-        let wanted = virtual_node(&host, "dev", None, &[]);
+        let wanted = virtual_node(&host, "dev", None, &[], false);
         let mut old = wanted.clone();
         old.metadata
             .labels

@@ -222,6 +222,7 @@ async fn converge_pod(cx: &Tenant, ns: &str, name: &str) -> Result<()> {
         &h,
         &terms_for(cx, &t, node),
         cx.tr.kubelet.as_ref(),
+        cx.tr.allow.node_addresses,
         observed,
     );
     if h.status.is_some() && status::pod_status_differs(t.status.as_ref(), &wanted) {

@@ -10,11 +10,13 @@ use crate::tenant_terms::{Terms, WAITING_FOR_ROOM, status_message};
 
 /// The status the tenant pod should show for its host copy: the host's, with its messages said
 /// in tenant terms and the scheduler's reasons for waiting replaced by one sentence.
-/// `observed` is the tenant pod's `status.observedGeneration` now (see [`observed_generation`]).
+/// `observed` is the tenant pod's `status.observedGeneration` now (see [`observed_generation`]);
+/// `node_addresses`: the profile shows host node addresses (`allow.nodeAddresses`).
 pub fn pod_status_up(
     host: &Pod,
     terms: &Terms,
     kubelet: Option<&KubeletEndpoint>,
+    node_addresses: bool,
     observed: Option<i64>,
 ) -> PodStatus {
     let mut status = host.status.clone().unwrap_or_default();
@@ -32,13 +34,15 @@ pub fn pod_status_up(
         }
     }
     // The pod's node is its virtual Node, whose address is the operator's kubelet endpoint: the
-    // host node's own address is not the tenant's to see.
-    status.host_ip = kubelet.map(|k| k.address.clone());
-    status.host_ips = kubelet.map(|k| {
-        vec![k8s_openapi::api::core::v1::HostIP {
-            ip: k.address.clone(),
-        }]
-    });
+    // host node's own address is not the tenant's to see, unless the profile shows it.
+    if !node_addresses {
+        status.host_ip = kubelet.map(|k| k.address.clone());
+        status.host_ips = kubelet.map(|k| {
+            vec![k8s_openapi::api::core::v1::HostIP {
+                ip: k.address.clone(),
+            }]
+        });
+    }
     // A host node the host scheduler may preempt for; the tenant has no scheduler to tell.
     status.nominated_node_name = None;
     // The tenant API server decided the tenant pod's class at creation, and the field is
@@ -161,6 +165,10 @@ mod tests {
     }
 
     fn up(status: serde_json::Value) -> PodStatus {
+        up_with(status, false)
+    }
+
+    fn up_with(status: serde_json::Value, node_addresses: bool) -> PodStatus {
         let host: Pod = serde_json::from_value(json!({"metadata": {"name": "web-x-default-x-dev"},
                                                       "status": status}))
         .unwrap();
@@ -177,6 +185,7 @@ mod tests {
                 address: "10.96.0.42".into(),
                 port: 10250,
             }),
+            node_addresses,
             None,
         )
     }
@@ -233,7 +242,7 @@ mod tests {
             copy: Box::new(copy),
             hidden_node: Box::new(|_| false),
         };
-        let status = |h: &Pod, observed| pod_status_up(h, &terms, None, observed);
+        let status = |h: &Pod, observed| pod_status_up(h, &terms, None, false, observed);
         let before = status(&copy_at(1, Some(1), Some(1)), None);
         assert_eq!(before.observed_generation, Some(1));
         let after = status(&copy_at(1, Some(2), Some(1)), Some(1));
@@ -330,5 +339,12 @@ mod tests {
         assert_eq!(s.host_ip.as_deref(), Some("10.96.0.42"));
         assert_eq!(s.host_ips.unwrap()[0].ip, "10.96.0.42");
         assert_eq!(s.pod_ip.as_deref(), Some("10.244.0.7"));
+        // A profile that shows node addresses shows the host node's.
+        let shown = up_with(
+            json!({"hostIP": "10.0.0.5", "hostIPs": [{"ip": "10.0.0.5"}]}),
+            true,
+        );
+        assert_eq!(shown.host_ip.as_deref(), Some("10.0.0.5"));
+        assert_eq!(shown.host_ips.unwrap()[0].ip, "10.0.0.5");
     }
 }

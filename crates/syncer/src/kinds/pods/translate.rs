@@ -384,8 +384,11 @@ fn field_path(tr: &Translator, path: &str) -> String {
         "metadata.namespace" => naming::ANNOTATION_VIRTUAL_NAMESPACE,
         "metadata.uid" => naming::ANNOTATION_VIRTUAL_UID,
         "spec.serviceAccountName" => naming::ANNOTATION_SERVICE_ACCOUNT,
-        // The tenant pod's host address is its virtual Node's, not the host node's.
-        "status.hostIP" | "status.hostIPs" => naming::ANNOTATION_HOST_IP,
+        // The tenant pod's host address is its virtual Node's: the host node's only where the
+        // profile shows node addresses.
+        "status.hostIP" | "status.hostIPs" if !tr.allow.node_addresses => {
+            naming::ANNOTATION_HOST_IP
+        }
         other => return other.to_string(),
     };
     format!("metadata.annotations['{annotation}']")

@@ -245,3 +245,19 @@ fn a_label_the_pod_reads_is_read_under_its_host_key() {
         "metadata.annotations['a']"
     );
 }
+
+#[test]
+fn a_profile_that_shows_node_addresses_leaves_the_host_ip_to_the_host() {
+    let mut tr = translator();
+    tr.allow.node_addresses = true;
+    let copy = copy_of(&tr, &pod(), None);
+    let c = &copy.spec.unwrap().containers[0];
+    let host_ip = c
+        .env
+        .iter()
+        .flatten()
+        .find(|e| e.name == "HOST_IP")
+        .and_then(|e| e.value_from.as_ref()?.field_ref.clone())
+        .unwrap();
+    assert_eq!(host_ip.field_path, "status.hostIP");
+}
