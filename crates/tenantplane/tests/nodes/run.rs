@@ -342,3 +342,164 @@ async fn a_safe_sysctl_is_set_in_the_pod_and_its_start_is_told() {
     .await;
     assert!(reasons.is_some(), "the tenant pod was never told Started");
 }
+
+/// A pod bound by name runs on that node as on the host: its kubelet, not a scheduler, admits
+/// it, so a pod whose host port is taken there fails (as a StatefulSet expects of an evicted
+/// pod, to make it again) rather than waiting; one named for a node the tenant has no access
+/// to is placed by the host scheduler.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_pod_bound_by_name_runs_there_and_its_kubelet_admits_it() {
+    use_real_nodes();
+    let world = TestHost::start_with_kubelet("nodes-byname")
+        .await
+        .ready(
+            TenantSetup::seed()
+                .allow(json!({"hostPorts": true}))
+                .profile_spec(json!({"podSecurity": "privileged"})),
+        )
+        .await;
+    let tenant = &world.tenant;
+    let mut holder = busybox("c", "exec sleep 3600");
+    holder["ports"] = json!([{"containerPort": 21018, "hostPort": 21018}]);
+    create_pod(tenant, "holder", json!({"containers": [holder.clone()]})).await;
+    let node = running(tenant, "holder")
+        .await
+        .spec
+        .and_then(|s| s.node_name)
+        .unwrap();
+    create_pod(
+        tenant,
+        "clash",
+        json!({"nodeName": node, "restartPolicy": "Never", "containers": [holder]}),
+    )
+    .await;
+    let clash = pod_where(tenant, "clash", "failed", |p| phase(p) == Some("Failed")).await;
+    let said = clash.status.and_then(|s| s.message).unwrap_or_default();
+    assert!(said.contains("port"), "{said}");
+    assert_eq!(
+        host_copy(&world, "clash")
+            .await
+            .spec
+            .and_then(|s| s.node_name),
+        Some(node)
+    );
+    // A node the tenant cannot run on (here: none of that name): the host places the copy.
+    create_pod(
+        tenant,
+        "nowhere",
+        json!({"nodeName": "no-such-node", "containers": [busybox("c", "exec sleep 3600")]}),
+    )
+    .await;
+    let copy = eventually(WAIT, || async {
+        let copy = Api::<Pod>::namespaced(world.host.clone(), &world.ns.name)
+            .get(&tenantplane_syncer::naming::host_name_for(
+                &world.name,
+                "default",
+                "nowhere",
+            ))
+            .await
+            .ok()?;
+        copy.spec?.node_name
+    })
+    .await;
+    assert!(
+        copy.is_some(),
+        "the host never placed the copy of a pod named for an unknown node"
+    );
+}
+
+/// An evicted Job pod ends as a kubelet ends a deleted pod, `Failed`, before it goes: a pod
+/// failure policy that ignores disruptions waits for that, then lets the pod go and makes a
+/// new one without counting a failure.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_evicted_job_pod_ends_failed_and_the_policy_ignores_it() {
+    use k8s_openapi::api::batch::v1::Job;
+    let world = real_tenant("nodes-evict").await;
+    let tenant = &world.tenant;
+    let job: Job = create(
+        tenant,
+        json!({
+            "metadata": {"name": "work", "namespace": "default"},
+            "spec": {
+                "backoffLimit": 0,
+                "podFailurePolicy": {"rules": [{"action": "Ignore",
+                    "onPodConditions": [{"type": "DisruptionTarget"}]}]},
+                "template": {"spec": {"restartPolicy": "Never", "terminationGracePeriodSeconds": 1,
+                    "containers": [busybox("c", "exec sleep 3600")]}}
+            }
+        }),
+    )
+    .await;
+    let pods = Api::<Pod>::namespaced(tenant.clone(), "default");
+    let selector = format!(
+        "batch.kubernetes.io/job-name={}",
+        job.metadata.name.unwrap()
+    );
+    let first = eventually(WAIT, || async {
+        let list = pods
+            .list(&kube::api::ListParams::default().labels(&selector))
+            .await
+            .ok()?;
+        list.items
+            .into_iter()
+            .find(|p| phase(p) == Some("Running"))
+            .map(|p| p.metadata.name.unwrap())
+    })
+    .await
+    .expect("the Job's pod never ran");
+    pods.evict(&first, &Default::default()).await.unwrap();
+    let gone = eventually(WAIT, || async {
+        pods.get_opt(&first).await.ok()?.is_none().then_some(())
+    })
+    .await;
+    assert!(
+        gone.is_some(),
+        "the evicted pod stayed: {:?}",
+        pods.get_opt(&first)
+            .await
+            .ok()
+            .flatten()
+            .and_then(|p| p.status)
+    );
+    let replaced = eventually(WAIT, || async {
+        let list = pods
+            .list(&kube::api::ListParams::default().labels(&selector))
+            .await
+            .ok()?;
+        list.items
+            .iter()
+            .any(|p| {
+                p.metadata.name.as_deref() != Some(first.as_str()) && phase(p) == Some("Running")
+            })
+            .then_some(())
+    })
+    .await;
+    if replaced.is_none() {
+        let job = Api::<Job>::namespaced(tenant.clone(), "default")
+            .get("work")
+            .await
+            .unwrap();
+        let list = pods
+            .list(&kube::api::ListParams::default().labels(&selector))
+            .await
+            .unwrap();
+        let seen: Vec<_> = list
+            .items
+            .iter()
+            .map(|p| (p.metadata.name.clone(), phase(p).map(str::to_string)))
+            .collect();
+        panic!(
+            "the Job never ran a new pod: {:?}; pods {seen:?}",
+            job.status
+        );
+    }
+    let job = Api::<Job>::namespaced(tenant.clone(), "default")
+        .get("work")
+        .await
+        .unwrap();
+    assert_eq!(
+        job.status.and_then(|s| s.failed).unwrap_or(0),
+        0,
+        "the disruption was counted as a failure"
+    );
+}

@@ -7,7 +7,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{
-    Binding, ConfigMap, Endpoints, ObjectReference, Pod, Secret, Service,
+    Binding, ConfigMap, ContainerState, ContainerStateTerminated, ContainerStatus, Endpoints,
+    ObjectReference, Pod, Secret, Service,
 };
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
@@ -172,8 +173,19 @@ async fn converge_pod(cx: &Tenant, ns: &str, name: &str) -> Result<()> {
             }
             Some(_) => {}
             None => {
-                // The host copy is gone: the tenant pod can go, as a kubelet would confirm.
+                // The host copy is gone: the tenant pod can go, as a kubelet would confirm,
+                // in a terminal phase first (a Job's pod failure policy waits for one before
+                // its controller lets the pod go).
                 tell::forget(cx, &t_uid);
+                if let Some(status) = terminal_status(&t) {
+                    tenant_pods
+                        .patch_status(
+                            name,
+                            &PatchParams::default(),
+                            &Patch::Merge(json!({"metadata": {"uid": t_uid}, "status": status})),
+                        )
+                        .await?;
+                }
                 delete_if_present(&tenant_pods, &*t, Some(0)).await?;
             }
         }
@@ -218,13 +230,14 @@ async fn converge_pod(cx: &Tenant, ns: &str, name: &str) -> Result<()> {
     bind(cx, &t, &h).await?;
     let node = h.spec.as_ref().and_then(|s| s.node_name.clone());
     let observed = t.status.as_ref().and_then(|s| s.observed_generation);
-    let wanted = status::pod_status_up(
+    let mut wanted = status::pod_status_up(
         &h,
         &terms_for(cx, &t, node),
         cx.tr.kubelet.as_ref(),
         cx.tr.allow.node_addresses,
         observed,
     );
+    status::keep_tenant_conditions(&mut wanted, t.status.as_ref());
     if h.status.is_some() && status::pod_status_differs(t.status.as_ref(), &wanted) {
         let t_ip = t.status.as_ref().and_then(|s| s.pod_ip.as_ref());
         if t_ip != wanted.pod_ip.as_ref() {
@@ -296,6 +309,61 @@ async fn too_large_for(cx: &Tenant, p: &Pod) -> Vec<String> {
         }
     }
     out
+}
+
+/// The host node a tenant pod bound by name (`spec.nodeName`, written so or bound before its copy
+/// was made again) runs on: its own, as on the host, where the kubelet admits or rejects it
+/// (a host port taken, no room) rather than a scheduler. Only a node the profile lets the
+/// tenant run on: its `nodeSelector` matches, it is not cordoned, and `copy`'s tolerations (the
+/// profile's and those the tenant may add) cover its taints, since a kubelet checks no
+/// scheduling taint. Otherwise the host scheduler places the copy.
+fn bound_by_name(cx: &Tenant, t: &Pod, copy: &Pod) -> Option<String> {
+    let node = t.spec.as_ref()?.node_name.clone()?;
+    let host = cx.host_get::<k8s_openapi::api::core::v1::Node>(false, &node)?;
+    let tolerations = copy
+        .spec
+        .as_ref()
+        .and_then(|s| s.tolerations.clone())
+        .unwrap_or_default();
+    nodes::schedulable(&host, &cx.tr.node_selector, &tolerations).then_some(node)
+}
+
+/// The status a deleted pod whose copy is gone ends in, as a kubelet ends a deleted pod: `Failed`
+/// unless it ended already, its containers that had not ended terminated. `None`: it has ended.
+pub fn terminal_status(t: &Pod) -> Option<serde_json::Value> {
+    let status = t.status.clone().unwrap_or_default();
+    if matches!(status.phase.as_deref(), Some("Succeeded" | "Failed")) {
+        return None;
+    }
+    let ended = |list: Option<Vec<ContainerStatus>>| -> Option<Vec<ContainerStatus>> {
+        list.map(|list| {
+            list.into_iter()
+                .map(|mut c| {
+                    if c.state.as_ref().is_none_or(|s| s.terminated.is_none()) {
+                        c.state = Some(ContainerState {
+                            terminated: Some(ContainerStateTerminated {
+                                exit_code: 137,
+                                reason: Some("ContainerStatusUnknown".into()),
+                                message: Some(
+                                    "the pod was deleted and its host copy is gone".into(),
+                                ),
+                                ..Default::default()
+                            }),
+                            ..Default::default()
+                        });
+                        c.ready = false;
+                        c.started = Some(false);
+                    }
+                    c
+                })
+                .collect()
+        })
+    };
+    Some(json!({
+        "phase": "Failed",
+        "containerStatuses": ended(status.container_statuses),
+        "initContainerStatuses": ended(status.init_container_statuses),
+    }))
 }
 
 /// Bind the tenant pod to the virtual node of its copy's host node. Only to a virtual node that
@@ -415,7 +483,12 @@ async fn create_host_pod(cx: &Tenant, t: &Pod, host_name: &str) -> Result<()> {
         .collect();
     let service_refs: Vec<&Service> = services.iter().map(|s| &**s).collect();
     let dns = tenant_dns(cx);
-    let desired = translate::pod(&cx.tr, t, host_name, &service_refs, dns.as_deref());
+    let mut desired = translate::pod(&cx.tr, t, host_name, &service_refs, dns.as_deref());
+    if let Some(node) = bound_by_name(cx, t, &desired)
+        && let Some(spec) = desired.spec.as_mut()
+    {
+        spec.node_name = Some(node);
+    }
     let hash = hash_of(&changeable(&desired));
     let (mut body, _) = converge::stamped(&desired)?;
     body["metadata"]["annotations"][ANNOTATION_APPLIED_HASH] = json!(hash);
@@ -551,6 +624,31 @@ async fn mark_unschedulable(cx: &Tenant, t: &Pod, reason: &str, message: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_deleted_pod_ends_failed_unless_it_ended_already() {
+        let pod = |status: serde_json::Value| -> Pod {
+            serde_json::from_value(json!({"metadata": {"name": "w"}, "status": status})).unwrap()
+        };
+        let running = pod(json!({"phase": "Running", "containerStatuses": [
+            {"name": "a", "image": "i", "imageID": "", "ready": true, "restartCount": 0,
+             "state": {"running": {}}},
+            {"name": "b", "image": "i", "imageID": "", "ready": false, "restartCount": 0,
+             "state": {"terminated": {"exitCode": 0}}}]}));
+        let ended = terminal_status(&running).unwrap();
+        assert_eq!(ended["phase"], "Failed");
+        let a = &ended["containerStatuses"][0];
+        assert_eq!(a["state"]["terminated"]["exitCode"], 137);
+        assert_eq!(a["ready"], false);
+        let b = &ended["containerStatuses"][1];
+        assert_eq!(
+            b["state"]["terminated"]["exitCode"], 0,
+            "an ended container keeps its end"
+        );
+        assert_eq!(terminal_status(&pod(json!({"phase": "Succeeded"}))), None);
+        assert_eq!(terminal_status(&pod(json!({"phase": "Failed"}))), None);
+        assert_eq!(terminal_status(&pod(json!({}))).unwrap()["phase"], "Failed");
+    }
 
     #[test]
     fn a_pod_wakes_what_it_uses_and_its_node() {

@@ -8,6 +8,22 @@ use crate::naming::ANNOTATION_TENANT_GENERATION;
 use crate::spec::KubeletEndpoint;
 use crate::tenant_terms::{Terms, WAITING_FOR_ROOM, status_message};
 
+/// Keep in `wanted` the conditions only the tenant's side writes, of types the copy does not
+/// have: `DisruptionTarget` from the tenant's eviction API (a Job's pod failure policy reads it
+/// once the pod has ended), a readiness gate's from a tenant controller. A status written up
+/// replaces the whole list.
+pub fn keep_tenant_conditions(wanted: &mut PodStatus, tenant: Option<&PodStatus>) {
+    let conditions = wanted.conditions.get_or_insert_default();
+    for c in tenant
+        .into_iter()
+        .flat_map(|s| s.conditions.iter().flatten())
+    {
+        if !conditions.iter().any(|h| h.type_ == c.type_) {
+            conditions.push(c.clone());
+        }
+    }
+}
+
 /// The status the tenant pod should show for its host copy: the host's, with its messages said
 /// in tenant terms and the scheduler's reasons for waiting replaced by one sentence.
 /// `observed` is the tenant pod's `status.observedGeneration` now (see [`observed_generation`]);
@@ -329,6 +345,31 @@ mod tests {
         let running = status(json!({"running": {"startedAt": "2026-12-03T00:00:00Z"}}));
         assert!(pod_status_differs(Some(&creating), &running));
         assert!(!pod_status_differs(Some(&running), &running));
+    }
+
+    #[test]
+    fn conditions_only_the_tenant_writes_stay() {
+        let mut wanted = up(json!({"conditions": [{"type": "Ready", "status": "True"}]}));
+        let tenant: PodStatus = serde_json::from_value(json!({"conditions": [
+            {"type": "Ready", "status": "False"},
+            {"type": "DisruptionTarget", "status": "True", "reason": "EvictionByEvictionAPI"}
+        ]}))
+        .unwrap();
+        keep_tenant_conditions(&mut wanted, Some(&tenant));
+        let kinds: Vec<(String, String)> = wanted
+            .conditions
+            .unwrap()
+            .into_iter()
+            .map(|c| (c.type_, c.status))
+            .collect();
+        assert_eq!(
+            kinds,
+            [
+                ("Ready".to_string(), "True".to_string()),
+                ("DisruptionTarget".to_string(), "True".to_string())
+            ],
+            "the host's win for its types; the tenant's own stay"
+        );
     }
 
     #[test]
