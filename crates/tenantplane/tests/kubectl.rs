@@ -148,7 +148,8 @@ async fn logs_exec_attach_port_forward_and_cp_work_in_a_tenant() {
     .await;
     assert!(running.is_some(), "the tenant pod never ran");
 
-    // The virtual node names the operator's endpoint as its kubelet, and nothing of the host's.
+    // The virtual node names the operator's endpoint as its kubelet, and nothing of the host's
+    // (the default profile does not show node addresses).
     let node_name = pods
         .get("web")
         .await
@@ -172,7 +173,8 @@ async fn logs_exec_attach_port_forward_and_cp_work_in_a_tenant() {
         addresses,
         [
             ("InternalIP".to_string(), kubelet.endpoint.address.clone()),
-            ("Hostname".to_string(), node_name.clone())
+            // The address the tenant API server dials first.
+            ("Hostname".to_string(), kubelet.endpoint.address.clone())
         ]
     );
     assert_eq!(
