@@ -1,0 +1,132 @@
+//! The `k3s server` command line of a tenant control plane: agentless, without k3s's add-ons,
+//! its controllers trimmed to what a cluster without nodes of its own runs, and its API server
+//! dialling the virtual Nodes' kubelet at the operator's endpoint.
+
+use super::{BuildOptions, DATA_DIR, KUBELET_CA_FILE};
+use crate::names;
+
+/// Controllers k3s must not run with no nodes of its own: the syncer owns nodes and volumes.
+const DISABLED_CONTROLLERS: &[&str] = &[
+    "nodeipam",
+    "nodelifecycle",
+    "persistentvolume-binder",
+    "attachdetach",
+    "persistentvolume-expander",
+    "cloud-node-lifecycle",
+    "ttl",
+];
+
+/// Where the tenant's control plane gets its address: the cluster IP of its API Service, and the
+/// host's service range that holds it (the tenant's Services carry their host copies' IPs, so the
+/// tenant allocates from the same range).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Addressing {
+    pub api_ip: String,
+    pub service_cidr: String,
+}
+
+/// The tenant API server's flag for which Node address it dials a kubelet at, and its order.
+pub const KUBELET_ADDRESS_TYPES: &str = "kubelet-preferred-address-types=";
+pub const KUBELET_ADDRESS_ORDER: &str = "Hostname,InternalIP,ExternalIP";
+
+/// The arguments of `k3s server` for an agentless tenant control plane. The API Service's
+/// cluster IP, which synced pods dial, is in the serving certificate.
+pub fn k3s_args(
+    tenant: &str,
+    namespace: &str,
+    addressing: &Addressing,
+    options: &BuildOptions,
+) -> Vec<String> {
+    let api_ip = addressing.api_ip.as_str();
+    let controllers = std::iter::once("*".to_string())
+        .chain(DISABLED_CONTROLLERS.iter().map(|c| format!("-{c}")))
+        .collect::<Vec<_>>()
+        .join(",");
+    let mut args = vec![
+        "server".to_string(),
+        "--disable-agent".into(),
+        "--disable-scheduler".into(),
+        "--disable=traefik,servicelb,metrics-server,local-storage,coredns".into(),
+        "--flannel-backend=none".into(),
+        "--disable-network-policy".into(),
+        "--disable-cloud-controller".into(),
+        "--egress-selector-mode=disabled".into(),
+        format!("--data-dir={DATA_DIR}"),
+        format!("--write-kubeconfig={DATA_DIR}/kubeconfig.yaml"),
+        format!("--https-listen-port={}", names::API_PORT),
+        format!("--service-cidr={}", addressing.service_cidr),
+        "--kube-apiserver-arg=endpoint-reconciler-type=none".into(),
+        format!("--kube-controller-manager-arg=controllers={controllers}"),
+    ];
+    if options.kubelet.is_some() {
+        // Virtual Nodes' kubelet is the operator's endpoint, whose certificate its own CA signs.
+        args.push(format!(
+            "--kube-apiserver-arg=kubelet-certificate-authority={DATA_DIR}/server/tls/{KUBELET_CA_FILE}"
+        ));
+        // The endpoint is each virtual Node's Hostname address, dialled first; its InternalIP
+        // and ExternalIP are the host node's where the profile shows them (k3s's own order
+        // starts with InternalIP).
+        args.push(format!(
+            "--kube-apiserver-arg={KUBELET_ADDRESS_TYPES}{KUBELET_ADDRESS_ORDER}"
+        ));
+    }
+    args.extend(
+        names::service_dns_names(tenant, namespace)
+            .into_iter()
+            .chain(std::iter::once(api_ip.to_string()))
+            .map(|n| format!("--tls-san={n}")),
+    );
+    args
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn addressing() -> Addressing {
+        Addressing {
+            api_ip: "10.96.0.10".into(),
+            service_cidr: "10.96.0.0/12".into(),
+        }
+    }
+
+    #[test]
+    fn k3s_runs_agentless_without_add_ons() {
+        let args = k3s_args("dev", "team-dev", &addressing(), &BuildOptions::default());
+        for wanted in [
+            "--disable-agent",
+            "--disable-scheduler",
+            "--flannel-backend=none",
+            "--disable-network-policy",
+            "--disable-cloud-controller",
+            "--egress-selector-mode=disabled",
+            "--tls-san=dev.team-dev.svc",
+            "--tls-san=10.96.0.10",
+            "--service-cidr=10.96.0.0/12",
+        ] {
+            assert!(
+                args.iter().any(|a| a == wanted),
+                "missing {wanted} in {args:?}"
+            );
+        }
+        let controllers = args.iter().find(|a| a.contains("controllers=")).unwrap();
+        assert!(controllers.contains("-nodelifecycle") && controllers.contains("-attachdetach"));
+        // The operator runs the tenant's DNS itself (k3s's fails `restricted` on the host).
+        let disabled = args.iter().find(|a| a.starts_with("--disable=")).unwrap();
+        assert!(
+            disabled.split([',', '=']).any(|d| d == "coredns"),
+            "{disabled}"
+        );
+    }
+
+    #[test]
+    fn k3s_allocates_from_the_range_it_is_given() {
+        let addressing = Addressing {
+            api_ip: "10.0.0.10".into(),
+            service_cidr: "10.0.0.0/16".into(),
+        };
+        let args = k3s_args("dev", "team-dev", &addressing, &BuildOptions::default());
+        assert!(args.contains(&"--service-cidr=10.0.0.0/16".to_string()));
+        assert!(args.contains(&"--tls-san=10.0.0.10".to_string()));
+    }
+}
