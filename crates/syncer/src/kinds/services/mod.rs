@@ -3,10 +3,12 @@
 //! reach the host copies. The tenant's own `kubernetes` Service gets the address of the tenant
 //! API server's host Service. Load-balancer addresses come back.
 
-use k8s_openapi::api::core::v1::{Endpoints, EnvVar, Service, ServicePort, ServiceSpec};
+pub use env::{service_env, tenant_api_env};
+use k8s_openapi::api::core::v1::{Endpoints, Service, ServicePort, ServiceSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::ResourceExt;
 use kube::api::{ObjectMeta, Patch, PatchParams, PostParams};
+use node_ports::{node_ports_up, with_node_ports};
 use serde_json::json;
 use tenantplane_api::SyncPolicySpec;
 use tracing::debug;
@@ -24,6 +26,8 @@ use crate::translate::Translator;
 
 pub mod address;
 pub mod api;
+pub mod env;
+pub mod node_ports;
 
 use address::{OwnAddress, own_address, squatted};
 
@@ -343,58 +347,6 @@ pub fn with_cluster_ip(t: &Service, ip: Option<String>, ips: Option<Vec<String>>
     copy
 }
 
-/// The key a Service port is known by on both sides.
-fn port_key(p: &ServicePort) -> (i32, String) {
-    (p.port, p.protocol.clone().unwrap_or_else(|| "TCP".into()))
-}
-
-/// Does Service spec `s` take node ports (NodePort, or LoadBalancer unless it turns them off)?
-fn takes_node_ports(s: &ServiceSpec) -> bool {
-    match s.type_.as_deref() {
-        Some("NodePort") => true,
-        Some("LoadBalancer") => s.allocate_load_balancer_node_ports != Some(false),
-        _ => false,
-    }
-}
-
-/// Host copy `copy` asking, for each port, for the node port tenant Service `t` has, so a node
-/// port the tenant shows is the one the host answers on. Only for the types that take node
-/// ports. (Where the host refuses one, the copy keeps or gets one of the host's choosing, and
-/// the tenant Service takes that: [`node_ports_up`].)
-pub fn with_node_ports(mut copy: Service, t: &Service) -> Service {
-    if let Some(spec) = copy.spec.as_mut().filter(|s| takes_node_ports(s)) {
-        for p in spec.ports.iter_mut().flatten() {
-            p.node_port = node_port(Some(t), &port_key(p));
-        }
-    }
-    copy
-}
-
-/// The node port Service `s` gives its port `key`, if its type takes node ports.
-fn node_port(s: Option<&Service>, key: &(i32, String)) -> Option<i32> {
-    s.and_then(|s| s.spec.as_ref())
-        .filter(|s| takes_node_ports(s))
-        .and_then(|s| s.ports.as_ref())
-        .and_then(|ports| ports.iter().find(|p| &port_key(p) == key))
-        .and_then(|p| p.node_port)
-}
-
-/// Tenant Service `t`'s ports with the node ports of its copy `h`, where one differs; `None`
-/// when they agree.
-pub fn node_ports_up(t: &Service, h: &Service) -> Option<Vec<ServicePort>> {
-    let spec = t.spec.as_ref().filter(|s| takes_node_ports(s))?;
-    let mut ports = spec.ports.clone()?;
-    let mut changed = false;
-    for p in &mut ports {
-        let theirs = node_port(Some(h), &port_key(p));
-        if theirs.is_some() && theirs != p.node_port {
-            p.node_port = theirs;
-            changed = true;
-        }
-    }
-    changed.then_some(ports)
-}
-
 /// Host copy `copy` asking for the cluster IPs `of` has (the tenant Service, when the copy is
 /// first made: so the tenant's address is the host's too, and the tenant Service is never made
 /// again; the live copy after that, whose address cannot change). Headless and ExternalName
@@ -478,71 +430,9 @@ pub fn service(tr: &Translator, svc: &Service, host_name: &str) -> Service {
     }
 }
 
-fn env(name: &str, value: &str) -> EnvVar {
-    EnvVar {
-        name: name.into(),
-        value: Some(value.into()),
-        value_from: None,
-    }
-}
-
-/// The Docker-links variables the kubelet gives for a Service, computed for the tenant's Service
-/// (whose cluster IP is its host copy's).
-pub fn service_env(svc: &Service) -> Vec<EnvVar> {
-    let Some(spec) = svc.spec.as_ref() else {
-        return vec![];
-    };
-    let Some(ip) = spec.cluster_ip.as_deref().filter(|ip| *ip != "None") else {
-        return vec![];
-    };
-    let Some(first) = spec.ports.as_ref().and_then(|p| p.first()) else {
-        return vec![];
-    };
-    let prefix = svc.name_any().to_uppercase().replace('-', "_");
-    let proto = |p: &ServicePort| p.protocol.clone().unwrap_or_else(|| "TCP".into());
-    let mut out = vec![
-        env(&format!("{prefix}_SERVICE_HOST"), ip),
-        env(&format!("{prefix}_SERVICE_PORT"), &first.port.to_string()),
-        env(
-            &format!("{prefix}_PORT"),
-            &format!("{}://{ip}:{}", proto(first).to_lowercase(), first.port),
-        ),
-    ];
-    for p in spec.ports.iter().flatten() {
-        if let Some(name) = &p.name {
-            out.push(env(
-                &format!(
-                    "{prefix}_SERVICE_PORT_{}",
-                    name.to_uppercase().replace('-', "_")
-                ),
-                &p.port.to_string(),
-            ));
-        }
-        let base = format!("{prefix}_PORT_{}_{}", p.port, proto(p).to_uppercase());
-        out.push(env(
-            &base,
-            &format!("{}://{ip}:{}", proto(p).to_lowercase(), p.port),
-        ));
-        out.push(env(&format!("{base}_PROTO"), &proto(p).to_lowercase()));
-        out.push(env(&format!("{base}_PORT"), &p.port.to_string()));
-        out.push(env(&format!("{base}_ADDR"), ip));
-    }
-    out
-}
-
-/// The variables that reach the tenant API server from a pod, at `ip` on 443.
-pub fn tenant_api_env(ip: &str) -> Vec<EnvVar> {
-    let address = format!("tcp://{ip}:443");
-    vec![
-        env("KUBERNETES_SERVICE_HOST", ip),
-        env("KUBERNETES_SERVICE_PORT", "443"),
-        env("KUBERNETES_SERVICE_PORT_HTTPS", "443"),
-        env("KUBERNETES_PORT", &address),
-        env("KUBERNETES_PORT_443_TCP", &address),
-        env("KUBERNETES_PORT_443_TCP_PROTO", "tcp"),
-        env("KUBERNETES_PORT_443_TCP_PORT", "443"),
-        env("KUBERNETES_PORT_443_TCP_ADDR", ip),
-    ]
+/// A port's protocol, TCP when it names none (as the API server defaults it).
+fn protocol(p: &ServicePort) -> String {
+    p.protocol.clone().unwrap_or_else(|| "TCP".into())
 }
 
 #[cfg(test)]
@@ -555,66 +445,6 @@ mod tests {
     fn copy_of(svc: &Service) -> Service {
         let tr = translator();
         service(&tr, svc, &host_name_of(&tr, &svc.metadata))
-    }
-
-    #[test]
-    fn a_copy_asks_for_the_tenants_node_ports_and_the_tenant_shows_the_hosts() {
-        let svc = |type_: &str, ports: serde_json::Value| -> Service {
-            serde_json::from_value(json!({
-                "metadata": {"name": "web", "namespace": "default"},
-                "spec": {"type": type_, "ports": ports}
-            }))
-            .unwrap()
-        };
-        let t = svc(
-            "NodePort",
-            json!([{"name": "http", "port": 80, "nodePort": 30080},
-                   {"name": "dns", "port": 53, "protocol": "UDP", "nodePort": 30053}]),
-        );
-        let node_ports = |s: &Service| -> Vec<Option<i32>> {
-            s.spec
-                .as_ref()
-                .unwrap()
-                .ports
-                .iter()
-                .flatten()
-                .map(|p| p.node_port)
-                .collect()
-        };
-        assert_eq!(
-            node_ports(&copy_of(&t)),
-            [None, None],
-            "the translation is pure"
-        );
-        let asked = with_node_ports(copy_of(&t), &t);
-        assert_eq!(node_ports(&asked), [Some(30080), Some(30053)]);
-        // A ClusterIP Service takes none, whatever its tenant side had a moment ago.
-        let plain = svc("ClusterIP", json!([{"port": 80}]));
-        assert_eq!(node_ports(&with_node_ports(copy_of(&plain), &t)), [None]);
-
-        // The host chose another for one port: the tenant Service shows it.
-        let h = svc(
-            "NodePort",
-            json!([{"name": "dns", "port": 53, "protocol": "UDP", "nodePort": 30053},
-                   {"name": "http", "port": 80, "protocol": "TCP", "nodePort": 31999}]),
-        );
-        let up = node_ports_up(&t, &h).expect("the ports differ");
-        assert_eq!(
-            up.iter().map(|p| p.node_port).collect::<Vec<_>>(),
-            [Some(31999), Some(30053)]
-        );
-        assert_eq!(
-            up[0].name.as_deref(),
-            Some("http"),
-            "the tenant's order and names stay"
-        );
-        let agreed = svc(
-            "NodePort",
-            json!([{"name": "http", "port": 80, "nodePort": 31999},
-                   {"name": "dns", "port": 53, "protocol": "UDP", "nodePort": 30053}]),
-        );
-        assert_eq!(node_ports_up(&agreed, &h), None);
-        assert_eq!(node_ports_up(&plain, &h), None);
     }
 
     #[test]
