@@ -118,6 +118,17 @@ pub fn wake_stale(cx: &Tenant) {
     }
 }
 
+/// A pod of namespace `ns` got a new address: queue everything written by hand there (Endpoints
+/// and EndpointSlices), which may name it now.
+pub fn wake_namespace(cx: &Tenant, ns: &str) {
+    for ep in cx.tenant_list::<Endpoints>() {
+        if ep.namespace().as_deref() == Some(ns) {
+            cx.queue.add(Key::for_object::<EndpointsKind>(&*ep));
+        }
+    }
+    crate::kinds::endpointslices::wake_namespace(cx, ns);
+}
+
 /// Every address of `ep`, ready or not, in order.
 fn addresses(ep: &Endpoints) -> Vec<(bool, String)> {
     let mut out: Vec<(bool, String)> = ep

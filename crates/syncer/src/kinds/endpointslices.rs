@@ -95,6 +95,15 @@ pub fn wake_for_service(cx: &Tenant, ns: &str, name: &str) {
     }
 }
 
+/// The slices of namespace `ns`, queued (see [`crate::kinds::endpoints::wake_namespace`]).
+pub fn wake_namespace(cx: &Tenant, ns: &str) {
+    for s in cx.tenant_list::<EndpointSlice>() {
+        if s.namespace().as_deref() == Some(ns) {
+            cx.queue.add(Key::for_object::<EndpointSlices>(&*s));
+        }
+    }
+}
+
 /// A pod copy came, changed or went: queue the slices whose copy no longer holds the addresses
 /// it should, so an address leaves a copy with its pod (as [`crate::kinds::endpoints::wake_stale`]).
 pub fn wake_stale(

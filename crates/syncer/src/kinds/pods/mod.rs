@@ -4,16 +4,11 @@
 //! pod uses follow it down.
 
 use std::sync::Arc;
-use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{
-    Binding, ConfigMap, ContainerState, ContainerStateTerminated, ContainerStatus, Endpoints,
-    ObjectReference, Pod, Secret, Service,
-};
-use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret, Service};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{ObjectMeta, Patch, PatchParams, PostParams};
+use kube::api::{Patch, PatchParams};
 use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
 use tenantplane_api::SyncPolicySpec;
@@ -26,9 +21,7 @@ use crate::host::Scope;
 use crate::key::Key;
 use crate::kind_trait::{Kind, scoped_api};
 use crate::kinds::configmaps::ConfigMaps;
-use crate::kinds::endpoints::EndpointsKind;
-use crate::kinds::endpointslices::EndpointSlices;
-use crate::kinds::nodes::{self, node_key};
+use crate::kinds::nodes::node_key;
 use crate::kinds::persistentvolumeclaims::Claims;
 use crate::kinds::secrets::{self, Secrets};
 use crate::kinds::services::is_tenant_api;
@@ -37,6 +30,7 @@ use crate::tell;
 use crate::tenant::Tenant;
 use crate::tenant_terms::{self, Terms};
 
+pub mod binding;
 pub mod carry;
 pub mod ephemeral;
 pub mod references;
@@ -177,7 +171,7 @@ async fn converge_pod(cx: &Tenant, ns: &str, name: &str) -> Result<()> {
                 // in a terminal phase first (a Job's pod failure policy waits for one before
                 // its controller lets the pod go).
                 tell::forget(cx, &t_uid);
-                if let Some(status) = terminal_status(&t) {
+                if let Some(status) = status::terminal_status(&t) {
                     tenant_pods
                         .patch_status(
                             name,
@@ -227,7 +221,7 @@ async fn converge_pod(cx: &Tenant, ns: &str, name: &str) -> Result<()> {
     if h.metadata.deletion_timestamp.is_some() {
         return Ok(());
     }
-    bind(cx, &t, &h).await?;
+    binding::bind(cx, &t, &h).await?;
     let node = h.spec.as_ref().and_then(|s| s.node_name.clone());
     let observed = t.status.as_ref().and_then(|s| s.observed_generation);
     let mut wanted = status::pod_status_up(
@@ -241,17 +235,8 @@ async fn converge_pod(cx: &Tenant, ns: &str, name: &str) -> Result<()> {
     if h.status.is_some() && status::pod_status_differs(t.status.as_ref(), &wanted) {
         let t_ip = t.status.as_ref().and_then(|s| s.pod_ip.as_ref());
         if t_ip != wanted.pod_ip.as_ref() {
-            // A new address of our own: Endpoints written by hand may name it now.
-            for ep in cx.tenant_list::<Endpoints>() {
-                if ep.namespace().as_deref() == Some(ns) {
-                    cx.queue.add(Key::for_object::<EndpointsKind>(&*ep));
-                }
-            }
-            for s in cx.tenant_list::<EndpointSlice>() {
-                if s.namespace().as_deref() == Some(ns) {
-                    cx.queue.add(Key::for_object::<EndpointSlices>(&*s));
-                }
-            }
+            // A new address of our own: endpoints written by hand may name it now.
+            crate::kinds::endpoints::wake_namespace(cx, ns);
         }
         tenant_pods
             .patch_status(
@@ -309,103 +294,6 @@ async fn too_large_for(cx: &Tenant, p: &Pod) -> Vec<String> {
         }
     }
     out
-}
-
-/// The host node a tenant pod bound by name (`spec.nodeName`, written so or bound before its copy
-/// was made again) runs on: its own, as on the host, where the kubelet admits or rejects it
-/// (a host port taken, no room) rather than a scheduler. Only a node the profile lets the
-/// tenant run on: its `nodeSelector` matches, it is not cordoned, and `copy`'s tolerations (the
-/// profile's and those the tenant may add) cover its taints, since a kubelet checks no
-/// scheduling taint. Otherwise the host scheduler places the copy.
-fn bound_by_name(cx: &Tenant, t: &Pod, copy: &Pod) -> Option<String> {
-    let node = t.spec.as_ref()?.node_name.clone()?;
-    let host = cx.host_get::<k8s_openapi::api::core::v1::Node>(false, &node)?;
-    let tolerations = copy
-        .spec
-        .as_ref()
-        .and_then(|s| s.tolerations.clone())
-        .unwrap_or_default();
-    nodes::schedulable(&host, &cx.tr.node_selector, &tolerations).then_some(node)
-}
-
-/// The status a deleted pod whose copy is gone ends in, as a kubelet ends a deleted pod: `Failed`
-/// unless it ended already, its containers that had not ended terminated. `None`: it has ended.
-pub fn terminal_status(t: &Pod) -> Option<serde_json::Value> {
-    let status = t.status.clone().unwrap_or_default();
-    if matches!(status.phase.as_deref(), Some("Succeeded" | "Failed")) {
-        return None;
-    }
-    let ended = |list: Option<Vec<ContainerStatus>>| -> Option<Vec<ContainerStatus>> {
-        list.map(|list| {
-            list.into_iter()
-                .map(|mut c| {
-                    if c.state.as_ref().is_none_or(|s| s.terminated.is_none()) {
-                        c.state = Some(ContainerState {
-                            terminated: Some(ContainerStateTerminated {
-                                exit_code: 137,
-                                reason: Some("ContainerStatusUnknown".into()),
-                                message: Some(
-                                    "the pod was deleted and its host copy is gone".into(),
-                                ),
-                                ..Default::default()
-                            }),
-                            ..Default::default()
-                        });
-                        c.ready = false;
-                        c.started = Some(false);
-                    }
-                    c
-                })
-                .collect()
-        })
-    };
-    Some(json!({
-        "phase": "Failed",
-        "containerStatuses": ended(status.container_statuses),
-        "initContainerStatuses": ended(status.init_container_statuses),
-    }))
-}
-
-/// Bind the tenant pod to the virtual node of its copy's host node. Only to a virtual node that
-/// exists: the tenant's pod garbage collector deletes pods bound to missing nodes. Without
-/// virtual nodes the tenant pod stays unbound.
-async fn bind(cx: &Tenant, t: &Pod, h: &Pod) -> Result<()> {
-    let bound = t.spec.as_ref().and_then(|s| s.node_name.clone());
-    let host_node = h.spec.as_ref().and_then(|s| s.node_name.clone());
-    let (None, Some(node), true) = (bound, host_node, nodes::Nodes::enabled(&cx.policy)) else {
-        return Ok(());
-    };
-    if !nodes::ensure_virtual_node(cx, &node).await? {
-        // The host node is not in the cache yet; bind on the next look.
-        cx.queue
-            .add_after(Key::for_object::<Pods>(t), Duration::from_secs(1));
-        return Ok(());
-    }
-    let name = t.name_any();
-    let binding = Binding {
-        metadata: ObjectMeta {
-            name: Some(name.clone()),
-            namespace: t.namespace(),
-            uid: t.uid(),
-            ..Default::default()
-        },
-        target: ObjectReference {
-            kind: Some("Node".into()),
-            api_version: Some("v1".into()),
-            name: Some(node),
-            ..Default::default()
-        },
-    };
-    match cx
-        .tenant_api::<Pod>(&t.namespace().unwrap_or_default())
-        .create_subresource::<_, Value>("binding", &name, &PostParams::default(), &binding)
-        .await
-    {
-        Ok(_) => Ok(()),
-        // Bound meanwhile (our own earlier write, not yet in the cache).
-        Err(kube::Error::Api(e)) if e.code == 409 => Ok(()),
-        Err(e) => Err(e.into()),
-    }
 }
 
 /// How host text about the copy of tenant pod `t`, on host node `node`, reads in the tenant
@@ -484,7 +372,7 @@ async fn create_host_pod(cx: &Tenant, t: &Pod, host_name: &str) -> Result<()> {
     let service_refs: Vec<&Service> = services.iter().map(|s| &**s).collect();
     let dns = tenant_dns(cx);
     let mut desired = translate::pod(&cx.tr, t, host_name, &service_refs, dns.as_deref());
-    if let Some(node) = bound_by_name(cx, t, &desired)
+    if let Some(node) = binding::bound_by_name(cx, t, &desired)
         && let Some(spec) = desired.spec.as_mut()
     {
         spec.node_name = Some(node);
@@ -624,31 +512,6 @@ async fn mark_unschedulable(cx: &Tenant, t: &Pod, reason: &str, message: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_deleted_pod_ends_failed_unless_it_ended_already() {
-        let pod = |status: serde_json::Value| -> Pod {
-            serde_json::from_value(json!({"metadata": {"name": "w"}, "status": status})).unwrap()
-        };
-        let running = pod(json!({"phase": "Running", "containerStatuses": [
-            {"name": "a", "image": "i", "imageID": "", "ready": true, "restartCount": 0,
-             "state": {"running": {}}},
-            {"name": "b", "image": "i", "imageID": "", "ready": false, "restartCount": 0,
-             "state": {"terminated": {"exitCode": 0}}}]}));
-        let ended = terminal_status(&running).unwrap();
-        assert_eq!(ended["phase"], "Failed");
-        let a = &ended["containerStatuses"][0];
-        assert_eq!(a["state"]["terminated"]["exitCode"], 137);
-        assert_eq!(a["ready"], false);
-        let b = &ended["containerStatuses"][1];
-        assert_eq!(
-            b["state"]["terminated"]["exitCode"], 0,
-            "an ended container keeps its end"
-        );
-        assert_eq!(terminal_status(&pod(json!({"phase": "Succeeded"}))), None);
-        assert_eq!(terminal_status(&pod(json!({"phase": "Failed"}))), None);
-        assert_eq!(terminal_status(&pod(json!({}))).unwrap()["phase"], "Failed");
-    }
 
     #[test]
     fn a_pod_wakes_what_it_uses_and_its_node() {

@@ -2,7 +2,10 @@
 //! tenant's terms (see [`crate::tenant_terms`]): no host node inventory, copy names or host
 //! namespace in its messages.
 
-use k8s_openapi::api::core::v1::{ContainerStatus, Pod, PodCondition, PodStatus};
+use k8s_openapi::api::core::v1::{
+    ContainerState, ContainerStateTerminated, ContainerStatus, Pod, PodCondition, PodStatus,
+};
+use serde_json::json;
 
 use crate::naming::ANNOTATION_TENANT_GENERATION;
 use crate::spec::KubeletEndpoint;
@@ -170,9 +173,72 @@ pub fn pod_status_differs(current: Option<&PodStatus>, wanted: &PodStatus) -> bo
         || conds(current) != conds(wanted)
 }
 
+/// The status a deleted pod whose copy is gone ends in, as a kubelet ends a deleted pod: `Failed`
+/// unless it ended already, its containers that had not ended terminated. `None`: it has ended.
+pub fn terminal_status(t: &Pod) -> Option<serde_json::Value> {
+    let status = t.status.clone().unwrap_or_default();
+    if matches!(status.phase.as_deref(), Some("Succeeded" | "Failed")) {
+        return None;
+    }
+    let ended = |list: Option<Vec<ContainerStatus>>| -> Option<Vec<ContainerStatus>> {
+        list.map(|list| {
+            list.into_iter()
+                .map(|mut c| {
+                    if c.state.as_ref().is_none_or(|s| s.terminated.is_none()) {
+                        c.state = Some(ContainerState {
+                            terminated: Some(ContainerStateTerminated {
+                                exit_code: 137,
+                                reason: Some("ContainerStatusUnknown".into()),
+                                message: Some(
+                                    "the pod was deleted and its host copy is gone".into(),
+                                ),
+                                ..Default::default()
+                            }),
+                            ..Default::default()
+                        });
+                        c.ready = false;
+                        c.started = Some(false);
+                    }
+                    c
+                })
+                .collect()
+        })
+    };
+    Some(json!({
+        "phase": "Failed",
+        "containerStatuses": ended(status.container_statuses),
+        "initContainerStatuses": ended(status.init_container_statuses),
+    }))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_deleted_pod_ends_failed_unless_it_ended_already() {
+        let pod = |status: serde_json::Value| -> Pod {
+            serde_json::from_value(json!({"metadata": {"name": "w"}, "status": status})).unwrap()
+        };
+        let running = pod(json!({"phase": "Running", "containerStatuses": [
+            {"name": "a", "image": "i", "imageID": "", "ready": true, "restartCount": 0,
+             "state": {"running": {}}},
+            {"name": "b", "image": "i", "imageID": "", "ready": false, "restartCount": 0,
+             "state": {"terminated": {"exitCode": 0}}}]}));
+        let ended = terminal_status(&running).unwrap();
+        assert_eq!(ended["phase"], "Failed");
+        let a = &ended["containerStatuses"][0];
+        assert_eq!(a["state"]["terminated"]["exitCode"], 137);
+        assert_eq!(a["ready"], false);
+        let b = &ended["containerStatuses"][1];
+        assert_eq!(
+            b["state"]["terminated"]["exitCode"], 0,
+            "an ended container keeps its end"
+        );
+        assert_eq!(terminal_status(&pod(json!({"phase": "Succeeded"}))), None);
+        assert_eq!(terminal_status(&pod(json!({"phase": "Failed"}))), None);
+        assert_eq!(terminal_status(&pod(json!({}))).unwrap()["phase"], "Failed");
+    }
     use crate::tenant_terms::NOT_SHOWN;
     use serde_json::json;
 
