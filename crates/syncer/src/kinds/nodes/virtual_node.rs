@@ -215,14 +215,17 @@ mod tests {
         };
         let node = virtual_node(&host, "dev", Some(&kubelet), &[], false);
         let status = node.status.clone().unwrap();
-        let addresses: Vec<_> = status
-            .addresses
-            .unwrap()
-            .into_iter()
-            .map(|a| (a.type_, a.address))
-            .collect();
+        // Each address as (type, address), in order.
+        let addresses_of = |n: Node| -> Vec<(String, String)> {
+            n.status
+                .and_then(|s| s.addresses)
+                .into_iter()
+                .flatten()
+                .map(|a| (a.type_, a.address))
+                .collect()
+        };
         assert_eq!(
-            addresses,
+            addresses_of(node.clone()),
             [
                 ("InternalIP".to_string(), "10.96.0.42".to_string()),
                 ("Hostname".to_string(), "10.96.0.42".to_string())
@@ -231,16 +234,8 @@ mod tests {
         );
         // A profile that shows node addresses: the host's IPs, the endpoint as the Hostname the
         // tenant API server dials first.
-        let shown: Vec<_> = virtual_node(&host, "dev", Some(&kubelet), &[], true)
-            .status
-            .unwrap()
-            .addresses
-            .unwrap()
-            .into_iter()
-            .map(|a| (a.type_, a.address))
-            .collect();
         assert_eq!(
-            shown,
+            addresses_of(virtual_node(&host, "dev", Some(&kubelet), &[], true)),
             [
                 ("InternalIP".to_string(), "10.0.0.5".to_string()),
                 ("ExternalIP".to_string(), "203.0.113.9".to_string()),
