@@ -28,6 +28,6 @@ pub use binaries::Binaries;
 pub use error::{Error, Result};
 pub use host_cluster::{ControlPlane, Nodes, Options};
 pub use shared::{
-    TestNamespace, eventually, install_crds_and_policies, kubectl, namespace, repo_path, shared,
-    use_real_nodes, wait_for_crds,
+    TestNamespace, eventually, install_crds_and_policies, kubectl, namespace, real_node_room,
+    repo_path, shared, use_real_nodes, wait_for_crds,
 };

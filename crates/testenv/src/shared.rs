@@ -14,6 +14,26 @@ use crate::process;
 static SHARED: OnceLock<Result<ControlPlane, String>> = OnceLock::new();
 static NODES: OnceLock<Nodes> = OnceLock::new();
 
+/// How many tenants a test binary runs on its one real node at once. The node has the machine's
+/// 2 cores, and every tenant's CoreDNS asks 100m of them (as upstream's does) beside the test's
+/// own pods: with 17 real-node tests, a tenant's CoreDNS waited on "Insufficient cpu" past its
+/// test's wait. A test beyond this many waits for room; a finished test's copies are deleted
+/// when its room is given back.
+const REAL_NODE_TENANTS: usize = 10;
+static REAL_NODE_ROOM: OnceLock<std::sync::Arc<tokio::sync::Semaphore>> = OnceLock::new();
+
+/// Room on the real node for one more tenant, held until dropped; `None` (no wait) when this
+/// binary's nodes are simulated. A semaphore of tokio's works across the tests' own runtimes.
+pub async fn real_node_room() -> Option<tokio::sync::OwnedSemaphorePermit> {
+    if NODES.get() != Some(&Nodes::Real) {
+        return None;
+    }
+    let room = REAL_NODE_ROOM
+        .get_or_init(|| std::sync::Arc::new(tokio::sync::Semaphore::new(REAL_NODE_TENANTS)))
+        .clone();
+    room.acquire_owned().await.ok()
+}
+
 /// Make this test binary's shared control plane run a real node ([`Nodes::Real`]). Every test of
 /// such a binary calls it first; panics if the plane already started with simulated nodes.
 pub fn use_real_nodes() {

@@ -295,6 +295,45 @@ pub struct TestHost {
     pub ns: TestNamespace,
     /// The namespace's admin client: the host as a test sees it.
     pub host: Client,
+    /// Room for this test's tenant on a real node, held while the test runs.
+    pub room: Option<RealNodeRoom>,
+}
+
+/// A test's room on its binary's real node: while held, one of the few tenants the node runs at
+/// once ([`tenantplane_testenv::real_node_room`]); when dropped (after the test's operator has
+/// stopped), the tenant's pod copies are deleted, so the node's CPU goes to the tests still
+/// running (a test's namespace is kept, for its logs).
+pub struct RealNodeRoom {
+    _permit: tokio::sync::OwnedSemaphorePermit,
+    namespace: String,
+}
+
+impl RealNodeRoom {
+    async fn take(namespace: &str) -> Option<Self> {
+        Some(Self {
+            _permit: tenantplane_testenv::real_node_room().await?,
+            namespace: namespace.to_string(),
+        })
+    }
+}
+
+impl Drop for RealNodeRoom {
+    fn drop(&mut self) {
+        let copies = format!(
+            "--selector={}",
+            tenantplane_syncer::naming::LABEL_SYNCED_FROM
+        );
+        if let Err(e) = tenantplane_testenv::kubectl(&[
+            "delete",
+            "pods",
+            "--namespace",
+            &self.namespace,
+            &copies,
+            "--wait=false",
+        ]) {
+            eprintln!("freeing the real node of {}'s pods: {e}", self.namespace);
+        }
+    }
 }
 
 impl TestHost {
@@ -309,8 +348,12 @@ impl TestHost {
     pub async fn start_with_kubelet(prefix: &str) -> Self {
         install_crds_and_policies();
         let ns = namespace(prefix).await;
+        let room = RealNodeRoom::take(&ns.name).await;
         let operator = start_operator_with_kubelet(&ns).await;
-        Self::of(ns, operator)
+        Self {
+            room,
+            ..Self::of(ns, operator)
+        }
     }
 
     /// [`TestHost::start`] with the operator talking through `client` (made from
@@ -324,7 +367,12 @@ impl TestHost {
 
     fn of(ns: TestNamespace, operator: Operator) -> Self {
         let host = ns.client.clone();
-        Self { operator, ns, host }
+        Self {
+            operator,
+            ns,
+            host,
+            room: None,
+        }
     }
 
     /// The tenant `setup` describes, made here and Ready, with a client for it.
@@ -350,6 +398,8 @@ pub struct ReadyTenant {
     pub ready: TenantCluster,
     /// The tenant's own SyncPolicy, if [`TenantSetup::sync_policy`] gave it one.
     pub sync_policy: Option<String>,
+    /// Room for the tenant on a real node (see [`TestHost::room`]), given back last.
+    pub room: Option<RealNodeRoom>,
 }
 
 impl ReadyTenant {
@@ -426,7 +476,12 @@ impl TenantSetup {
     }
 
     async fn ready_on(self, test_host: TestHost) -> ReadyTenant {
-        let TestHost { operator, ns, host } = test_host;
+        let TestHost {
+            operator,
+            ns,
+            host,
+            room,
+        } = test_host;
         let made = self.make(&ns).await;
         ReadyTenant {
             operator,
@@ -436,6 +491,7 @@ impl TenantSetup {
             name: made.name,
             ready: made.ready,
             sync_policy: made.sync_policy,
+            room,
         }
     }
 
