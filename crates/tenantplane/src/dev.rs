@@ -2,6 +2,7 @@
 //! policies, the operator and the local runtime, namespace `team-dev` with the seed example, a
 //! progress line per phase, and everything stopped on Ctrl-C.
 
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -312,9 +313,13 @@ fn print_next_steps(kubeconfig: &Path, built_kubectl: &Path, log: &Path) {
     let exe = std::env::current_exe()
         .map(|p| p.display().to_string())
         .unwrap_or_else(|_| "tenantplane".into());
-    println!(
+    // One write of the whole text, and a reader that went away (`dev | head`) is not a reason to
+    // stop the cluster: `println!` would panic on the broken pipe with everything still running.
+    let text = format!(
         "\nThe dev cluster is ready. In another terminal:\n\n  export KUBECONFIG={kc}\n  {kubectl} get tenantcluster {TENANT} -n {NAMESPACE} -o jsonpath='{{.status.phase}}{{\"\\n\"}}'\n  {kubectl} describe tenantcluster {TENANT} -n {NAMESPACE}\n  {exe} kubeconfig {TENANT} -n {NAMESPACE} > {TENANT}.kubeconfig\n  {kubectl} --kubeconfig {TENANT}.kubeconfig get namespaces\n  {kubectl} --kubeconfig {TENANT}.kubeconfig apply -f examples/tenant-workload.yaml\n  {kubectl} --kubeconfig {TENANT}.kubeconfig rollout status deploy/web\n  {kubectl} --kubeconfig {TENANT}.kubeconfig exec deploy/web -- wget -qO- http://web/greeting\n  {kubectl} --kubeconfig {TENANT}.kubeconfig get pods -o wide\n  {kubectl} get pods -n {NAMESPACE} -l tenantplane.io/synced-from={TENANT}\n\n(kubectl: {kubectl}; operator log: {log})\nCtrl-C stops everything.",
         kc = kubeconfig.display(),
         log = log.display(),
     );
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{text}").and_then(|()| out.flush());
 }

@@ -119,6 +119,12 @@ async fn start_dev(state: &Path) -> tokio::process::Child {
         Some(true),
         "the dev cluster never said it was ready"
     );
+    // Read to the end, as a terminal would: what follows the ready line is part of what it says.
+    tokio::spawn(async move {
+        while let Ok(Some(line)) = stdout.next_line().await {
+            eprintln!("dev (stdout): {line}");
+        }
+    });
     dev
 }
 
