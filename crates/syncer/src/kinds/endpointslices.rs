@@ -85,12 +85,26 @@ fn by_hand_for(s: &EndpointSlice) -> Option<&str> {
     labels.get(LABEL_SERVICE_NAME).map(String::as_str)
 }
 
-/// Queue every slice a person wrote for tenant Service `ns/name`: its selector, sync or life
-/// changed, and with it whether they go down.
+/// Queue the slices whose going down follows tenant Service `ns/name` (its selector, sync or
+/// life changed): while a person writes its endpoints, their slices for it, to go down; otherwise
+/// the copies of its slices on the host, to go. Each Service's converge calls it, and the tenant
+/// has a slice of its own controller's for nearly every Service: only selector-less ones look
+/// through the tenant's slices.
 pub fn wake_for_service(cx: &Tenant, ns: &str, name: &str) {
-    for s in cx.tenant_list::<EndpointSlice>() {
-        if s.namespace().as_deref() == Some(ns) && by_hand_for(&s) == Some(name) {
-            cx.queue.add(Key::for_object::<EndpointSlices>(&*s));
+    if written_by_hand(cx, ns, name) {
+        for s in cx.tenant_list::<EndpointSlice>() {
+            if s.namespace().as_deref() == Some(ns) && by_hand_for(&s) == Some(name) {
+                cx.queue.add(Key::for_object::<EndpointSlices>(&*s));
+            }
+        }
+        return;
+    }
+    let service_copy = cx.tr.host_name(ns, name);
+    for h in cx.host_slice::<EndpointSlice>() {
+        if h.labels().get(LABEL_SERVICE_NAME) == Some(&service_copy) {
+            for key in EndpointSlices::host_keys(&h, cx.tr.name()) {
+                cx.queue.add(key);
+            }
         }
     }
 }
