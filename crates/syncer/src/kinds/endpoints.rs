@@ -55,8 +55,7 @@ impl CopyDown for EndpointsKind {
 pub fn written_by_hand(cx: &Tenant, ns: &str, name: &str) -> bool {
     !crate::kinds::services::is_tenant_api(ns, name)
         && cx.tenant_get::<Service>(ns, name).is_some_and(|s| {
-            s.spec.as_ref().is_none_or(|sp| sp.selector.is_none())
-                && cx.syncs::<Service>(&s.metadata)
+            crate::kinds::services::selectorless(&s) && cx.syncs::<Service>(&s.metadata)
         })
 }
 

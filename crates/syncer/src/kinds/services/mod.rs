@@ -277,8 +277,9 @@ fn holds_address(s: &Service) -> bool {
         .is_some_and(|ip| !ip.is_empty() && ip != "None")
 }
 
-/// Does Service `t` leave its Endpoints to a person (no selector, not ExternalName)?
-fn selectorless(t: &Service) -> bool {
+/// Does Service `t` leave its Endpoints to a person (no selector, or an empty one, and not
+/// ExternalName)? The one definition the Service, Endpoints and EndpointSlice kinds share.
+pub(crate) fn selectorless(t: &Service) -> bool {
     t.spec.as_ref().is_none_or(|s| {
         s.selector.as_ref().is_none_or(|sel| sel.is_empty())
             && s.type_.as_deref() != Some("ExternalName")
