@@ -72,6 +72,8 @@ pub const FIELDS: &[(&str, &[(&str, Decision)])] = &[
             ("hostPID", Check),
             ("hostUsers", Copy),
             ("hostname", Translate),
+            // The pod's own hostname, in its own UTS namespace.
+            ("hostnameOverride", Copy),
             ("imagePullSecrets", Translate),
             ("initContainers", Copy),
             ("nodeName", Clear),
@@ -87,6 +89,9 @@ pub const FIELDS: &[(&str, &[(&str, Decision)])] = &[
             ("restartPolicy", Copy),
             ("runtimeClassName", Check),
             ("schedulerName", Clear),
+            // A PodGroup of the tenant's, which the host's scheduler cannot see: placement is
+            // the host's.
+            ("schedulingGroup", Clear),
             // A gated copy would wait for a host controller that never comes: the gate is the
             // tenant's, and the copy is made once the tenant lifts it.
             ("schedulingGates", Clear),
@@ -285,6 +290,9 @@ pub const FIELDS: &[(&str, &[(&str, Decision)])] = &[
             ("serviceAccountToken", Translate),
             // Reads the host's cluster-wide trust bundles.
             ("clusterTrustBundle", Never { hint: "" }),
+            // The host's kubelet would ask the host's signers for a certificate in the pod's
+            // name, on the platform's rights.
+            ("podCertificate", Never { hint: "" }),
         ],
     ),
 ];
@@ -308,6 +316,8 @@ const CONTAINER: &[(&str, Decision)] = &[
     // Requests and limits are the quota's; `claims` (dynamic resource allocation) is refused.
     ("resources", Check),
     ("restartPolicy", Copy),
+    // Restart on given exit codes: the kubelet's, inside the pod.
+    ("restartPolicyRules", Copy),
     ("securityContext", Copy),
     ("startupProbe", Copy),
     ("stdin", Copy),
@@ -506,7 +516,8 @@ mod tests {
                 "seLinuxOptions": {"level": "s0:c0.c1023"}}}],
             "securityContext": {"windowsOptions": {"gmsaCredentialSpec": "{}"}},
             "volumes": [{"name": "share", "nfs": {"server": "filer", "path": "/"}},
-                        {"name": "p", "projected": {"sources": [{"clusterTrustBundle": {"path": "b", "name": "n"}}]}}]
+                        {"name": "p", "projected": {"sources": [{"clusterTrustBundle": {"path": "b", "name": "n"}},
+                                                                 {"podCertificate": {"signerName": "example.com/s", "keyType": "ED25519"}}]}}]
         }))
         .unwrap();
         let text = field_refusals(&Allowances::default(), &spec).join("\n");
@@ -516,6 +527,7 @@ mod tests {
             "spec.containers[\"web\"].securityContext.seLinuxOptions.level",
             "spec.volumes[\"share\"].nfs is not allowed for tenant pods on this host; use a PersistentVolumeClaim",
             "spec.volumes[\"p\"].projected.sources[0].clusterTrustBundle",
+            "spec.volumes[\"p\"].projected.sources[1].podCertificate is not allowed for tenant pods on this host",
         ] {
             assert!(text.contains(needle), "{needle} missing from:\n{text}");
         }

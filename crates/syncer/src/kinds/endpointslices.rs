@@ -159,6 +159,7 @@ pub fn translate_with(
     let endpoints = s
         .endpoints
         .iter()
+        .flatten()
         .filter_map(|e| {
             let addresses: Vec<String> = e
                 .addresses
@@ -187,7 +188,7 @@ pub fn translate_with(
     let slice = EndpointSlice {
         metadata,
         address_type: s.address_type.clone(),
-        endpoints,
+        endpoints: Some(endpoints),
         ports: s.ports.clone(),
     };
     (slice, dropped)
@@ -248,7 +249,12 @@ mod tests {
         let labels = copy.metadata.labels.as_ref().unwrap();
         assert_eq!(labels[LABEL_SERVICE_NAME], tr.host_name("default", "db"));
         assert_eq!(labels[LABEL_MANAGED_BY], MANAGED_BY_SYNCER);
-        let addresses: Vec<&Vec<String>> = copy.endpoints.iter().map(|e| &e.addresses).collect();
+        let addresses: Vec<&Vec<String>> = copy
+            .endpoints
+            .iter()
+            .flatten()
+            .map(|e| &e.addresses)
+            .collect();
         assert_eq!(
             addresses,
             [
@@ -256,7 +262,7 @@ mod tests {
                 &vec!["192.0.2.10".to_string()]
             ]
         );
-        let first = &copy.endpoints[0];
+        let first = &copy.endpoints.as_ref().unwrap()[0];
         assert!(first.target_ref.is_none() && first.node_name.is_none() && first.hints.is_none());
         assert_eq!(first.hostname.as_deref(), Some("db-0"));
         assert_eq!(copy.ports, s.ports);

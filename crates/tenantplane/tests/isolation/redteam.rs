@@ -569,6 +569,7 @@ async fn redteam_token_secrets_finalizers_owners_and_tenant_events_stay_in_the_t
         nosel
             .endpoints
             .iter()
+            .flatten()
             .map(|e| e.addresses.clone())
             .collect::<Vec<_>>(),
         [vec![reader_ip.clone()]],
@@ -579,7 +580,7 @@ async fn redteam_token_secrets_finalizers_owners_and_tenant_events_stay_in_the_t
         .await
         .unwrap();
     for s in &host_slices.items {
-        for e in &s.endpoints {
+        for e in s.endpoints.iter().flatten() {
             assert!(
                 !e.addresses.contains(&host_api_ip),
                 "{}: {:?}",

@@ -159,7 +159,7 @@ async fn a_deployment_runs_on_the_host_and_everything_converges() {
             &pp,
             &TokenReview {
                 spec: TokenReviewSpec {
-                    token: Some(token),
+                    token,
                     audiences: None,
                 },
                 ..Default::default()

@@ -365,7 +365,12 @@ async fn a_selectorless_service_keeps_its_endpoints_and_a_deleted_service_stays_
         slices
             .items
             .iter()
-            .any(|s| s.endpoints.iter().any(|e| e.addresses == ["10.1.2.3"]))
+            .any(|s| {
+                s.endpoints
+                    .iter()
+                    .flatten()
+                    .any(|e| e.addresses == ["10.1.2.3"])
+            })
             .then_some(())
     })
     .await;
@@ -445,6 +450,7 @@ async fn a_selectorless_service_keeps_its_endpoints_and_a_deleted_service_stays_
         .map(|s| {
             s.endpoints
                 .iter()
+                .flatten()
                 .flat_map(|e| e.addresses.clone())
                 .collect()
         })

@@ -207,7 +207,7 @@ async fn a_deployment_rolls_out_a_pdb_guards_eviction_and_a_cronjob_runs() {
     pdbs.create(&pp, &pdb).await.unwrap();
     let counted = eventually(WAIT, || async {
         let s = pdbs.get("web").await.ok()?.status?;
-        (s.current_healthy == 2 && s.disruptions_allowed == 0).then_some(())
+        (s.current_healthy == Some(2) && s.disruptions_allowed == Some(0)).then_some(())
     })
     .await;
     assert!(counted.is_some(), "the budget never counted the pods");

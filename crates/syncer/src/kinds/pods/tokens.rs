@@ -86,8 +86,8 @@ pub async fn ensure_tokens(cx: &Tenant, key: &Key, t: &Pod, h: &Pod) -> Result<(
     for source in &sources {
         let request = TokenRequest {
             metadata: ObjectMeta::default(),
-            spec: TokenRequestSpec {
-                audiences: source.audience.clone().into_iter().collect(),
+            spec: Some(TokenRequestSpec {
+                audiences: Some(source.audience.clone().into_iter().collect()),
                 expiration_seconds: Some(source.expiration_seconds),
                 bound_object_ref: Some(BoundObjectReference {
                     api_version: Some("v1".into()),
@@ -95,7 +95,7 @@ pub async fn ensure_tokens(cx: &Tenant, key: &Key, t: &Pod, h: &Pod) -> Result<(
                     name: Some(t.name_any()),
                     uid: t.uid(),
                 }),
-            },
+            }),
             status: None,
         };
         let issued = accounts
@@ -104,11 +104,14 @@ pub async fn ensure_tokens(cx: &Tenant, key: &Key, t: &Pod, h: &Pod) -> Result<(
         let status = issued
             .status
             .ok_or_else(|| Error::TokenRequestFailed(format!("{ns}/{sa}")))?;
-        let seconds = status.expiration_timestamp.0.duration_since(now).as_secs();
+        let (Some(expires), Some(token)) = (status.expiration_timestamp, status.token) else {
+            return Err(Error::TokenRequestFailed(format!("{ns}/{sa}")));
+        };
+        let seconds = expires.0.duration_since(now).as_secs();
         lifetime = lifetime.min(seconds.max(60));
         data.insert(
             source.key.clone(),
-            k8s_openapi::ByteString(status.token.into_bytes()),
+            k8s_openapi::ByteString(token.into_bytes()),
         );
     }
     // Minted again at 80% of the shortest lifetime, as the kubelet does.
