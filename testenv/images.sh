@@ -39,7 +39,8 @@
 #   registry.k8s.io/e2e-test-images/nonewprivs:1.4
 #                                         its nnp program at the pinned Kubernetes version, setuid
 #                                         root at /usr/local/bin/nnp as upstream's; no Alpine under it
-#   registry.k8s.io/e2e-test-images/busybox:1.37.0-1, docker.io/library/busybox:latest, :1.35.0
+#   registry.k8s.io/e2e-test-images/busybox:1.37.0-1, docker.io/library/busybox:latest, :1.35.0,
+#   :1.37.0 (the syncer's /etc/hosts writer, HOSTS_IMAGE)
 #                                         Debian's busybox-static (1.35.0), every applet linked
 # An image that cannot be built from the real software is left out (see testenv/README.md).
 set -euo pipefail
@@ -138,6 +139,7 @@ d="$TMP/busybox"; rootfs_base "$d"; with_busybox "$d"
 image registry.k8s.io/e2e-test-images/busybox:1.37.0-1 "$d" --cmd sh
 image docker.io/library/busybox:latest "$d" --cmd sh
 image docker.io/library/busybox:1.35.0 "$d" --cmd sh
+image docker.io/library/busybox:1.37.0 "$d" --cmd sh
 
 # agnhost: the binary, a second name for it, the porter's test certificate, an upload folder and
 # the image-defined user the specs look for, as upstream's Dockerfile has them.

@@ -72,7 +72,8 @@ pub const FIELDS: &[(&str, &[(&str, Decision)])] = &[
             ("hostPID", Check),
             ("hostUsers", Copy),
             ("hostname", Translate),
-            // The pod's own hostname, in its own UTS namespace.
+            // The pod's own hostname, in its own UTS namespace (a kubelet writes no full name
+            // for it, so the syncer's hosts file is not needed: `kinds::pods::hosts`).
             ("hostnameOverride", Copy),
             ("imagePullSecrets", Translate),
             ("initContainers", Copy),

@@ -117,6 +117,70 @@ async fn a_tenant_pod_finds_and_reaches_the_tenants_services() {
     let db_ip = db.status.and_then(|s| s.pod_ip).unwrap();
     let said = kubectl(&kubeconfig, &["exec", "db-0", "--", "hostname"], "").await;
     assert_eq!(said.1.trim(), "db-0", "{said:?}");
+    // Its /etc/hosts names it as the tenant's kubelet would (the host's kubelet wrote the copy's
+    // names), so it finds itself before DNS has it; the syncer's writer is not the tenant's to see.
+    let said = kubectl(
+        &kubeconfig,
+        &["exec", "db-0", "--", "cat", "/etc/hosts"],
+        "",
+    )
+    .await;
+    assert_eq!(said.0, 0, "{said:?}");
+    assert!(
+        said.1
+            .starts_with("# Kubernetes-managed hosts file.\n127.0.0.1\tlocalhost\n"),
+        "{said:?}"
+    );
+    assert!(
+        said.1
+            .lines()
+            .any(|l| l == format!("{db_ip}\tdb-0.db.default.svc.cluster.local\tdb-0")),
+        "{said:?}"
+    );
+    assert!(!said.1.contains(&world.ns.name), "no host names: {said:?}");
+    let said = kubectl(
+        &kubeconfig,
+        &[
+            "exec",
+            "db-0",
+            "--",
+            "sh",
+            "-c",
+            "echo 10.9.9.9 extra >> /etc/hosts",
+        ],
+        "",
+    )
+    .await;
+    assert_eq!(
+        said.0, 0,
+        "the pod's own file, writable as the kubelet's is: {said:?}"
+    );
+    let shown = Api::<Pod>::namespaced(tenant.clone(), "default")
+        .get("db-0")
+        .await
+        .unwrap();
+    assert!(
+        shown
+            .status
+            .as_ref()
+            .and_then(|s| s.init_container_statuses.as_ref())
+            .is_none_or(|l| l.is_empty()),
+        "{:?}",
+        shown.status
+    );
+    let copy = host_copy(&world, "db-0").await;
+    assert_eq!(
+        copy.spec.unwrap().init_containers.unwrap()[0].name,
+        tenantplane_syncer::kinds::pods::hosts::HOSTS_CONTAINER
+    );
+    // A pod without a subdomain keeps the kubelet's file: its names there are already the tenant's.
+    let said = kubectl(
+        &kubeconfig,
+        &["exec", "client", "--", "cat", "/etc/hosts"],
+        "",
+    )
+    .await;
+    assert!(said.1.lines().any(|l| l.ends_with("\tclient")), "{said:?}");
     let said = exec_until_ok(
         &kubeconfig,
         "client",

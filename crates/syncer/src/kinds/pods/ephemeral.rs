@@ -35,6 +35,9 @@ fn as_pod(t: &Pod, ec: &EphemeralContainer) -> Pod {
     spec.containers = vec![as_container(ec)];
     spec.init_containers = None;
     spec.ephemeral_containers = None;
+    // No hosts file of the syncer's (`hosts`): an ephemeral container may not mount a sub-path,
+    // and the kubelet writes it one of its own.
+    spec.subdomain = None;
     p
 }
 
@@ -131,6 +134,7 @@ mod tests {
         pod(json!({
             "metadata": {"name": "web", "namespace": "default", "uid": "u1"},
             "spec": {
+                "hostname": "web", "subdomain": "site",
                 "containers": [{"name": "app", "image": "nginx",
                                 "env": [{"name": "A", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}]}],
                 "ephemeralContainers": ephemeral
@@ -167,6 +171,13 @@ mod tests {
         assert_eq!(cm.name, tr.host_name("default", "cm"));
         // The tenant API's address, as every container of a copy has it.
         assert!(env.iter().any(|e| e.name == "KUBERNETES_SERVICE_HOST"));
+        // No sub-path mount (the syncer's hosts file), which an ephemeral container may not have.
+        assert!(
+            ec.volume_mounts
+                .iter()
+                .flatten()
+                .all(|m| m.sub_path.is_none())
+        );
         // Started once: a copy that runs it is not asked again.
         let mut running = copy.clone();
         running.spec.as_mut().unwrap().ephemeral_containers = Some(vec![ec.clone()]);

@@ -33,6 +33,7 @@ use crate::tenant_terms::{self, Terms};
 pub mod binding;
 pub mod carry;
 pub mod ephemeral;
+pub mod hosts;
 pub mod references;
 pub mod review;
 pub mod runtime_classes;

@@ -81,6 +81,7 @@ pub fn pod_status_up(
             say(&mut c.message);
         }
     }
+    super::hosts::hide_status(&mut status.init_container_statuses);
     let containers = [
         status.init_container_statuses.as_mut(),
         status.container_statuses.as_mut(),

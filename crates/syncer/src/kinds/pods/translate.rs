@@ -87,8 +87,9 @@ pub fn pod(
     if spec.hostname.is_none() && pod.name_any().len() <= 63 && !pod.name_any().contains('.') {
         spec.hostname = Some(pod.name_any());
     }
-    if let Some(sub) = spec.subdomain.take() {
-        spec.subdomain = Some(tr.host_name(&ns, &sub));
+    let tenant_subdomain = spec.subdomain.take();
+    if let Some(sub) = &tenant_subdomain {
+        spec.subdomain = Some(tr.host_name(&ns, sub));
     }
     // Placement: the tenant's, as far as the profile allows it; the profile's own wins.
     placement(tr, &mut spec);
@@ -286,6 +287,7 @@ pub fn pod(
             *k = tr.label_key(k);
         }
     }
+    super::hosts::rewrite(&mut spec, &ns, &pod.name_any(), tenant_subdomain.as_deref());
     Pod {
         metadata: meta,
         spec: Some(spec),
