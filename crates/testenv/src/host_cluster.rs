@@ -66,6 +66,26 @@ volumeBindingMode: Immediate
 /// How long each component may take to answer before we give up and show its log.
 const READY_TIMEOUT: Duration = Duration::from_secs(90);
 
+/// Wait until `crds` (`crd/<name>`) are Established, through `kubectl wait`. A CRD applied a
+/// moment ago may have no conditions yet, and `kubectl wait` then fails at once ("accessor
+/// error: <nil>") instead of waiting: it is asked again, for up to a minute.
+pub(crate) fn wait_established(
+    kubectl: impl Fn(&[&str]) -> Result<()>,
+    crds: &[&str],
+) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut args = vec!["wait", "--for=condition=Established", "--timeout=60s"];
+    args.extend_from_slice(crds);
+    loop {
+        match kubectl(&args) {
+            Err(e) if Instant::now() < deadline && e.to_string().contains("accessor error") => {
+                std::thread::sleep(Duration::from_millis(250));
+            }
+            done => return done,
+        }
+    }
+}
+
 /// A running control plane. Its processes stop when [`ControlPlane::stop`] is called or the
 /// process that started them exits.
 #[derive(Debug)]
@@ -468,14 +488,14 @@ impl ControlPlane {
 
     /// Wait until the API server serves the three CRDs.
     pub fn wait_for_crds(&self) -> Result<()> {
-        self.kubectl_ok(&[
-            "wait",
-            "--for=condition=Established",
-            "--timeout=60s",
-            "crd/tenantclusters.tenantplane.io",
-            "crd/isolationprofiles.tenantplane.io",
-            "crd/syncpolicies.tenantplane.io",
-        ])
+        wait_established(
+            |a| self.kubectl_ok(a),
+            &[
+                "crd/tenantclusters.tenantplane.io",
+                "crd/isolationprofiles.tenantplane.io",
+                "crd/syncpolicies.tenantplane.io",
+            ],
+        )
     }
 
     /// Apply the committed CRDs, wait until they are served, then apply the default policies

@@ -41,12 +41,7 @@ pub(crate) fn install_crd(dir: &Path, kubectl: impl Fn(&[&str]) -> Result<()>) -
     std::fs::write(&path, CRD_YAML)
         .map_err(|e| Error::Io(format!("writing {}: {e}", path.display())))?;
     kubectl(&["apply", "-f", &path.display().to_string()])?;
-    kubectl(&[
-        "wait",
-        "--for=condition=Established",
-        "--timeout=60s",
-        &format!("crd/{CRD_NAME}"),
-    ])
+    crate::host_cluster::wait_established(&kubectl, &[&format!("crd/{CRD_NAME}")])
 }
 
 /// The PortForward of `pod`: its API port goes to `127.0.0.1:<loopback_port>`.
