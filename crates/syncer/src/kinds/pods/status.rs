@@ -11,17 +11,31 @@ use crate::naming::ANNOTATION_TENANT_GENERATION;
 use crate::spec::KubeletEndpoint;
 use crate::tenant_terms::{Terms, WAITING_FOR_ROOM, status_message};
 
-/// Keep in `wanted` the conditions only the tenant's side writes, of types the copy does not
-/// have: `DisruptionTarget` from the tenant's eviction API (a Job's pod failure policy reads it
-/// once the pod has ended), a readiness gate's from a tenant controller. A status written up
-/// replaces the whole list.
-pub fn keep_tenant_conditions(wanted: &mut PodStatus, tenant: Option<&PodStatus>) {
+/// Conditions the tenant's own API server and controllers write on a pod, never a kubelet:
+/// `DisruptionTarget` from its eviction API (a Job's pod failure policy reads it once the pod has
+/// ended). A readiness gate's types (`spec.readinessGates`) are a tenant controller's too.
+const TENANT_CONDITIONS: &[&str] = &["DisruptionTarget"];
+
+/// Keep in `wanted` the conditions of tenant pod `tenant` that only the tenant's side writes
+/// ([`TENANT_CONDITIONS`], its readiness gates), where the copy has none of that type: a status
+/// written up replaces the whole list. Any other condition is the kubelet's, and one the copy no
+/// longer has (a resize's `PodResizeInProgress`, once done) goes from the tenant pod too.
+pub fn keep_tenant_conditions(wanted: &mut PodStatus, tenant: &Pod) {
+    let gates: Vec<&str> = tenant
+        .spec
+        .iter()
+        .flat_map(|s| s.readiness_gates.iter().flatten())
+        .map(|g| g.condition_type.as_str())
+        .collect();
     let conditions = wanted.conditions.get_or_insert_default();
     for c in tenant
-        .into_iter()
+        .status
+        .iter()
         .flat_map(|s| s.conditions.iter().flatten())
     {
-        if !conditions.iter().any(|h| h.type_ == c.type_) {
+        let tenants =
+            TENANT_CONDITIONS.contains(&c.type_.as_str()) || gates.contains(&c.type_.as_str());
+        if tenants && !conditions.iter().any(|h| h.type_ == c.type_) {
             conditions.push(c.clone());
         }
     }
@@ -417,12 +431,18 @@ mod tests {
     #[test]
     fn conditions_only_the_tenant_writes_stay() {
         let mut wanted = up(json!({"conditions": [{"type": "Ready", "status": "True"}]}));
-        let tenant: PodStatus = serde_json::from_value(json!({"conditions": [
-            {"type": "Ready", "status": "False"},
-            {"type": "DisruptionTarget", "status": "True", "reason": "EvictionByEvictionAPI"}
-        ]}))
+        let tenant: Pod = serde_json::from_value(json!({
+            "spec": {"containers": [], "readinessGates": [{"conditionType": "example.com/lb"}]},
+            "status": {"conditions": [
+                {"type": "Ready", "status": "False"},
+                {"type": "DisruptionTarget", "status": "True", "reason": "EvictionByEvictionAPI"},
+                {"type": "example.com/lb", "status": "True"},
+                // The kubelet's, shown while the copy had it; gone from the copy, gone here.
+                {"type": "PodResizeInProgress", "status": "True"}
+            ]}
+        }))
         .unwrap();
-        keep_tenant_conditions(&mut wanted, Some(&tenant));
+        keep_tenant_conditions(&mut wanted, &tenant);
         let kinds: Vec<(String, String)> = wanted
             .conditions
             .unwrap()
@@ -433,7 +453,8 @@ mod tests {
             kinds,
             [
                 ("Ready".to_string(), "True".to_string()),
-                ("DisruptionTarget".to_string(), "True".to_string())
+                ("DisruptionTarget".to_string(), "True".to_string()),
+                ("example.com/lb".to_string(), "True".to_string())
             ],
             "the host's win for its types; the tenant's own stay"
         );
