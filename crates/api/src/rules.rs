@@ -26,6 +26,29 @@ pub fn version_format() -> Rule {
     )
 }
 
+/// The oldest Kubernetes version a tenant runs.
+pub const OLDEST_VERSION: &str = "v1.30.0";
+
+pub fn version_supported() -> Rule {
+    let (n0, n1) = (part("self", 0), part("self", 1));
+    rule(
+        format!("!self.matches('{VERSION}') || ({n0} == 1 && {n1} >= 30)"),
+        format!(
+            "'kubernetesVersion ' + self + ' is not one a tenant runs: the oldest is {OLDEST_VERSION} (older k3s lacks flags its control plane uses, such as --egress-selector-mode); use {OLDEST_VERSION} or newer'"
+        ),
+    )
+}
+
+/// An image reference: no spaces, no scheme.
+pub fn image_reference(field: &str) -> Rule {
+    rule(
+        r"self.matches('^[a-zA-Z0-9][a-zA-Z0-9._/:@-]*$')",
+        format!(
+            "'{field} must be an image reference such as registry.example/k3s:v1.30.14-k3s2 (letters, digits and . _ / : @ -); got ' + self"
+        ),
+    )
+}
+
 pub fn version_no_downgrade() -> Rule {
     let (n0, n1, n2) = (part("self", 0), part("self", 1), part("self", 2));
     let (o0, o1, o2) = (part("oldSelf", 0), part("oldSelf", 1), part("oldSelf", 2));
@@ -88,13 +111,12 @@ pub fn positive_quantity(field: &str, example: &str) -> Rule {
     )
 }
 
-/// A quantity of at least `min`, such as a storage cap that must hold the control plane's claim.
-pub fn quantity_at_least(field: &str, min: &str) -> Rule {
+/// A quantity of at least `min` (`why`: what needs it), such as a storage cap that must hold the
+/// control plane's claim.
+pub fn quantity_at_least(field: &str, min: &str, why: &str) -> Rule {
     rule(
         format!("isQuantity(self) && quantity(self).compareTo(quantity('{min}')) >= 0"),
-        format!(
-            "'{field} must be a quantity of at least {min} (the datastore claim of the control plane counts too); got ' + self"
-        ),
+        format!("'{field} must be a quantity of at least {min} ({why}); got ' + self"),
     )
 }
 

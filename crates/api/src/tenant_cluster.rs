@@ -69,10 +69,12 @@ pub struct TenantClusterSpec {
     #[serde(default)]
     pub mode: TenantMode,
 
-    /// The tenant's Kubernetes version, such as `v1.30.4`; it picks the k3s image (`v1.30.4` runs
-    /// `rancher/k3s:v1.30.4-k3s1`). It may move up one minor version at a time and never down.
+    /// The tenant's Kubernetes version, such as `v1.30.4`, at least v1.30.0; it picks the k3s
+    /// image (`v1.30.4` runs `rancher/k3s:v1.30.4-k3s1`, a respun release its latest build). It
+    /// may move up one minor version at a time and never down.
     #[schemars(length(max = 32))]
     #[x_kube(validation = crate::rules::version_format())]
+    #[x_kube(validation = crate::rules::version_supported())]
     #[x_kube(validation = crate::rules::version_no_downgrade())]
     #[x_kube(validation = crate::rules::version_one_minor_at_a_time())]
     pub kubernetes_version: String,
@@ -137,6 +139,14 @@ pub struct ControlPlane {
     /// Datastore backend of the control plane.
     #[serde(default)]
     pub datastore: Datastore,
+
+    /// The control plane's image, such as `registry.example/k3s:v1.30.14-k3s2`, in place of the
+    /// k3s release the operator picks for `kubernetesVersion`: a respin the operator does not
+    /// know yet, or a build of your own. It must run the same Kubernetes version.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 512))]
+    #[x_kube(validation = crate::rules::image_reference("controlPlane.image"))]
+    pub image: Option<String>,
 }
 
 fn one() -> i32 {
@@ -148,6 +158,7 @@ impl Default for ControlPlane {
         Self {
             replicas: 1,
             datastore: Datastore::default(),
+            image: None,
         }
     }
 }
@@ -182,6 +193,11 @@ pub struct Migration {
 /// The control plane's datastore claim: it counts against the tenant's storage cap, so no cap
 /// may be smaller.
 pub const CONTROL_PLANE_DATA_SIZE: &str = "2Gi";
+/// The least CPU and memory caps a tenant may set: what its control plane (an agentless k3s
+/// server, which the caps limit) needs to start and serve; less starves or OOM-kills it.
+pub const CONTROL_PLANE_MIN_CPU: &str = "250m";
+pub const CONTROL_PLANE_MIN_MEMORY: &str = "1Gi";
+const FLOOR_WHY: &str = "the caps limit the tenant control plane, which needs that much";
 
 /// Resource caps of the tenant, read once when the object is read.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
@@ -189,13 +205,13 @@ pub struct TenantResources {
     /// CPU cap, a quantity such as `2` or `500m`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 64))]
-    #[x_kube(validation = crate::rules::positive_quantity("resources.cpu", "2 or 500m"))]
+    #[x_kube(validation = crate::rules::quantity_at_least("resources.cpu", CONTROL_PLANE_MIN_CPU, FLOOR_WHY))]
     pub cpu: Option<ParsedQuantity>,
 
     /// Memory cap, a quantity such as `2Gi`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 64))]
-    #[x_kube(validation = crate::rules::positive_quantity("resources.memory", "2Gi or 512Mi"))]
+    #[x_kube(validation = crate::rules::quantity_at_least("resources.memory", CONTROL_PLANE_MIN_MEMORY, FLOOR_WHY))]
     pub memory: Option<ParsedQuantity>,
 
     /// Storage cap, a quantity such as `100Gi`: what all the tenant's claims may request
@@ -203,7 +219,7 @@ pub struct TenantResources {
     /// `requests.storage`, never above the IsolationProfile's own `requests.storage`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 64))]
-    #[x_kube(validation = crate::rules::quantity_at_least("resources.storage", CONTROL_PLANE_DATA_SIZE))]
+    #[x_kube(validation = crate::rules::quantity_at_least("resources.storage", CONTROL_PLANE_DATA_SIZE, "the datastore claim of the control plane counts too"))]
     pub storage: Option<ParsedQuantity>,
 }
 

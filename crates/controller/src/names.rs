@@ -89,9 +89,13 @@ pub fn endpoint(tenant: &str, namespace: &str) -> String {
     format!("https://{}.{namespace}.svc:{API_PORT}", service(tenant))
 }
 
-/// `v1.30.4` runs `<repository>:v1.30.4-k3s1`.
+/// `v1.30.4` runs `<repository>:v1.30.4-k3s1`; a respun release its latest build
+/// ([`crate::build::k3s::k3s_tag`]).
 pub fn k3s_image(repository: &str, kubernetes_version: &str) -> String {
-    format!("{repository}:{kubernetes_version}-k3s1")
+    format!(
+        "{repository}:{}",
+        crate::build::k3s::k3s_tag(kubernetes_version)
+    )
 }
 
 /// Labels on every object the controller creates for a tenant.

@@ -82,7 +82,7 @@ pub fn failing(pod: &Pod, image: &str, version: &str) -> Option<(&'static str, S
             return Some((
                 "ImagePullFailed",
                 format!(
-                    "container {} cannot pull image {image} ({}); kubernetesVersion {version} runs the k3s release tagged {version}-k3s1: check that k3s has published it, or that --k3s-repository mirrors it",
+                    "container {} cannot pull image {image} ({}); it runs kubernetesVersion {version}: check that the image is published and that --k3s-repository mirrors it, or pin an image with spec.controlPlane.image",
                     c.name,
                     reason_message(waiting.reason.as_ref(), waiting.message.as_ref())
                 ),
@@ -194,7 +194,8 @@ mod tests {
         let (reason, message) = failing(&p, "rancher/k3s:v1.99.0-k3s1", "v1.99.0").unwrap();
         assert_eq!(reason, "ImagePullFailed");
         assert!(message.contains("cannot pull image rancher/k3s:v1.99.0-k3s1 (ImagePullBackOff: Back-off pulling image"), "{message}");
-        assert!(message.contains("v1.99.0-k3s1"), "{message}");
+        assert!(message.contains("kubernetesVersion v1.99.0"), "{message}");
+        assert!(message.contains("spec.controlPlane.image"), "{message}");
     }
 
     #[test]

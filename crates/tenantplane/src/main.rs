@@ -189,7 +189,8 @@ enum Command {
         /// Watch TenantClusters in this namespace only (default: all namespaces).
         #[arg(long)]
         watch_namespace: Option<String>,
-        /// Image repository of the tenant control plane; the tag is `<kubernetesVersion>-k3s1`.
+        /// Image repository of the tenant control plane; the tag is the k3s release of the tenant's
+        /// kubernetesVersion (`<kubernetesVersion>-k3s1`, or a respin's latest build).
         #[arg(long, default_value = tenantplane_controller::names::DEFAULT_K3S_REPOSITORY)]
         k3s_repository: String,
         /// The host cluster's service CIDR, as a check: the operator asks the host for its range

@@ -2,7 +2,9 @@
 //! liveness the control-plane
 //! container's `livenessProbe` (period × failure threshold) decides how long a tenant API server
 //! may go without answering `/livez` before its processes are killed and started again, and its
-//! `startupProbe` how long a fresh start may take before that counts.
+//! `startupProbe` how long a fresh start may take before that counts. (k3s's probes ask its
+//! supervisor's `/ping`, which answers while k3s runs; the stand-in has no supervisor, so its API
+//! server's `/livez` answers for it.)
 
 use std::path::Path;
 use std::time::{Duration, Instant};

@@ -8,9 +8,9 @@ use k8s_openapi::api::apps::v1::{
     StatefulSet, StatefulSetPersistentVolumeClaimRetentionPolicy, StatefulSetSpec,
 };
 use k8s_openapi::api::core::v1::{
-    Container, ContainerPort, EnvVar, PersistentVolumeClaim, PersistentVolumeClaimSpec, PodSpec,
-    PodTemplateSpec, Probe, Secret, SecretVolumeSource, SecurityContext, Toleration, Volume,
-    VolumeMount, VolumeResourceRequirements,
+    Container, ContainerPort, EmptyDirVolumeSource, EnvVar, PersistentVolumeClaim,
+    PersistentVolumeClaimSpec, PodSpec, PodTemplateSpec, Probe, Secret, SecretVolumeSource,
+    SecurityContext, Toleration, Volume, VolumeMount, VolumeResourceRequirements,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -23,7 +23,19 @@ use crate::tenant_pki::TenantPki;
 use crate::{Error, names};
 
 mod args;
+mod releases;
 pub use args::{Addressing, k3s_args};
+pub use releases::k3s_tag;
+
+/// The image of tenant `tc`'s control plane: its own `spec.controlPlane.image`, else the k3s
+/// release of its Kubernetes version from `options`' repository.
+pub fn control_plane_image(tc: &TenantCluster, options: &BuildOptions) -> String {
+    tc.spec
+        .control_plane
+        .image
+        .clone()
+        .unwrap_or_else(|| names::k3s_image(&options.k3s_repository, &tc.spec.kubernetes_version))
+}
 
 /// k3s keeps its state here, on the volume.
 pub const DATA_DIR: &str = "/var/lib/rancher/k3s";
@@ -39,7 +51,8 @@ pub const DATA_VOLUME_SIZE: &str = tenantplane_api::tenant_cluster::CONTROL_PLAN
 pub const RUN_AS_USER: i64 = 10001;
 
 /// k3s's own kubectl asking its API server for a health endpoint; k3s turns anonymous access
-/// off, so an HTTP probe without credentials would get 401.
+/// off, so an HTTP probe of `/readyz` without credentials would get 401. It starts a second k3s
+/// process, so only readiness uses it.
 fn health_probe(path: &str, timing: ProbeTiming) -> Probe {
     let command = [
         "/bin/k3s",
@@ -53,37 +66,38 @@ fn health_probe(path: &str, timing: ProbeTiming) -> Probe {
     pod::exec_probe(command.map(str::to_string).to_vec(), timing)
 }
 
-/// Startup: k3s has 5 minutes to answer `/livez` (a first start generates its state); until then
+/// The one path k3s serves without credentials on its HTTPS port (its supervisor answers `pong`
+/// before and while its API server runs, and k3s stops when its API server or controller
+/// manager exits): liveness and startup ask it over HTTP, with no process started for it.
+pub const PING_PATH: &str = "/ping";
+
+/// Startup: k3s has 5 minutes to answer `/ping` (a first start generates its state); until then
 /// neither liveness nor readiness counts.
 pub const STARTUP_PERIOD_SECONDS: i32 = 5;
 pub const STARTUP_FAILURE_THRESHOLD: i32 = 60;
-/// Liveness: a k3s that has not answered `/livez` for a minute is wedged and restarted.
+/// Liveness: a k3s that has not answered `/ping` for a minute is wedged and restarted.
 pub const LIVENESS_PERIOD_SECONDS: i32 = 10;
 pub const LIVENESS_FAILURE_THRESHOLD: i32 = 6;
 
-/// The startup, liveness and readiness probes of k3s.
+/// The startup, liveness and readiness probes of k3s. Timeouts hold under a small CPU cap: a
+/// readiness check starts k3s's kubectl, which takes seconds at 250m.
 fn probes() -> (Probe, Probe, Probe) {
-    let startup = health_probe(
-        "/livez",
-        ProbeTiming {
-            period_seconds: STARTUP_PERIOD_SECONDS,
-            timeout_seconds: 5,
-            failure_threshold: STARTUP_FAILURE_THRESHOLD,
-        },
-    );
-    let liveness = health_probe(
-        "/livez",
-        ProbeTiming {
-            period_seconds: LIVENESS_PERIOD_SECONDS,
-            timeout_seconds: 10,
-            failure_threshold: LIVENESS_FAILURE_THRESHOLD,
-        },
-    );
+    let ping = |timing| pod::https_probe(PING_PATH, names::API_PORT, timing);
+    let startup = ping(ProbeTiming {
+        period_seconds: STARTUP_PERIOD_SECONDS,
+        timeout_seconds: 5,
+        failure_threshold: STARTUP_FAILURE_THRESHOLD,
+    });
+    let liveness = ping(ProbeTiming {
+        period_seconds: LIVENESS_PERIOD_SECONDS,
+        timeout_seconds: 5,
+        failure_threshold: LIVENESS_FAILURE_THRESHOLD,
+    });
     let readiness = health_probe(
         "/readyz",
         ProbeTiming {
-            period_seconds: 5,
-            timeout_seconds: 5,
+            period_seconds: 10,
+            timeout_seconds: 10,
             failure_threshold: 3,
         },
     );
@@ -102,14 +116,14 @@ pub fn desired_statefulset(
     options: &BuildOptions,
 ) -> Result<StatefulSet, Error> {
     let (tenant, ns) = identity(tc)?;
-    let image = names::k3s_image(&options.k3s_repository, &tc.spec.kubernetes_version);
+    let image = control_plane_image(tc, options);
     let mut pod_labels = names::labels(&tenant);
     pod_labels.extend(names::control_plane_selector(&tenant));
     if options.local_runtime {
         pod_labels.insert(names::LABEL_RUNTIME.into(), names::RUNTIME_LOCAL.into());
     }
-    // The caps limit the control plane; it requests only what an agentless k3s needs, so the
-    // rest of the tenant's quota is left for its workloads.
+    // The caps limit the control plane; it always requests what an agentless k3s needs (never
+    // BestEffort, the first evicted), so the rest of the tenant's quota is left for its workloads.
     let resources = pod::capped_resources([
         CapAndNeed {
             resource: "cpu",
@@ -138,8 +152,18 @@ pub fn desired_statefulset(
         liveness_probe: Some(liveness),
         readiness_probe: Some(readiness),
         resources: Some(resources),
+        // k3s's kubectl keeps a cache under $HOME, and k3s links its kubeconfig there.
+        env: Some(vec![EnvVar {
+            name: "HOME".into(),
+            value: Some(DATA_DIR.into()),
+            value_from: None,
+        }]),
         security_context: Some(security_context()),
-        volume_mounts: Some(vec![data_mount()]),
+        volume_mounts: Some(vec![
+            data_mount(),
+            scratch_mount(RANCHER_ETC_VOLUME, RANCHER_ETC),
+            scratch_mount(TMP_VOLUME, "/tmp"),
+        ]),
         ..Default::default()
     };
     let pki_volume = Volume {
@@ -177,7 +201,11 @@ pub fn desired_statefulset(
                     security_context: Some(pod::restricted_pod(RUN_AS_USER)),
                     init_containers: Some(vec![pki_init_container(image, options)]),
                     containers: vec![k3s],
-                    volumes: Some(vec![pki_volume]),
+                    volumes: Some(vec![
+                        pki_volume,
+                        scratch_volume(RANCHER_ETC_VOLUME, "1Mi"),
+                        scratch_volume(TMP_VOLUME, "64Mi"),
+                    ]),
                     node_selector: local_runtime_node_selector(options),
                     tolerations: local_runtime_tolerations(options),
                     ..Default::default()
@@ -210,12 +238,39 @@ fn local_runtime_tolerations(options: &BuildOptions) -> Option<Vec<Toleration>> 
     })
 }
 
-/// Both containers' security context: `restricted`, as k3s's user.
+/// k3s writes here even without an agent (its agent setup makes `/etc/rancher/node/password`
+/// at every start); the image's `/etc` is root's, so an unprivileged k3s gets a folder of its own
+/// and, without it, never finishes starting.
+pub const RANCHER_ETC: &str = "/etc/rancher";
+const RANCHER_ETC_VOLUME: &str = "rancher-etc";
+const TMP_VOLUME: &str = "tmp";
+
+/// Both containers' security context: `restricted`, as k3s's user, on a read-only root: every
+/// place k3s writes is a volume (its data, `/etc/rancher`, `/tmp`).
 fn security_context() -> SecurityContext {
     SecurityContext {
-        // Said outright: k3s writes outside its data volume.
-        read_only_root_filesystem: Some(false),
+        read_only_root_filesystem: Some(true),
         ..pod::restricted_container(RUN_AS_USER)
+    }
+}
+
+/// A folder of the pod's own, gone with it, at most `size`.
+fn scratch_volume(name: &str, size: &str) -> Volume {
+    Volume {
+        name: name.into(),
+        empty_dir: Some(EmptyDirVolumeSource {
+            size_limit: Some(Quantity(size.into())),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+fn scratch_mount(name: &str, path: &str) -> VolumeMount {
+    VolumeMount {
+        name: name.into(),
+        mount_path: path.into(),
+        ..Default::default()
     }
 }
 
@@ -331,6 +386,29 @@ mod tests {
             spec.init_containers.unwrap()[0].image.as_deref(),
             Some("mirror.example/k3s:v1.30.4-k3s1")
         );
+        // A respun release runs its latest build; a tenant's own image wins over both.
+        let mut respun = tenant();
+        respun.spec.kubernetes_version = "v1.30.14".into();
+        let sts = desired_statefulset(&respun, &addressing(), &BuildOptions::default()).unwrap();
+        let spec = sts.spec.unwrap().template.spec.unwrap();
+        assert_eq!(
+            spec.containers[0].image.as_deref(),
+            Some("rancher/k3s:v1.30.14-k3s2")
+        );
+        let mut pinned = tenant();
+        pinned.spec.control_plane.image = Some("registry.example/k3s:v1.30.4-k3s9".into());
+        let sts = desired_statefulset(&pinned, &addressing(), &options).unwrap();
+        let spec = sts.spec.unwrap().template.spec.unwrap();
+        for c in spec
+            .containers
+            .iter()
+            .chain(spec.init_containers.iter().flatten())
+        {
+            assert_eq!(
+                c.image.as_deref(),
+                Some("registry.example/k3s:v1.30.4-k3s9")
+            );
+        }
     }
 
     #[test]
@@ -387,6 +465,78 @@ mod tests {
             "100m",
             "never above the cap"
         );
+    }
+
+    #[test]
+    fn k3s_writes_only_to_its_volumes_on_a_read_only_root() {
+        let sts = desired_statefulset(&tenant(), &addressing(), &BuildOptions::default()).unwrap();
+        let spec = sts.spec.unwrap().template.spec.unwrap();
+        let k3s = &spec.containers[0];
+        let mounts: Vec<&str> = k3s
+            .volume_mounts
+            .iter()
+            .flatten()
+            .map(|m| m.mount_path.as_str())
+            .collect();
+        for path in [DATA_DIR, RANCHER_ETC, "/tmp"] {
+            assert!(mounts.contains(&path), "{path}: {mounts:?}");
+        }
+        let volumes = spec.volumes.as_ref().unwrap();
+        for name in [RANCHER_ETC_VOLUME, TMP_VOLUME] {
+            let v = volumes.iter().find(|v| v.name == name).unwrap();
+            assert!(v.empty_dir.as_ref().unwrap().size_limit.is_some(), "{name}");
+        }
+        let home = k3s.env.iter().flatten().find(|e| e.name == "HOME").unwrap();
+        assert_eq!(home.value.as_deref(), Some(DATA_DIR));
+        for c in spec
+            .containers
+            .iter()
+            .chain(spec.init_containers.iter().flatten())
+        {
+            let sc = c.security_context.as_ref().unwrap();
+            assert_eq!(sc.read_only_root_filesystem, Some(true), "{}", c.name);
+        }
+    }
+
+    #[test]
+    fn liveness_and_startup_ask_k3s_over_https_and_readiness_asks_its_api_server() {
+        let sts = desired_statefulset(&tenant(), &addressing(), &BuildOptions::default()).unwrap();
+        let k3s = sts
+            .spec
+            .unwrap()
+            .template
+            .spec
+            .unwrap()
+            .containers
+            .remove(0);
+        for probe in [k3s.startup_probe.unwrap(), k3s.liveness_probe.unwrap()] {
+            let get = probe.http_get.as_ref().expect("no process started for it");
+            assert_eq!(get.path.as_deref(), Some(PING_PATH));
+            assert_eq!(get.scheme.as_deref(), Some("HTTPS"));
+            assert_eq!(
+                get.port,
+                k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(names::API_PORT)
+            );
+            assert!(probe.exec.is_none());
+        }
+        let ready = k3s.readiness_probe.unwrap();
+        let command = ready.exec.unwrap().command.unwrap();
+        assert_eq!(command.last().map(String::as_str), Some("/readyz"));
+        assert!(ready.timeout_seconds.unwrap() >= 10, "holds at 250m");
+    }
+
+    #[test]
+    fn an_uncapped_control_plane_still_requests_what_it_needs() {
+        let mut open = tenant();
+        open.spec.resources.cpu = None;
+        open.spec.resources.memory = None;
+        let sts = desired_statefulset(&open, &addressing(), &BuildOptions::default()).unwrap();
+        let c = &sts.spec.unwrap().template.spec.unwrap().containers[0];
+        let r = c.resources.as_ref().unwrap();
+        let requests = r.requests.as_ref().expect("never BestEffort");
+        assert_eq!(requests["cpu"].0, CONTROL_PLANE_CPU_REQUEST);
+        assert_eq!(requests["memory"].0, CONTROL_PLANE_MEMORY_REQUEST);
+        assert_eq!(r.limits, None);
     }
 
     #[test]
@@ -473,18 +623,16 @@ mod tests {
         let startup = c.startup_probe.as_ref().unwrap();
         let liveness = c.liveness_probe.as_ref().unwrap();
         let readiness = c.readiness_probe.as_ref().unwrap();
-        assert!(command(startup).ends_with("get --raw /livez"));
-        assert!(command(liveness).ends_with("get --raw /livez"));
         assert!(command(readiness).ends_with("get --raw /readyz"));
         // k3s's kubectl with the admin kubeconfig k3s writes (anonymous access is off in k3s).
-        assert!(command(liveness).starts_with(&format!(
+        assert!(command(readiness).starts_with(&format!(
             "/bin/k3s kubectl --kubeconfig {DATA_DIR}/kubeconfig.yaml"
         )));
         let window = |p: &k8s_openapi::api::core::v1::Probe| {
             p.period_seconds.unwrap() * p.failure_threshold.unwrap()
         };
         assert_eq!(window(startup), 300, "five minutes to come up");
-        assert_eq!(window(liveness), 60, "a minute without /livez restarts it");
+        assert_eq!(window(liveness), 60, "a minute without /ping restarts it");
         assert!(liveness.timeout_seconds.unwrap() < liveness.period_seconds.unwrap() + 1);
         assert_eq!(
             readiness.initial_delay_seconds, None,

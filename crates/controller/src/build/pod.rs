@@ -4,10 +4,11 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{
-    Capabilities, ExecAction, PodSecurityContext, Probe, ResourceRequirements, SeccompProfile,
-    SecurityContext,
+    Capabilities, ExecAction, HTTPGetAction, PodSecurityContext, Probe, ResourceRequirements,
+    SeccompProfile, SecurityContext,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use tenantplane_api::quantity::ParsedQuantity;
 
 fn runtime_default_seccomp() -> SeccompProfile {
@@ -67,7 +68,11 @@ pub fn capped_resources<'a>(
         need,
     } in resources
     {
-        let Some(cap) = cap else { continue };
+        let Some(cap) = cap else {
+            // Uncapped: requested all the same, so the container is never BestEffort.
+            requests.insert(resource.to_string(), Quantity(need.to_string()));
+            continue;
+        };
         let request = match (cap.value(), need.value()) {
             (Some(c), Some(n)) if c.exceeds(n) => &need,
             _ => cap,
@@ -75,12 +80,9 @@ pub fn capped_resources<'a>(
         limits.insert(resource.to_string(), Quantity(cap.to_string()));
         requests.insert(resource.to_string(), Quantity(request.to_string()));
     }
-    if limits.is_empty() {
-        return ResourceRequirements::default();
-    }
     ResourceRequirements {
-        limits: Some(limits),
-        requests: Some(requests),
+        limits: (!limits.is_empty()).then_some(limits),
+        requests: (!requests.is_empty()).then_some(requests),
         claims: None,
     }
 }
@@ -98,6 +100,23 @@ pub fn exec_probe(command: Vec<String>, timing: ProbeTiming) -> Probe {
     Probe {
         exec: Some(ExecAction {
             command: Some(command),
+        }),
+        period_seconds: Some(timing.period_seconds),
+        timeout_seconds: Some(timing.timeout_seconds),
+        failure_threshold: Some(timing.failure_threshold),
+        ..Default::default()
+    }
+}
+
+/// A probe that asks `path` over HTTPS on `port`, with no credentials (the kubelet does not
+/// check the certificate).
+pub fn https_probe(path: &str, port: i32, timing: ProbeTiming) -> Probe {
+    Probe {
+        http_get: Some(HTTPGetAction {
+            path: Some(path.into()),
+            port: IntOrString::Int(port),
+            scheme: Some("HTTPS".into()),
+            ..Default::default()
         }),
         period_seconds: Some(timing.period_seconds),
         timeout_seconds: Some(timing.timeout_seconds),
@@ -132,8 +151,10 @@ mod tests {
     }
 
     #[test]
-    fn without_a_cap_nothing_is_limited_or_requested() {
-        assert_eq!(cpu(None, "250m"), ResourceRequirements::default());
+    fn without_a_cap_the_need_is_requested_and_nothing_limited() {
+        let r = cpu(None, "250m");
+        assert_eq!(r.requests.unwrap()["cpu"].0, "250m");
+        assert_eq!(r.limits, None);
     }
 
     #[test]

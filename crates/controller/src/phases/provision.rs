@@ -157,7 +157,7 @@ pub(crate) async fn control_plane(tc: &TenantCluster, ctx: &Context) -> Phase<Co
         }
     }
     let outcome = apply::ensure(&statefulsets, &caches.statefulsets, &desired).await?;
-    let image = names::k3s_image(&options.k3s_repository, &tc.spec.kubernetes_version);
+    let image = crate::build::k3s::control_plane_image(tc, options);
     if outcome == Outcome::Created {
         publish(
             ctx,

@@ -5,6 +5,10 @@
 use super::{BuildOptions, DATA_DIR, KUBELET_CA_FILE};
 use crate::names;
 
+/// Controllers that are off unless named, which k3s names (its default list is
+/// `*,tokencleaner`): a list of our own replaces k3s's, so it names them again.
+const ENABLED_CONTROLLERS: &[&str] = &["tokencleaner"];
+
 /// Controllers k3s must not run with no nodes of its own: the syncer owns nodes and volumes.
 const DISABLED_CONTROLLERS: &[&str] = &[
     "nodeipam",
@@ -39,6 +43,7 @@ pub fn k3s_args(
 ) -> Vec<String> {
     let api_ip = addressing.api_ip.as_str();
     let controllers = std::iter::once("*".to_string())
+        .chain(ENABLED_CONTROLLERS.iter().map(|c| c.to_string()))
         .chain(DISABLED_CONTROLLERS.iter().map(|c| format!("-{c}")))
         .collect::<Vec<_>>()
         .join(",");
@@ -46,7 +51,12 @@ pub fn k3s_args(
         "server".to_string(),
         "--disable-agent".into(),
         "--disable-scheduler".into(),
-        "--disable=traefik,servicelb,metrics-server,local-storage,coredns".into(),
+        // k3s's packaged add-ons: the operator runs the tenant's DNS itself, and `runtimes` would
+        // give the tenant RuntimeClasses (nvidia, crun, wasm…) whose handlers no host node has.
+        "--disable=traefik,servicelb,metrics-server,local-storage,coredns,runtimes".into(),
+        // A tenant's HelmChart would run an install Job with cluster-admin in the tenant, on the
+        // host; nothing of ours needs k3s's helm controller.
+        "--disable-helm-controller".into(),
         "--flannel-backend=none".into(),
         "--disable-network-policy".into(),
         "--disable-cloud-controller".into(),
@@ -111,12 +121,22 @@ mod tests {
         }
         let controllers = args.iter().find(|a| a.contains("controllers=")).unwrap();
         assert!(controllers.contains("-nodelifecycle") && controllers.contains("-attachdetach"));
+        assert!(
+            controllers.ends_with("controllers=*,tokencleaner,-nodeipam,-nodelifecycle,-persistentvolume-binder,-attachdetach,-persistentvolume-expander,-cloud-node-lifecycle,-ttl"),
+            "k3s's own default (*,tokencleaner) is kept: {controllers}"
+        );
+        assert!(
+            args.iter().any(|a| a == "--disable-helm-controller"),
+            "{args:?}"
+        );
         // The operator runs the tenant's DNS itself (k3s's fails `restricted` on the host).
         let disabled = args.iter().find(|a| a.starts_with("--disable=")).unwrap();
-        assert!(
-            disabled.split([',', '=']).any(|d| d == "coredns"),
-            "{disabled}"
-        );
+        for addon in ["coredns", "runtimes"] {
+            assert!(
+                disabled.split([',', '=']).any(|d| d == addon),
+                "{addon}: {disabled}"
+            );
+        }
     }
 
     #[test]
