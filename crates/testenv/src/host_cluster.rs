@@ -2,8 +2,11 @@
 //! kube-controller-manager, kube-scheduler and kwok, real binaries on free loopback ports with a
 //! PKI of their own ([`pki`]).
 
+mod kwok;
 mod pki;
 pub mod real_node;
+
+pub use kwok::{KWOK_LOG_LINES, KWOK_NODE};
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -19,38 +22,6 @@ use crate::binaries::Binaries;
 use crate::process::{self, Handle, free_port, tail};
 use crate::{Error, Result, kubeconfig};
 use pki::{write, write_pki};
-
-/// The simulated node that kwok keeps Ready and whose pods it drives to Running.
-pub const KWOK_NODE: &str = "kwok-node-0";
-
-const KWOK_NODE_YAML: &str = include_str!("../../../testenv/kwok/node.yaml");
-const KWOK_STAGES: &[(&str, &str)] = &[
-    (
-        "node-initialize.yaml",
-        include_str!("../../../testenv/kwok/stages/node-initialize.yaml"),
-    ),
-    (
-        "node-heartbeat.yaml",
-        include_str!("../../../testenv/kwok/stages/node-heartbeat.yaml"),
-    ),
-    (
-        "pod-ready.yaml",
-        include_str!("../../../testenv/kwok/stages/pod-ready.yaml"),
-    ),
-    (
-        "pod-complete.yaml",
-        include_str!("../../../testenv/kwok/stages/pod-complete.yaml"),
-    ),
-    (
-        "pod-delete.yaml",
-        include_str!("../../../testenv/kwok/stages/pod-delete.yaml"),
-    ),
-];
-
-/// What kwok answers for logs, attach, exec and port-forward of its pods (placeholders filled in).
-const KWOK_DEBUGGING_YAML: &str = include_str!("../../../testenv/kwok/debugging/pods.yaml");
-/// The log every simulated container has (CRI format, as a container runtime writes it).
-pub const KWOK_LOG_LINES: &[&str] = &["hello from a simulated container", "second line"];
 
 /// The default StorageClass, served by the controller manager's host-path provisioner.
 const STORAGE_CLASS_YAML: &str = r#"apiVersion: storage.k8s.io/v1
@@ -317,53 +288,7 @@ impl ControlPlane {
         )?;
 
         say("starting kwok with one simulated node");
-        let kwok_dir = dir.join("kwok");
-        crate::local_forward::install_crd(&kwok_dir, |a| plane.kubectl_ok(a))?;
-        let mut config_args = Vec::new();
-        for (name, body) in KWOK_STAGES {
-            let path = kwok_dir.join(name);
-            write(&path, body)?;
-            config_args.push(format!("--config={}", path.display()));
-        }
-        let log: String = KWOK_LOG_LINES
-            .iter()
-            .map(|l| format!("2026-01-01T00:00:00.000000000Z stdout F {l}\n"))
-            .collect();
-        write(&plane.kwok_log_file(), &log)?;
-        std::fs::create_dir_all(plane.kwok_exec_dir())?;
-        let debugging = KWOK_DEBUGGING_YAML
-            .replace("LOGS_FILE", &plane.kwok_log_file().display().to_string())
-            .replace("EXEC_DIR", &plane.kwok_exec_dir().display().to_string())
-            .replace("FORWARD_PORT", &plane.forward_port.to_string());
-        let path = kwok_dir.join("debugging.yaml");
-        write(&path, &debugging)?;
-        config_args.push(format!("--config={}", path.display()));
-        // The node's address is loopback so the API server's calls to "its kubelet" stay on this
-        // machine; pod IPs come from a CIDR that nothing here ever connects to.
-        let kwok_port = free_port()?;
-        let mut kwok_args = flags(&[
-            ("kubeconfig", kc.clone()),
-            ("manage-all-nodes", "false".into()),
-            (
-                "manage-nodes-with-annotation-selector",
-                "kwok.x-k8s.io/node=fake".into(),
-            ),
-            ("server-address", format!("127.0.0.1:{kwok_port}")),
-            ("node-port", kwok_port.to_string()),
-            ("node-ip", "127.0.0.1".into()),
-            ("cidr", "10.244.0.0/16".into()),
-            ("node-lease-duration-seconds", "40".into()),
-            // Control-plane pods' forwards come from PortForward objects (crate::local_forward).
-            ("enable-crds", "PortForward".into()),
-        ]);
-        kwok_args.extend(config_args);
-        // A work dir of its own, so kwok never reads a user's ~/.kwok configuration.
-        let kwok_work = kwok_dir.display().to_string();
-        plane.spawn("kwok", kwok_args, &[("KWOK_WORKDIR", kwok_work.as_str())])?;
-        let node_path = kwok_dir.join("node.yaml");
-        write(&node_path, KWOK_NODE_YAML)?;
-        plane.kubectl_ok(&["apply", "-f", &node_path.display().to_string()])?;
-        plane.wait_for_node("the simulated node", KWOK_NODE)?;
+        plane.start_kwok(&kc)?;
         plane.wait_until("the default service account", || {
             Ok(plane
                 .kubectl_output(&["get", "serviceaccount", "default", "-n", "default"])
@@ -441,29 +366,6 @@ impl ControlPlane {
         })
     }
 
-    /// Add simulated nodes `kwok-node-1` … `kwok-node-<count>` (each takes 110 pods), for
-    /// benchmarks with more pods than one node holds. Waits until they are Ready.
-    pub fn add_kwok_nodes(&self, count: usize) -> Result<()> {
-        for i in 1..=count.min(255) {
-            let name = format!("kwok-node-{i}");
-            let yaml = KWOK_NODE_YAML
-                .replace(KWOK_NODE, &name)
-                .replace("10.244.0.0/24", &format!("10.244.{i}.0/24"));
-            let path = self.dir.join("kwok").join(format!("{name}.yaml"));
-            write(&path, &yaml)?;
-            self.kubectl_ok(&["apply", "-f", &path.display().to_string()])?;
-        }
-        self.wait_until("the added nodes to be Ready", || {
-            let out = self.kubectl_output(&[
-                "get",
-                "nodes",
-                "-o",
-                "jsonpath={.items[*].status.conditions[?(@.type==\"Ready\")].status}",
-            ])?;
-            Ok(out.split_whitespace().filter(|s| *s == "True").count() > count.min(255))
-        })
-    }
-
     /// A `kubectl` command for this control plane.
     pub fn kubectl(&self) -> Command {
         let mut cmd = Command::new(self.binaries.path("kubectl"));
@@ -537,16 +439,6 @@ impl ControlPlane {
     /// Where the built binaries (kubectl among them) are.
     pub fn binaries(&self) -> &Binaries {
         &self.binaries
-    }
-
-    /// The log file kwok serves for every simulated container ([`KWOK_LOG_LINES`]).
-    pub fn kwok_log_file(&self) -> PathBuf {
-        self.dir.join("kwok").join("container.log")
-    }
-
-    /// Where commands exec'd in simulated containers run.
-    pub fn kwok_exec_dir(&self) -> PathBuf {
-        self.dir.join("kwok").join("exec")
     }
 
     /// The local registry (`127.0.0.1:<port>`) when a real node runs: images pushed there can be
