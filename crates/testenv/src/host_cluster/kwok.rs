@@ -106,14 +106,17 @@ impl ControlPlane {
             write(&path, &yaml)?;
             self.kubectl_ok(&["apply", "-f", &path.display().to_string()])?;
         }
+        // A node just applied has no conditions yet, and the filter then fails: not Ready yet.
         self.wait_until("the added nodes to be Ready", || {
             let out = self.kubectl_output(&[
                 "get",
                 "nodes",
                 "-o",
                 "jsonpath={.items[*].status.conditions[?(@.type==\"Ready\")].status}",
-            ])?;
-            Ok(out.split_whitespace().filter(|s| *s == "True").count() > count.min(255))
+            ]);
+            Ok(out.is_ok_and(|out| {
+                out.split_whitespace().filter(|s| *s == "True").count() > count.min(255)
+            }))
         })
     }
 
