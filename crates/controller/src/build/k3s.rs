@@ -9,7 +9,7 @@ use k8s_openapi::api::apps::v1::{
 };
 use k8s_openapi::api::core::v1::{
     Container, ContainerPort, EmptyDirVolumeSource, EnvVar, PersistentVolumeClaim,
-    PersistentVolumeClaimSpec, PodSpec, PodTemplateSpec, Probe, Secret, SecretVolumeSource,
+    PersistentVolumeClaimSpec, PodSpec, PodTemplateSpec, Secret, SecretVolumeSource,
     SecurityContext, Toleration, Volume, VolumeMount, VolumeResourceRequirements,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
@@ -18,13 +18,15 @@ use tenantplane_api::TenantCluster;
 
 use super::BuildOptions;
 use super::meta::{identity, match_labels, owned_metadata};
-use super::pod::{self, CapAndNeed, ProbeTiming};
+use super::pod::{self, CapAndNeed};
 use crate::tenant_pki::TenantPki;
 use crate::{Error, names};
 
 mod args;
+mod probes;
 mod releases;
 pub use args::{Addressing, k3s_args};
+use probes::probes;
 pub use releases::k3s_tag;
 
 /// The image of tenant `tc`'s control plane: its own `spec.controlPlane.image`, else the k3s
@@ -49,60 +51,6 @@ pub const KUBELET_CA_ENV: &str = "TENANTPLANE_KUBELET_CA";
 pub const DATA_VOLUME_SIZE: &str = tenantplane_api::tenant_cluster::CONTROL_PLANE_DATA_SIZE;
 /// k3s runs as this unprivileged user; without an agent it needs no root.
 pub const RUN_AS_USER: i64 = 10001;
-
-/// k3s's own kubectl asking its API server for a health endpoint; k3s turns anonymous access
-/// off, so an HTTP probe of `/readyz` without credentials would get 401. It starts a second k3s
-/// process, so only readiness uses it.
-fn health_probe(path: &str, timing: ProbeTiming) -> Probe {
-    let command = [
-        "/bin/k3s",
-        "kubectl",
-        "--kubeconfig",
-        &format!("{DATA_DIR}/kubeconfig.yaml"),
-        "get",
-        "--raw",
-        path,
-    ];
-    pod::exec_probe(command.map(str::to_string).to_vec(), timing)
-}
-
-/// The one path k3s serves without credentials on its HTTPS port (its supervisor answers `pong`
-/// before and while its API server runs, and k3s stops when its API server or controller
-/// manager exits): liveness and startup ask it over HTTP, with no process started for it.
-pub const PING_PATH: &str = "/ping";
-
-/// Startup: k3s has 5 minutes to answer `/ping` (a first start generates its state); until then
-/// neither liveness nor readiness counts.
-pub const STARTUP_PERIOD_SECONDS: i32 = 5;
-pub const STARTUP_FAILURE_THRESHOLD: i32 = 60;
-/// Liveness: a k3s that has not answered `/ping` for a minute is wedged and restarted.
-pub const LIVENESS_PERIOD_SECONDS: i32 = 10;
-pub const LIVENESS_FAILURE_THRESHOLD: i32 = 6;
-
-/// The startup, liveness and readiness probes of k3s. Timeouts hold under a small CPU cap: a
-/// readiness check starts k3s's kubectl, which takes seconds at 250m.
-fn probes() -> (Probe, Probe, Probe) {
-    let ping = |timing| pod::https_probe(PING_PATH, names::API_PORT, timing);
-    let startup = ping(ProbeTiming {
-        period_seconds: STARTUP_PERIOD_SECONDS,
-        timeout_seconds: 5,
-        failure_threshold: STARTUP_FAILURE_THRESHOLD,
-    });
-    let liveness = ping(ProbeTiming {
-        period_seconds: LIVENESS_PERIOD_SECONDS,
-        timeout_seconds: 5,
-        failure_threshold: LIVENESS_FAILURE_THRESHOLD,
-    });
-    let readiness = health_probe(
-        "/readyz",
-        ProbeTiming {
-            period_seconds: 10,
-            timeout_seconds: 10,
-            failure_threshold: 3,
-        },
-    );
-    (startup, liveness, readiness)
-}
 
 /// What the control plane requests of the tenant's quota (an agentless k3s server's need).
 pub const CONTROL_PLANE_CPU_REQUEST: &str = "250m";
@@ -499,33 +447,6 @@ mod tests {
     }
 
     #[test]
-    fn liveness_and_startup_ask_k3s_over_https_and_readiness_asks_its_api_server() {
-        let sts = desired_statefulset(&tenant(), &addressing(), &BuildOptions::default()).unwrap();
-        let k3s = sts
-            .spec
-            .unwrap()
-            .template
-            .spec
-            .unwrap()
-            .containers
-            .remove(0);
-        for probe in [k3s.startup_probe.unwrap(), k3s.liveness_probe.unwrap()] {
-            let get = probe.http_get.as_ref().expect("no process started for it");
-            assert_eq!(get.path.as_deref(), Some(PING_PATH));
-            assert_eq!(get.scheme.as_deref(), Some("HTTPS"));
-            assert_eq!(
-                get.port,
-                k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(names::API_PORT)
-            );
-            assert!(probe.exec.is_none());
-        }
-        let ready = k3s.readiness_probe.unwrap();
-        let command = ready.exec.unwrap().command.unwrap();
-        assert_eq!(command.last().map(String::as_str), Some("/readyz"));
-        assert!(ready.timeout_seconds.unwrap() >= 10, "holds at 250m");
-    }
-
-    #[test]
     fn an_uncapped_control_plane_still_requests_what_it_needs() {
         let mut open = tenant();
         open.spec.resources.cpu = None;
@@ -610,33 +531,6 @@ mod tests {
         assert_eq!(
             format!("{}-{}-0", claim.metadata.name.as_deref().unwrap(), "dev"),
             names::data_claim("dev", 0)
-        );
-    }
-
-    #[test]
-    fn a_wedged_k3s_is_restarted_and_a_slow_start_is_not() {
-        let sts = desired_statefulset(&tenant(), &addressing(), &BuildOptions::default()).unwrap();
-        let c = &sts.spec.unwrap().template.spec.unwrap().containers[0];
-        let command = |p: &k8s_openapi::api::core::v1::Probe| {
-            p.exec.as_ref().unwrap().command.clone().unwrap().join(" ")
-        };
-        let startup = c.startup_probe.as_ref().unwrap();
-        let liveness = c.liveness_probe.as_ref().unwrap();
-        let readiness = c.readiness_probe.as_ref().unwrap();
-        assert!(command(readiness).ends_with("get --raw /readyz"));
-        // k3s's kubectl with the admin kubeconfig k3s writes (anonymous access is off in k3s).
-        assert!(command(readiness).starts_with(&format!(
-            "/bin/k3s kubectl --kubeconfig {DATA_DIR}/kubeconfig.yaml"
-        )));
-        let window = |p: &k8s_openapi::api::core::v1::Probe| {
-            p.period_seconds.unwrap() * p.failure_threshold.unwrap()
-        };
-        assert_eq!(window(startup), 300, "five minutes to come up");
-        assert_eq!(window(liveness), 60, "a minute without /ping restarts it");
-        assert!(liveness.timeout_seconds.unwrap() < liveness.period_seconds.unwrap() + 1);
-        assert_eq!(
-            readiness.initial_delay_seconds, None,
-            "the startup probe gates it"
         );
     }
 }
