@@ -101,10 +101,8 @@ pub async fn ensure_tokens(cx: &Tenant, key: &Key, t: &Pod, h: &Pod) -> Result<(
         let issued = accounts
             .create_token_request(&sa, &PostParams::default(), &request)
             .await?;
-        let status = issued
-            .status
-            .ok_or_else(|| Error::TokenRequestFailed(format!("{ns}/{sa}")))?;
-        let (Some(expires), Some(token)) = (status.expiration_timestamp, status.token) else {
+        let issued = issued.status.map(|s| (s.expiration_timestamp, s.token));
+        let Some((Some(expires), Some(token))) = issued else {
             return Err(Error::TokenRequestFailed(format!("{ns}/{sa}")));
         };
         let seconds = expires.0.duration_since(now).as_secs();
