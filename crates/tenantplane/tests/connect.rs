@@ -306,7 +306,9 @@ async fn connect_reaches_the_tenant_through_the_host_api_server() {
     .await;
     assert!(
         back.is_some(),
-        "the restarted API server answers through connect"
+        "the restarted API server answers through connect; connect said {:?}; {}",
+        connect.errors(),
+        operator.runtime.describe(n, "dev-0")
     );
 
     // The pod is replaced (the StatefulSet makes a new one, the local runtime starts it on a new

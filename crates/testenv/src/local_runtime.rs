@@ -582,6 +582,44 @@ impl LocalRuntime {
             .collect()
     }
 
+    /// What the runtime knows of tenant pod `namespace/pod`, with the end of each process's log
+    /// (for a failing test's message: why a control plane did not come back).
+    pub fn describe(&self, namespace: &str, pod: &str) -> String {
+        let Ok(tenants) = self.tenants.lock() else {
+            return "(the runtime's state is poisoned)".into();
+        };
+        let Some(t) = tenants
+            .values()
+            .find(|t| t.namespace == namespace && t.pod == pod)
+        else {
+            return format!("the local runtime runs no pod {namespace}/{pod}");
+        };
+        let mut out = format!(
+            "{namespace}/{pod}: ready {}, restarts {}, dead for {:?}, processes {:?}\n",
+            t.ready,
+            t.restarts,
+            t.died_at.map(|d| d.elapsed()),
+            t.processes
+                .iter()
+                .map(|h| format!(
+                    "{} {}",
+                    h.name,
+                    process::exited(h).unwrap_or_else(|| "running".into())
+                ))
+                .collect::<Vec<_>>()
+        );
+        for name in ["kine", "kube-apiserver", "kube-controller-manager"] {
+            for file in [format!("{name}.previous.log"), format!("{name}.log")] {
+                let text = std::fs::read_to_string(t.dir.join("logs").join(&file))
+                    .unwrap_or_else(|e| format!("({e})"));
+                let lines: Vec<&str> = text.lines().collect();
+                let tail = lines[lines.len().saturating_sub(15)..].join("\n");
+                out.push_str(&format!("--- {file} (last 15 lines)\n{tail}\n"));
+            }
+        }
+        out
+    }
+
     /// The data folders of the tenants that run.
     fn data_dirs(&self) -> HashSet<PathBuf> {
         self.tenants
