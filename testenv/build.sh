@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Build the test binaries (etcd, kine, kube-apiserver, kube-controller-manager,
-# kube-scheduler, kubectl, kwok, helm, coredns) from the Go modules in this
-# directory, with the machine's Go, into a content-addressed cache:
+# kube-scheduler, kubectl, kwok, helm, coredns, and the previous minor release's
+# kube-apiserver and kube-controller-manager as kube-apiserver-previous and
+# kube-controller-manager-previous) from the Go modules in this directory, with
+# the machine's Go, into a content-addressed cache:
 #
 #   ${TENANTPLANE_CACHE:-$HOME/.cache/tenantplane}/testenv/<key>/bin/
 #
@@ -9,8 +11,8 @@
 # (e2e.test, at the version kube/ pins) and ginkgo, from e2e/, into
 # .../testenv/conformance-<key>/bin/ (about 20 minutes on 2 cores the first time).
 #
-# Each module (etcd/, kine/, kube/, kwok/, helm/, coredns/, e2e/) is built into a folder of its own,
-# mod-<module>-<module key>, where the module key hashes that module's go.mod,
+# Each module (etcd/, kine/, kube/, kube-previous/, kwok/, helm/, coredns/, e2e/, …) is built into
+# a folder of its own, mod-<module>-<module key>, where the module key hashes that module's go.mod,
 # go.sum and Go files, its components, the build recipe below and `go version`; so a
 # change to one module rebuilds only that module. <key> hashes the module
 # keys; its bin/ holds hard links to every binary. A complete folder is never
@@ -35,6 +37,8 @@ ALL_COMPONENTS=(
   "kine|kine|github.com/k3s-io/kine"
   "kube-apiserver|kube|k8s.io/kubernetes/cmd/kube-apiserver"
   "kube-controller-manager|kube|k8s.io/kubernetes/cmd/kube-controller-manager"
+  "kube-apiserver-previous|kube-previous|k8s.io/kubernetes/cmd/kube-apiserver"
+  "kube-controller-manager-previous|kube-previous|k8s.io/kubernetes/cmd/kube-controller-manager"
   "kube-scheduler|kube|k8s.io/kubernetes/cmd/kube-scheduler"
   "kubectl|kube|k8s.io/kubernetes/cmd/kubectl"
   "kwok|kwok|sigs.k8s.io/kwok/cmd/kwok"
@@ -57,7 +61,7 @@ ALL_COMPONENTS=(
   "e2e.test|e2e|k8s.io/kubernetes/test/e2e"
   "ginkgo|e2e|github.com/onsi/ginkgo/v2/ginkgo"
 )
-MODULES=(etcd kine kube kwok helm coredns containerd runc cni registry netpol)
+MODULES=(etcd kine kube kube-previous kwok helm coredns containerd runc cni registry netpol)
 KEY_PREFIX=""
 if [[ "${1:-}" == "--conformance" ]]; then
   MODULES=(e2e)
@@ -148,8 +152,33 @@ e2e_ldflags() {
   module_ldflags kube
 }
 
+# The link flags of kube-previous/ (the previous minor release's kube-apiserver and
+# kube-controller-manager, for the images of the operator's `kubernetes` distribution): kube's
+# version stamps, from kube-previous's own pin, which must be one minor release behind kube's.
+# Part of that module's key only, so that adding it rebuilt no other module.
+kube_previous_ldflags() {
+  local kube version pkg flags="-s -w"
+  kube="$(cd "$TESTENV_DIR/kube" && "$GO" list -m -f '{{.Version}}' k8s.io/kubernetes)"
+  version="$(cd "$TESTENV_DIR/kube-previous" && "$GO" list -m -f '{{.Version}}' k8s.io/kubernetes)"
+  [[ "$kube" =~ ^v([0-9]+)\.([0-9]+)\. ]] || die "unexpected k8s.io/kubernetes version: $kube"
+  local want="v${BASH_REMATCH[1]}.$((BASH_REMATCH[2] - 1))."
+  [[ "$version" == "$want"* ]] ||
+    die "kube-previous/go.mod pins k8s.io/kubernetes $version but kube/go.mod pins $kube; pin the newest ${want}N"
+  [[ "$version" =~ ^v([0-9]+)\.([0-9]+)\. ]] || die "unexpected k8s.io/kubernetes version: $version"
+  for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+    flags+=" -X $pkg.gitVersion=$version"
+    flags+=" -X $pkg.gitMajor=${BASH_REMATCH[1]} -X $pkg.gitMinor=${BASH_REMATCH[2]}"
+    flags+=" -X $pkg.gitTreeState=clean"
+  done
+  printf '%s' "$flags"
+}
+
 ldflags_for() {
-  if [[ "$1" == e2e ]]; then e2e_ldflags; else module_ldflags "$1"; fi
+  case "$1" in
+    e2e) e2e_ldflags ;;
+    kube-previous) kube_previous_ldflags ;;
+    *) module_ldflags "$1" ;;
+  esac
 }
 
 module_components() {
@@ -174,6 +203,7 @@ module_key() {
       declare -f e2e_ldflags
       printf 'go test -c -trimpath for a .test\n'
     fi
+    if [[ "$moddir" == kube-previous ]]; then declare -f kube_previous_ldflags; fi
     module_components "$moddir"
     printf 'file go.mod\n'
     cat "$TESTENV_DIR/$moddir/go.mod"

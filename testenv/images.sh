@@ -42,6 +42,25 @@
 #   registry.k8s.io/e2e-test-images/busybox:1.37.0-1, docker.io/library/busybox:latest, :1.35.0,
 #   :1.37.0 (the syncer's /etc/hosts writer, HOSTS_IMAGE)
 #                                         Debian's busybox-static (1.35.0), every applet linked
+# The images of the operator's `kubernetes` distribution (its control-plane pod's three containers),
+# their tags from the pins in testenv/kube, kube-previous and kine:
+#   registry.k8s.io/kube-apiserver:v1.36.3, registry.k8s.io/kube-controller-manager:v1.36.3
+#                                         kube's binaries (static, no cgo) at /usr/local/bin/<name>,
+#                                         as upstream's; upstream's base is go-runner on distroless
+#                                         static (ENTRYPOINT /go-runner, CA bundle, tzdata), ours has
+#                                         neither and no entrypoint: the pod names the command, as
+#                                         kubeadm's manifests do
+#   registry.k8s.io/kube-apiserver:v1.35.8, registry.k8s.io/kube-controller-manager:v1.35.8
+#                                         the same for the previous minor release (testenv/kube-previous,
+#                                         its newest patch on the module proxy)
+#   docker.io/rancher/kine:v0.17.5        kine (testenv/kine) at /bin/kine, ENTRYPOINT /bin/kine, /db
+#                                         owned by nobody (65534, group root), USER nobody, as upstream's
+#                                         Dockerfile; Debian's busybox where upstream has Alpine (a shell
+#                                         and mkdir, which the operator's init container uses); kine is
+#                                         static (built without
+#                                         cgo: its sqlite is modernc's pure Go where upstream links
+#                                         SQLite's C with musl), no CA bundle, no VOLUME or EXPOSE, and
+#                                         it reports version "dev" (build.sh stamps no kine version)
 # An image that cannot be built from the real software is left out (see testenv/README.md).
 set -euo pipefail
 BIN_DIR="${1:?usage: images.sh BIN_DIR}"
@@ -62,12 +81,23 @@ NGINX_DEB="$(newest 'nginx_*.deb')"
 NGINX_COMMON_DEB="$(newest 'nginx-common_*.deb')"
 [[ -f "$NGINX_DEB" && -f "$NGINX_COMMON_DEB" ]] || die "Debian's nginx packages are not in $DEBS (testenv/packages.sh downloads them)"
 KUBE_SRC="$(cd "$TESTENV_DIR/kube" && GOFLAGS=-mod=readonly go list -m -f '{{.Dir}}' k8s.io/kubernetes)"
+# pinned MODULE_DIR MODULE: the version testenv/MODULE_DIR/go.mod pins for MODULE.
+pinned() { (cd "$TESTENV_DIR/$1" && GOFLAGS=-mod=readonly go list -m -f '{{.Version}}' "$2"); }
+KUBE_VERSION="$(pinned kube k8s.io/kubernetes)"
+KUBE_PREVIOUS_VERSION="$(pinned kube-previous k8s.io/kubernetes)"
+KINE_VERSION="$(pinned kine github.com/k3s-io/kine)"
+[[ "$KUBE_VERSION" =~ ^v([0-9]+)\.([0-9]+)\. && "$KUBE_PREVIOUS_VERSION" == "v${BASH_REMATCH[1]}.$((BASH_REMATCH[2] - 1))."* ]] ||
+  die "testenv/kube-previous pins Kubernetes $KUBE_PREVIOUS_VERSION, not the minor release before kube's $KUBE_VERSION"
 KEY="$({
   cat "${BASH_SOURCE[0]}"
   printf 'busybox %s\n' "$BUSYBOX_VERSION"
   dpkg-query -W -f='${Version}\n' bind9-dnsutils libc-bin curl netcat-openbsd iproute2 bash dash
   basename "$NGINX_DEB"; basename "$NGINX_COMMON_DEB"
-  for b in pause agnhost nnp coredns kube-network-policies; do printf '%s ' "$b"; sha256sum <"$BIN_DIR/$b"; done
+  printf 'tags %s %s %s\n' "$KUBE_VERSION" "$KUBE_PREVIOUS_VERSION" "$KINE_VERSION"
+  for b in pause agnhost nnp coredns kube-network-policies kube-apiserver kube-controller-manager \
+    kube-apiserver-previous kube-controller-manager-previous kine; do
+    printf '%s ' "$b"; sha256sum <"$BIN_DIR/$b"
+  done
 } | sha256sum | cut -c1-16)"
 OUT="$CACHE_ROOT/testenv/images-$KEY"
 if [[ -f "$OUT/.complete" ]]; then
@@ -103,30 +133,50 @@ with_busybox() {
   done < <("$BUSYBOX" --list-full)
 }
 
+# with_libs DIR PROGRAM: the libraries PROGRAM loads, at the paths they have on the machine; none
+# when it is static (ldd: "not a dynamic executable").
+with_libs() {
+  local d="$1" lib
+  ldd "$2" >/dev/null 2>&1 || return 0
+  while IFS= read -r lib; do
+    mkdir -p "$d/$(dirname "$lib")"
+    cp -Ln "$lib" "$d/$lib"
+  done < <(ldd "$2" | grep -o '/[^ ]*')
+}
+
 # with_program DIR PROGRAM…: Debian's dynamically linked PROGRAMs and the libraries they load, at
 # the paths they have on the machine, and glibc's name service configuration.
 with_program() {
-  local d="$1" program lib
+  local d="$1" program
   shift
   for program in "$@"; do
     mkdir -p "$d/$(dirname "$program")"
     # An applet's link there points at /bin/busybox: copying through it would write the machine's.
     rm -f "$d/$program"
     cp -L "$program" "$d/$program"
-    while IFS= read -r lib; do
-      mkdir -p "$d/$(dirname "$lib")"
-      cp -Ln "$lib" "$d/$lib"
-    done < <(ldd "$program" | grep -o '/[^ ]*')
+    with_libs "$d" "$program"
   done
   printf 'passwd: files\ngroup: files\nhosts: files dns\n' >"$d/etc/nsswitch.conf"
 }
 
-# image NAME DIR [registry build flags…]: pack DIR as one layer and add it to the layout.
+# image NAME DIR [--owned=PATH=UID:GID…] [registry build flags…]: pack DIR as one layer and add it
+# to the layout. Its files are root's, but each --owned PATH (a file or an empty folder, relative to
+# DIR) is UID:GID's, appended after the rest (the machine's owners never reach the layer).
 image() {
-  local name="$1" dir="$2"
+  local name="$1" dir="$2" owned=() o path ids
   shift 2
+  while [[ "${1:-}" == --owned=* ]]; do owned+=("${1#--owned=}"); shift; done
   log "image $name"
-  tar --sort=name --mtime=@0 --owner=0 --group=0 --numeric-owner -C "$dir" -cf "$TMP/layer.tar" .
+  local excludes=(--anchored)
+  for o in "${owned[@]}"; do excludes+=("--exclude=./${o%%=*}"); done
+  tar --sort=name --mtime=@0 --owner=0 --group=0 --numeric-owner "${excludes[@]}" -C "$dir" -cf "$TMP/layer.tar" .
+  for o in "${owned[@]}"; do
+    path="${o%%=*}" ids="${o#*=}"
+    [[ -f "$dir/$path" || ( -d "$dir/$path" && -z "$(ls -A "$dir/$path")" ) ]] ||
+      die "image $name: --owned $path must be a file or an empty folder"
+    tar --mtime=@0 --owner="${ids%%:*}" --group="${ids#*:}" --numeric-owner --no-recursion \
+      -C "$dir" -rf "$TMP/layer.tar" "./$path"
+  done
   "$REGISTRY" build --layout "$LAYOUT" --name "$name" --layer "$TMP/layer.tar" "$@"
   rm -f "$TMP/layer.tar"
 }
@@ -202,6 +252,27 @@ image docker.io/rancher/mirrored-coredns-coredns:1.12.3 "$d" --entrypoint /cored
 # kube-network-policies: the binary alone at the path upstream's DaemonSet names as its command.
 d="$TMP/netpol"; rootfs_base "$d"; mkdir -p "$d/bin"; cp "$BIN_DIR/kube-network-policies" "$d/bin/netpol"
 image registry.k8s.io/networking/kube-network-policies:v0.8.0 "$d" --cmd /bin/netpol
+
+# kube-apiserver and kube-controller-manager, this release's and the previous minor's: the binary
+# alone at upstream's path; no entrypoint (upstream's is go-runner, which the pod's command replaces).
+kube_image() {
+  local cmd="$1" tag="$2" bin="$3" d="$TMP/$1-$2"
+  rootfs_base "$d"; mkdir -p "$d/usr/local/bin"
+  cp "$BIN_DIR/$bin" "$d/usr/local/bin/$cmd"; with_libs "$d" "$BIN_DIR/$bin"
+  image "registry.k8s.io/$cmd:$tag" "$d"
+}
+kube_image kube-apiserver "$KUBE_VERSION" kube-apiserver
+kube_image kube-controller-manager "$KUBE_VERSION" kube-controller-manager
+kube_image kube-apiserver "$KUBE_PREVIOUS_VERSION" kube-apiserver-previous
+kube_image kube-controller-manager "$KUBE_PREVIOUS_VERSION" kube-controller-manager-previous
+
+# kine: as upstream's Dockerfile (COPY kine /bin/kine; mkdir /db && chown nobody /db; USER nobody;
+# ENTRYPOINT /bin/kine), whose default sqlite database, ./db/state.db, is then in /db.
+# Upstream's is Alpine, whose busybox gives it a shell and mkdir (the operator's pod makes the
+# database's folder on a new claim with them): Debian's busybox here.
+d="$TMP/kine"; rootfs_base "$d"; with_busybox "$d"; mkdir -p "$d/bin" "$d/db"; chmod 755 "$d/db"
+cp "$BIN_DIR/kine" "$d/bin/kine"; with_libs "$d" "$BIN_DIR/kine"
+image "docker.io/rancher/kine:$KINE_VERSION" "$d" --owned=db=65534:0 --entrypoint /bin/kine --user nobody
 
 touch "$LAYOUT/.complete" "$LAYOUT/.last-used"
 chmod -R a+rX "$LAYOUT"

@@ -93,3 +93,21 @@ impl Binaries {
         &self.dir
     }
 }
+
+/// The Kubernetes release the test world's binaries and images are (`testenv/kube`'s pin), and
+/// the previous minor release's (`testenv/kube-previous`), whose kube-apiserver and
+/// kube-controller-manager images an upgrade of a `kubernetes` tenant starts from.
+pub fn kubernetes_versions() -> Result<(String, String)> {
+    let pin = |module: &str| -> Result<String> {
+        let path = workspace_root().join("testenv").join(module).join("go.mod");
+        let text = std::fs::read_to_string(&path)
+            .map_err(|e| Error::NotBuilt(format!("reading {}: {e}", path.display())))?;
+        text.lines()
+            .filter_map(|l| l.trim().strip_prefix("k8s.io/kubernetes "))
+            .filter_map(|rest| rest.split_whitespace().next())
+            .find(|v| v.starts_with('v'))
+            .map(str::to_string)
+            .ok_or_else(|| Error::NotBuilt(format!("{} pins no k8s.io/kubernetes", path.display())))
+    };
+    Ok((pin("kube")?, pin("kube-previous")?))
+}

@@ -44,10 +44,19 @@ pub async fn start_kubelet(
         .await
         .map_err(|e| e.to_string())?;
     let port = crate::process::free_port().map_err(|e| e.to_string())?;
+    // With a real node, at the node's address, which its pods reach (a `kubernetes` tenant's
+    // API server runs in one); else on loopback, where the local runtime's API servers are.
+    let address: std::net::IpAddr = if crate::host_cluster::real_node::running() {
+        crate::host_cluster::real_node::NODE_IP
+            .parse()
+            .map_err(|e| format!("the real node's address: {e}"))?
+    } else {
+        [127, 0, 0, 1].into()
+    };
     let settings = kubelet::Settings {
-        listen: ([127, 0, 0, 1], port).into(),
+        listen: (address, port).into(),
         endpoint: kubelet::KubeletEndpoint {
-            address: "127.0.0.1".into(),
+            address: address.to_string(),
             port,
         },
         dns_names: vec!["localhost".into()],

@@ -324,6 +324,7 @@ impl ControlPlane {
             "--overwrite",
         ])?;
         RUNNING.store(true, std::sync::atomic::Ordering::SeqCst);
+        open_host_path_volumes();
 
         say("starting the cluster DNS (CoreDNS, Service kube-system/kube-dns)");
         let dns = node_dir.join("cluster-dns.yaml");
@@ -460,6 +461,38 @@ const CLUSTER_DNS_YAML: &str = include_str!("real_node/cluster_dns.yaml");
 
 /// The cluster DNS Service's address, the kubelet's `clusterDNS`.
 pub const CLUSTER_DNS: &str = "10.96.0.10";
+
+/// Where the controller manager's host-path provisioner makes the test world's volumes.
+const HOST_PATH_VOLUMES: &str = "/tmp/hostpath_pv";
+
+/// The host-path provisioner makes each volume root's and 0750, and a host-path volume takes no
+/// `fsGroup`, so a pod running as a user of its own (a `kubernetes` tenant's control plane, as
+/// 10001) could not write its claim. Clusters' usual provisioners give such pods a writable
+/// volume: CSI drivers apply `fsGroup`, and local-path (k3s's, kind's) makes each folder 0777. The
+/// test world does what local-path does, for every volume as it appears.
+fn open_host_path_volumes() {
+    use std::os::unix::fs::PermissionsExt;
+    std::thread::spawn(|| {
+        while RUNNING.load(std::sync::atomic::Ordering::SeqCst) {
+            for entry in std::fs::read_dir(HOST_PATH_VOLUMES)
+                .into_iter()
+                .flatten()
+                .flatten()
+            {
+                let open = entry
+                    .metadata()
+                    .is_ok_and(|m| m.is_dir() && m.permissions().mode() & 0o777 == 0o777);
+                if !open {
+                    let _ = std::fs::set_permissions(
+                        entry.path(),
+                        std::fs::Permissions::from_mode(0o777),
+                    );
+                }
+            }
+            std::thread::sleep(std::time::Duration::from_millis(500));
+        }
+    });
+}
 
 #[cfg(test)]
 mod tests {
