@@ -13,6 +13,20 @@ use ipnet::IpNet;
 pub struct Cidr(IpNet);
 
 impl Cidr {
+    /// The range's first address after its network address: what a Kubernetes API server gives
+    /// its `kubernetes` Service in a service range.
+    pub fn first_address(&self) -> Option<IpAddr> {
+        match self.0 {
+            IpNet::V4(n) if n.prefix_len() < 32 => {
+                Some(IpAddr::V4(Ipv4Addr::from(u32::from(n.network()) + 1)))
+            }
+            IpNet::V6(n) if n.prefix_len() < 128 => {
+                Some(IpAddr::V6(Ipv6Addr::from(u128::from(n.network()) + 1)))
+            }
+            _ => None,
+        }
+    }
+
     /// `addr/prefix`, or a bare address (a /32 or /128); `None` when it is neither.
     pub fn parse(text: &str) -> Option<Self> {
         let text = text.trim();

@@ -21,7 +21,7 @@ pub use isolation_profile::{
 };
 pub use sync_policy::{SyncPolicy, SyncPolicySpec};
 pub use tenant_cluster::{
-    DatastoreType, EgressPolicy, Phase, PolicyRef, TenantCluster, TenantClusterSpec,
+    DatastoreType, Distribution, EgressPolicy, Phase, PolicyRef, TenantCluster, TenantClusterSpec,
     TenantClusterStatus, TenantMode,
 };
 

@@ -74,6 +74,11 @@ impl Quantity {
         }))
     }
 
+    /// The value in billionths, as counted ([`Quantity::MORE_THAN_COUNTED`] is `u128::MAX`).
+    pub fn billionths(self) -> u128 {
+        self.0
+    }
+
     /// Is this more than `cap`?
     pub fn exceeds(self, cap: Quantity) -> bool {
         self.cmp(&cap) == Ordering::Greater

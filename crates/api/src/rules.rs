@@ -91,6 +91,33 @@ pub fn mode_change_allowed() -> Rule {
     .field_path(".mode")
 }
 
+/// The distribution, as a rule reads it: absent is the default (`k3s`).
+fn distribution(of: &str) -> String {
+    format!(
+        "(has({of}.controlPlane) && has({of}.controlPlane.distribution) ? {of}.controlPlane.distribution : 'k3s')"
+    )
+}
+
+pub fn distribution_change_allowed() -> Rule {
+    let (new, old) = (distribution("self"), distribution("oldSelf"));
+    rule(
+        format!(
+            "{new} == {old} || (has(self.migration) && has(self.migration.allowModeChange) && self.migration.allowModeChange)"
+        ),
+        format!(
+            "'changing spec.controlPlane.distribution from ' + {old} + ' to ' + {new} + ' needs spec.migration.allowModeChange: true (the data is kept: both run kine over sqlite on the same claim)'"
+        ),
+    )
+    .reason(Reason::FieldValueForbidden)
+    .field_path(".controlPlane.distribution")
+}
+
+pub fn image_only_for_k3s() -> Rule {
+    Rule::new("!has(self.image) || !has(self.distribution) || self.distribution == 'k3s'")
+        .message("controlPlane.image names a k3s image and is only for distribution k3s; the kubernetes distribution runs the operator's kine, kube-apiserver and kube-controller-manager images: remove controlPlane.image")
+        .field_path(".image")
+}
+
 // Messages that would print a number or a list are static: the API server's cost estimate of
 // `string(int)` and `join` is unbounded, and it refuses the CRD.
 

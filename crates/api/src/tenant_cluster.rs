@@ -25,6 +25,15 @@ string_enum! {
 }
 
 string_enum! {
+    /// Which Kubernetes runs the tenant's control plane: k3s (one binary, the seed's), or the
+    /// upstream components (kine, kube-apiserver, kube-controller-manager) from their own images.
+    pub enum Distribution ("controlPlane.distribution", default = K3s) {
+        K3s = "k3s",
+        Kubernetes = "kubernetes",
+    }
+}
+
+string_enum! {
     /// What the tenant's pods may reach outside their namespace.
     pub enum EgressPolicy ("networking.egressPolicy", default = DenyByDefault) {
         DenyByDefault = "deny-by-default",
@@ -62,6 +71,7 @@ string_enum! {
     validation = crate::rules::tenant_name()
 )]
 #[x_kube(validation = crate::rules::mode_change_allowed())]
+#[x_kube(validation = crate::rules::distribution_change_allowed())]
 #[serde(rename_all = "camelCase")]
 pub struct TenantClusterSpec {
     /// `shared`, `dedicated` or `private`. Only `shared` is implemented; the other modes are
@@ -129,8 +139,15 @@ impl PolicyRef {
 /// The tenant's control plane.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[x_kube(validation = crate::rules::sqlite_single_replica())]
+#[x_kube(validation = crate::rules::image_only_for_k3s())]
 #[serde(rename_all = "camelCase")]
 pub struct ControlPlane {
+    /// `k3s` (the default) or `kubernetes`: kine, kube-apiserver and kube-controller-manager
+    /// from their upstream images at `kubernetesVersion`, on the same datastore and claim. It
+    /// changes on an existing tenant only with `spec.migration.allowModeChange`, keeping the data.
+    #[serde(default)]
+    pub distribution: Distribution,
+
     /// Control-plane replicas. The current milestone supports a single replica.
     #[serde(default = "one")]
     #[x_kube(validation = crate::rules::at_least_one("controlPlane.replicas"))]
@@ -142,7 +159,9 @@ pub struct ControlPlane {
 
     /// The control plane's image, such as `registry.example/k3s:v1.30.14-k3s2`, in place of the
     /// k3s release the operator picks for `kubernetesVersion`: a respin the operator does not
-    /// know yet, or a build of your own. It must run the same Kubernetes version.
+    /// know yet, or a build of your own. It must run the same Kubernetes version. Only for the
+    /// `k3s` distribution (the `kubernetes` one runs three images, named by the operator's
+    /// `--kubernetes-repository` and `--kine-image`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 512))]
     #[x_kube(validation = crate::rules::image_reference("controlPlane.image"))]
@@ -156,6 +175,7 @@ fn one() -> i32 {
 impl Default for ControlPlane {
     fn default() -> Self {
         Self {
+            distribution: Distribution::default(),
             replicas: 1,
             datastore: Datastore::default(),
             image: None,
@@ -185,7 +205,8 @@ pub struct Networking {
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
 #[serde(rename_all = "camelCase")]
 pub struct Migration {
-    /// Allow `spec.mode` to change. Without it a change of mode is refused.
+    /// Allow `spec.mode` and `spec.controlPlane.distribution` to change. Without it a change of
+    /// either is refused.
     #[serde(default)]
     pub allow_mode_change: bool,
 }

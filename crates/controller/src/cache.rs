@@ -7,7 +7,9 @@ use std::sync::Arc;
 
 use futures::Stream;
 use k8s_openapi::api::apps::v1::StatefulSet;
-use k8s_openapi::api::core::v1::{LimitRange, Namespace, Pod, ResourceQuota, Secret, Service};
+use k8s_openapi::api::core::v1::{
+    ConfigMap, LimitRange, Namespace, Pod, ResourceQuota, Secret, Service,
+};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::api::Api;
 use kube::runtime::reflector::{self, ObjectRef, Store};
@@ -42,6 +44,7 @@ pub struct Caches {
     pub statefulsets: Store<StatefulSet>,
     pub services: Store<Service>,
     pub secrets: Store<Secret>,
+    pub config_maps: Store<ConfigMap>,
     pub network_policies: Store<NetworkPolicy>,
     pub quotas: Store<ResourceQuota>,
     pub limit_ranges: Store<LimitRange>,
@@ -58,6 +61,7 @@ pub struct Triggers {
     pub statefulsets: Trigger<StatefulSet>,
     pub services: Trigger<Service>,
     pub secrets: Trigger<Secret>,
+    pub config_maps: Trigger<ConfigMap>,
     pub network_policies: Trigger<NetworkPolicy>,
     pub quotas: Trigger<ResourceQuota>,
     pub limit_ranges: Trigger<LimitRange>,
@@ -95,6 +99,7 @@ pub fn watch(client: &Client, namespace: Option<&str>) -> (Caches, Triggers) {
     let (statefulsets, t_sts) = cached(scoped(client, namespace), owned());
     let (services, t_svc) = cached(scoped(client, namespace), owned());
     let (secrets, t_secrets) = cached(scoped(client, namespace), owned());
+    let (config_maps, t_config_maps) = cached(scoped(client, namespace), owned());
     let (network_policies, t_np) = cached(scoped(client, namespace), owned());
     let (quotas, t_quotas) = cached(scoped(client, namespace), owned());
     let (limit_ranges, t_limits) = cached(scoped(client, namespace), owned());
@@ -107,6 +112,7 @@ pub fn watch(client: &Client, namespace: Option<&str>) -> (Caches, Triggers) {
         statefulsets,
         services,
         secrets,
+        config_maps,
         network_policies,
         quotas,
         limit_ranges,
@@ -125,6 +131,7 @@ pub fn watch(client: &Client, namespace: Option<&str>) -> (Caches, Triggers) {
             stores.statefulsets.wait_until_ready(),
             stores.services.wait_until_ready(),
             stores.secrets.wait_until_ready(),
+            stores.config_maps.wait_until_ready(),
             stores.network_policies.wait_until_ready(),
             stores.quotas.wait_until_ready(),
             stores.limit_ranges.wait_until_ready(),
@@ -141,6 +148,7 @@ pub fn watch(client: &Client, namespace: Option<&str>) -> (Caches, Triggers) {
             statefulsets: t_sts,
             services: t_svc,
             secrets: t_secrets,
+            config_maps: t_config_maps,
             network_policies: t_np,
             quotas: t_quotas,
             limit_ranges: t_limits,

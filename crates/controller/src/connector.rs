@@ -9,12 +9,39 @@ use kube::config::{KubeConfigOptions, Kubeconfig};
 
 use crate::names;
 
+/// Does the local runtime stand in for this pod (its label), rather than a kubelet running it?
+fn stood_in_for(pod: &Pod) -> bool {
+    pod.metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(names::LABEL_RUNTIME))
+        .is_some_and(|v| v == names::RUNTIME_LOCAL)
+}
+
+/// A pod a real node runs (a `kubernetes` tenant's, in the dev cluster and the tests, whose
+/// operator shares the node's network): its own address.
+fn pod_address(tenant: &str, pod: &Pod) -> Result<String, String> {
+    let ip = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.pod_ip.as_deref())
+        .filter(|ip| !ip.is_empty())
+        .ok_or_else(|| format!("pod {} has no IP yet", names::control_plane_pod(tenant)))?;
+    let host = if ip.contains(':') {
+        format!("[{ip}]")
+    } else {
+        ip.to_string()
+    };
+    Ok(format!("https://{host}:{}", names::API_PORT))
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum Connector {
     /// `https://<name>.<namespace>.svc:6443`, as written in the kubeconfig Secret.
     #[default]
     InCluster,
-    /// The address in the control-plane pod's `tenantplane.io/local-endpoint` annotation.
+    /// The address in the control-plane pod's `tenantplane.io/local-endpoint` annotation, for a pod
+    /// the local runtime stands in for; a pod a real node runs, its own address.
     Local,
 }
 
@@ -28,6 +55,7 @@ impl Connector {
     pub fn server(&self, tenant: &str, namespace: &str, pod: &Pod) -> Result<String, String> {
         match self {
             Connector::InCluster => Ok(names::endpoint(tenant, namespace)),
+            Connector::Local if !stood_in_for(pod) => pod_address(tenant, pod),
             Connector::Local => pod
                 .metadata
                 .annotations

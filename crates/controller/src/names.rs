@@ -33,6 +33,10 @@ pub const KUBELET_PORT_NAME: &str = "kubelet";
 
 /// The default image repository of the tenant control plane.
 pub const DEFAULT_K3S_REPOSITORY: &str = "rancher/k3s";
+/// Where the `kubernetes` distribution's kube-apiserver and kube-controller-manager come from.
+pub const DEFAULT_KUBERNETES_REPOSITORY: &str = "registry.k8s.io";
+/// The `kubernetes` distribution's datastore: kine, the release k3s's own datastore code is.
+pub const DEFAULT_KINE_IMAGE: &str = "rancher/kine:v0.17.5";
 
 pub fn statefulset(tenant: &str) -> String {
     tenant.to_string()
@@ -51,6 +55,14 @@ pub fn data_claim(tenant: &str, ordinal: i32) -> String {
 }
 pub fn control_plane_pod(tenant: &str) -> String {
     format!("{tenant}-0")
+}
+/// The `kubernetes` distribution's component certificates (k3s makes its own).
+pub fn control_plane_certs(tenant: &str) -> String {
+    format!("{tenant}-control-plane-certs")
+}
+/// The control plane's configuration files (its admission configuration).
+pub fn control_plane_config(tenant: &str) -> String {
+    format!("{tenant}-control-plane-config")
 }
 pub fn pki_secret(tenant: &str) -> String {
     format!("{tenant}-pki")
@@ -87,6 +99,12 @@ pub fn service_dns_names(tenant: &str, namespace: &str) -> Vec<String> {
 /// The in-cluster HTTPS address of the tenant API server.
 pub fn endpoint(tenant: &str, namespace: &str) -> String {
     format!("https://{}.{namespace}.svc:{API_PORT}", service(tenant))
+}
+
+/// Upstream's image of `component` (`kube-apiserver`, `kube-controller-manager`) at
+/// `kubernetes_version`, whose tags are the versions themselves.
+pub fn kubernetes_image(repository: &str, component: &str, kubernetes_version: &str) -> String {
+    format!("{repository}/{component}:{kubernetes_version}")
 }
 
 /// `v1.30.4` runs `<repository>:v1.30.4-k3s1`; a respun release its latest build

@@ -65,9 +65,27 @@ fn last_failure(c: &ContainerStatus) -> Option<String> {
     })
 }
 
+/// What to check when an image of `distribution` cannot be pulled.
+pub fn pull_advice(distribution: tenantplane_api::Distribution) -> &'static str {
+    match distribution {
+        tenantplane_api::Distribution::K3s => {
+            "check that the image is published and that --k3s-repository mirrors it, or pin an image with spec.controlPlane.image"
+        }
+        tenantplane_api::Distribution::Kubernetes => {
+            "check that the image is published and that --kubernetes-repository (kube-apiserver, kube-controller-manager) and --kine-image mirror it"
+        }
+    }
+}
+
 /// Why the pod cannot start in a way waiting will not fix: its image cannot be pulled, or an
-/// init container fails. `image` is what the StatefulSet asks for, for the message.
-pub fn failing(pod: &Pod, image: &str, version: &str) -> Option<(&'static str, String)> {
+/// init container fails. `image` is what the StatefulSet asks for, for the message when the
+/// status does not say; `advice` what to check when a pull fails ([`pull_advice`]).
+pub fn failing(
+    pod: &Pod,
+    image: &str,
+    version: &str,
+    advice: &str,
+) -> Option<(&'static str, String)> {
     let (init, main) = statuses(pod);
     for c in init.iter().chain(main.iter()) {
         let Some(waiting) = c.state.as_ref().and_then(|s| s.waiting.as_ref()) else {
@@ -82,7 +100,7 @@ pub fn failing(pod: &Pod, image: &str, version: &str) -> Option<(&'static str, S
             return Some((
                 "ImagePullFailed",
                 format!(
-                    "container {} cannot pull image {image} ({}); it runs kubernetesVersion {version}: check that the image is published and that --k3s-repository mirrors it, or pin an image with spec.controlPlane.image",
+                    "container {} cannot pull image {image} ({}); it runs kubernetesVersion {version}: {advice}",
                     c.name,
                     reason_message(waiting.reason.as_ref(), waiting.message.as_ref())
                 ),
@@ -191,7 +209,13 @@ mod tests {
             "name": "pki", "ready": false, "restartCount": 0, "image": "rancher/k3s:v1.99.0-k3s1", "imageID": "",
             "state": {"waiting": {"reason": "ImagePullBackOff", "message": "Back-off pulling image \"rancher/k3s:v1.99.0-k3s1\""}},
         }]}));
-        let (reason, message) = failing(&p, "rancher/k3s:v1.99.0-k3s1", "v1.99.0").unwrap();
+        let (reason, message) = failing(
+            &p,
+            "rancher/k3s:v1.99.0-k3s1",
+            "v1.99.0",
+            pull_advice(tenantplane_api::Distribution::K3s),
+        )
+        .unwrap();
         assert_eq!(reason, "ImagePullFailed");
         assert!(message.contains("cannot pull image rancher/k3s:v1.99.0-k3s1 (ImagePullBackOff: Back-off pulling image"), "{message}");
         assert!(message.contains("kubernetesVersion v1.99.0"), "{message}");
@@ -208,7 +232,7 @@ mod tests {
             "name": "k3s", "ready": false, "restartCount": 0, "image": "k3s", "imageID": "",
             "state": {"waiting": {"reason": "PodInitializing"}},
         }]}));
-        let (reason, message) = failing(&p, "k3s", "v1").unwrap();
+        let (reason, message) = failing(&p, "k3s", "v1", "").unwrap();
         assert_eq!(reason, "InitContainerFailed");
         assert!(
             message.contains("init container pki failed with exit code 1 (Error: cp: can't create"),
@@ -230,14 +254,14 @@ mod tests {
             "name": "k3s", "ready": false, "restartCount": 0, "image": "k3s", "imageID": "",
             "state": {"waiting": {"reason": "PodInitializing"}},
         }]}));
-        assert_eq!(failing(&p, "k3s", "v1"), None);
+        assert_eq!(failing(&p, "k3s", "v1", ""), None);
         assert_eq!(pod_summary(&p), "Pending, init container pki running");
         // The local runtime's restart says CrashLoopBackOff without a last state: transient.
         let restarting = pod(json!({"phase": "Running", "containerStatuses": [{
             "name": "k3s", "ready": false, "restartCount": 1, "image": "local", "imageID": "",
             "state": {"waiting": {"reason": "CrashLoopBackOff", "message": "restarting"}},
         }]}));
-        assert_eq!(failing(&restarting, "k3s", "v1"), None);
+        assert_eq!(failing(&restarting, "k3s", "v1", ""), None);
     }
 
     #[test]

@@ -98,13 +98,16 @@ async fn apply_tenant(tc: &TenantCluster, ctx: &Context) -> Result<Action, Error
         isolate::namespace(&tc, &policies.profile, ctx).await?;
         // 3. Reconcile the Services and the k3s StatefulSet, with the PKI they mount.
         let pki = credentials::pki(&tc, ctx).await?;
-        let control_plane = provision::control_plane(&tc, ctx).await?;
+        let control_plane = provision::control_plane(&tc, ctx, &policies.profile, &pki).await?;
         tracing::debug!("control plane Ready");
         // 4. The control plane is Ready: its admin kubeconfig into a Secret.
         let kubeconfig = credentials::kubeconfig(&tc, ctx, &pki).await?;
         // 5. Reach the tenant and sync it.
+        let renew_in = control_plane
+            .certificates_due_in
+            .map_or(kubeconfig.renew_in, |due| due.min(kubeconfig.renew_in));
         let progress = sync::tenant(&tc, ctx, &policies, control_plane, &kubeconfig).await?;
-        Ok::<_, Halt>((progress, kubeconfig.renew_in))
+        Ok::<_, Halt>((progress, renew_in))
     };
     match phases.await {
         Ok((progress, renew_in)) => finish_by(ctx, &tc, progress, Some(renew_in)).await,

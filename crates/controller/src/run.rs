@@ -110,6 +110,7 @@ pub async fn run(
         .owns_stream(triggers.statefulsets)
         .owns_stream(triggers.services)
         .owns_stream(triggers.secrets)
+        .owns_stream(triggers.config_maps)
         .owns_stream(triggers.network_policies)
         .owns_stream(triggers.quotas)
         .owns_stream(triggers.limit_ranges)

@@ -142,6 +142,12 @@ pub fn parse_cidr(cidr: &str) -> Option<Cidr> {
     cidr.contains('/').then(|| Cidr::parse(cidr)).flatten()
 }
 
+/// The address the tenant's `kubernetes` Service gets in `cidr` (the first of a dual-stack pair).
+pub fn first_address(cidr: &str) -> Option<String> {
+    let first = cidr.split(',').next()?;
+    Some(parse_cidr(first)?.first_address()?.to_string())
+}
+
 /// Whether `ip` is inside `cidr`.
 pub fn contains(cidr: &str, ip: &str) -> bool {
     let ip = ip.parse::<IpAddr>().ok();

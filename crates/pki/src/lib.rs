@@ -348,6 +348,33 @@ pub fn lifetime(cert_pem: &str) -> Result<Lifetime> {
     })
 }
 
+/// The DNS names and IP addresses a certificate is valid for (its subject alternative names).
+pub fn subject_alt_names(cert_pem: &str) -> Result<Vec<String>> {
+    use x509_parser::extensions::GeneralName;
+    let der = parse_pem_cert(cert_pem)?;
+    let (_, cert) = x509_parser::parse_x509_certificate(&der)
+        .map_err(|e| Error::Invalid(format!("certificate does not parse: {e}")))?;
+    let Ok(Some(sans)) = cert.subject_alternative_name() else {
+        return Ok(Vec::new());
+    };
+    Ok(sans
+        .value
+        .general_names
+        .iter()
+        .filter_map(|name| match name {
+            GeneralName::DNSName(dns) => Some(dns.to_string()),
+            GeneralName::IPAddress(bytes) => match bytes.len() {
+                4 => Some(std::net::Ipv4Addr::from(<[u8; 4]>::try_from(*bytes).ok()?).to_string()),
+                16 => {
+                    Some(std::net::Ipv6Addr::from(<[u8; 16]>::try_from(*bytes).ok()?).to_string())
+                }
+                _ => None,
+            },
+            _ => None,
+        })
+        .collect())
+}
+
 /// Parse `cert_pem` and check that `ca_pem` signed it.
 pub fn verify_signed_by(cert_pem: &str, ca_pem: &str) -> Result<CertificateInfo> {
     verify_der_signed_by(&parse_pem_cert(cert_pem)?, &parse_pem_cert(ca_pem)?)

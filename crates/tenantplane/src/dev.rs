@@ -17,6 +17,9 @@ use crate::manifests;
 
 const NAMESPACE: &str = "team-dev";
 const TENANT: &str = "dev";
+/// The second example's, with a real node: `examples/tenantcluster-kubernetes.yaml`.
+const KUBERNETES_NAMESPACE: &str = "team-upstream";
+const KUBERNETES_TENANT: &str = "upstream";
 /// Where the kubelet CA is kept, as in a deployed operator's namespace.
 const OPERATOR_NAMESPACE: &str = "tenantplane-system";
 
@@ -203,9 +206,28 @@ async fn run_here(state_dir: PathBuf, nodes: Nodes) -> anyhow::Result<()> {
     );
     ensure_namespace(&client, NAMESPACE).await?;
     manifests::apply(&client, manifests::EXAMPLE_TENANT).await?;
+    let mut tenants = vec![(NAMESPACE, TENANT)];
+    if nodes == Nodes::Real {
+        // Its pod runs as written, by the real node's kubelet (the local runtime stands in for
+        // k3s only), from the images the test world serves under upstream's names.
+        say(
+            started,
+            &format!(
+                "creating namespace {KUBERNETES_NAMESPACE} and applying examples/tenantcluster-kubernetes.yaml"
+            ),
+        );
+        ensure_namespace(&client, KUBERNETES_NAMESPACE).await?;
+        manifests::apply(&client, manifests::EXAMPLE_KUBERNETES_TENANT).await?;
+        tenants.push((KUBERNETES_NAMESPACE, KUBERNETES_TENANT));
+    } else {
+        say(
+            started,
+            "examples/tenantcluster-kubernetes.yaml is left out: its control plane's containers need a real node",
+        );
+    }
 
     let ready = tokio::select! {
-        r = wait_until_ready(&client, started) => r,
+        r = wait_until_all_ready(&client, &tenants, started) => r,
         _ = tokio::signal::ctrl_c() => Err(anyhow::anyhow!("interrupted")),
     };
     if let Err(e) = ready {
@@ -217,6 +239,7 @@ async fn run_here(state_dir: PathBuf, nodes: Nodes) -> anyhow::Result<()> {
         &kubeconfig,
         plane.binaries().path("kubectl").as_path(),
         &log_path,
+        nodes == Nodes::Real,
     );
 
     tokio::signal::ctrl_c().await?;
@@ -253,13 +276,33 @@ async fn wait_for_crds(client: &kube::Client) -> anyhow::Result<()> {
     anyhow::bail!("the TenantCluster CRD was not served within 10s")
 }
 
+/// Every one of `tenants` (namespace, name) Ready, watched together.
+async fn wait_until_all_ready(
+    client: &kube::Client,
+    tenants: &[(&str, &str)],
+    started: Instant,
+) -> anyhow::Result<()> {
+    futures::future::try_join_all(
+        tenants
+            .iter()
+            .map(|(namespace, name)| wait_until_ready(client, namespace, name, started)),
+    )
+    .await
+    .map(|_| ())
+}
+
 /// A line whenever the phase or the Ready message changes, until the tenant is Ready.
-async fn wait_until_ready(client: &kube::Client, started: Instant) -> anyhow::Result<()> {
+async fn wait_until_ready(
+    client: &kube::Client,
+    namespace: &str,
+    name: &str,
+    started: Instant,
+) -> anyhow::Result<()> {
     use futures::StreamExt;
     use kube::runtime::{WatchStreamExt, watcher};
-    let api: Api<TenantCluster> = Api::namespaced(client.clone(), NAMESPACE);
+    let api: Api<TenantCluster> = Api::namespaced(client.clone(), namespace);
     // A watch sees every status the operator writes, even a Pending that lasts milliseconds.
-    let config = watcher::Config::default().fields(&format!("metadata.name={TENANT}"));
+    let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
     let mut updates = watcher(api, config)
         .default_backoff()
         .applied_objects()
@@ -270,10 +313,10 @@ async fn wait_until_ready(client: &kube::Client, started: Instant) -> anyhow::Re
         let tc = match tokio::time::timeout(Duration::from_secs(10), updates.next()).await {
             Ok(Some(Ok(tc))) => tc,
             Ok(Some(Err(e))) => anyhow::bail!(
-                "watching TenantCluster {TENANT}: {}",
+                "watching TenantCluster {namespace}/{name}: {}",
                 tenantplane_controller::error_chain(&e)
             ),
-            Ok(None) => anyhow::bail!("the watch on TenantCluster {TENANT} ended"),
+            Ok(None) => anyhow::bail!("the watch on TenantCluster {namespace}/{name} ended"),
             Err(_) => {
                 say(started, &format!("still waiting; {last}"));
                 continue;
@@ -287,7 +330,7 @@ async fn wait_until_ready(client: &kube::Client, started: Instant) -> anyhow::Re
         let message = conditions::find(&status.conditions, conditions::READY)
             .map(|c| c.message.clone())
             .unwrap_or_default();
-        let line = format!("TenantCluster {NAMESPACE}/{TENANT}: {phase}: {message}");
+        let line = format!("TenantCluster {namespace}/{name}: {phase}: {message}");
         if line != last {
             say(started, &line);
             last = line;
@@ -296,7 +339,9 @@ async fn wait_until_ready(client: &kube::Client, started: Instant) -> anyhow::Re
             return Ok(());
         }
     }
-    anyhow::bail!("TenantCluster {TENANT} did not become Ready within 5 minutes; last: {last}")
+    anyhow::bail!(
+        "TenantCluster {namespace}/{name} did not become Ready within 5 minutes; last: {last}"
+    )
 }
 
 fn on_path(program: &str) -> bool {
@@ -304,7 +349,7 @@ fn on_path(program: &str) -> bool {
         .is_some_and(|p| std::env::split_paths(&p).any(|dir| dir.join(program).is_file()))
 }
 
-fn print_next_steps(kubeconfig: &Path, built_kubectl: &Path, log: &Path) {
+fn print_next_steps(kubeconfig: &Path, built_kubectl: &Path, log: &Path, upstream: bool) {
     let kubectl = if on_path("kubectl") {
         "kubectl".to_string()
     } else {
@@ -320,6 +365,16 @@ fn print_next_steps(kubeconfig: &Path, built_kubectl: &Path, log: &Path) {
         kc = kubeconfig.display(),
         log = log.display(),
     );
+    let text = if upstream {
+        text.replace(
+            "\n\n(kubectl:",
+            &format!(
+                "\n\nThe `kubernetes` distribution's tenant (upstream kube-apiserver on the real node):\n\n  {kubectl} get pods -n {KUBERNETES_NAMESPACE} -o wide\n  {exe} connect {KUBERNETES_TENANT} -n {KUBERNETES_NAMESPACE} --kubeconfig-out {KUBERNETES_TENANT}.kubeconfig &\n  {kubectl} --kubeconfig {KUBERNETES_TENANT}.kubeconfig version\n\n(kubectl:"
+            ),
+        )
+    } else {
+        text
+    };
     let mut out = std::io::stdout().lock();
     let _ = writeln!(out, "{text}").and_then(|()| out.flush());
 }

@@ -193,6 +193,13 @@ enum Command {
         /// kubernetesVersion (`<kubernetesVersion>-k3s1`, or a respin's latest build).
         #[arg(long, default_value = tenantplane_controller::names::DEFAULT_K3S_REPOSITORY)]
         k3s_repository: String,
+        /// Image repository of the `kubernetes` distribution's kube-apiserver and
+        /// kube-controller-manager; the tag is the tenant's kubernetesVersion.
+        #[arg(long, default_value = tenantplane_controller::names::DEFAULT_KUBERNETES_REPOSITORY)]
+        kubernetes_repository: String,
+        /// The `kubernetes` distribution's kine image (its datastore).
+        #[arg(long, default_value = tenantplane_controller::names::DEFAULT_KINE_IMAGE)]
+        kine_image: String,
         /// The host cluster's service CIDR, as a check: the operator asks the host for its range
         /// (ServiceCIDR objects, else the API server's answer) and reports a tenant
         /// ServiceCIDRMismatch when this disagrees. Default: whatever the host says.
@@ -369,6 +376,8 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Controller {
             watch_namespace,
             k3s_repository,
+            kubernetes_repository,
+            kine_image,
             service_cidr,
             operator_namespace,
             connector,
@@ -382,6 +391,8 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             let options = ControllerOptions {
                 build: BuildOptions {
                     k3s_repository,
+                    kubernetes_repository,
+                    kine_image,
                     service_cidr,
                     operator_namespace: operator_namespace.clone(),
                     local_runtime: connector.is_local(),

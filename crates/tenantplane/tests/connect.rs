@@ -320,14 +320,8 @@ async fn connect_reaches_the_tenant_through_the_host_api_server() {
         .unwrap();
     let replaced = eventually(WAIT, || async {
         let pod = pods.get_opt("dev-0").await.ok()??;
-        let ready = pod
-            .status
-            .as_ref()?
-            .conditions
-            .as_ref()?
-            .iter()
-            .any(|c| c.type_ == "Ready" && c.status == "True");
-        (pod.metadata.uid != old_uid && ready).then_some(())
+        (pod.metadata.uid != old_uid && tenantplane_controller::observe::pod_is_ready(&pod))
+            .then_some(())
     })
     .await;
     assert!(

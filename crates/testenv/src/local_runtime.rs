@@ -278,6 +278,46 @@ fn init_env(pod: &Pod, name: &str) -> Option<String> {
         .and_then(|e| e.value.clone())
 }
 
+/// The file at `path` in pod `pod`, where a container mounts a ConfigMap (read from the host):
+/// as a kubelet projects it.
+async fn mounted_config_map_file(client: &Client, pod: &Pod, path: &str) -> Result<String> {
+    let ns = pod.namespace().unwrap_or_default();
+    let spec = pod.spec.as_ref();
+    let (volume, key) = spec
+        .iter()
+        .flat_map(|s| s.containers.iter())
+        .flat_map(|c| c.volume_mounts.iter().flatten())
+        .find_map(|m| {
+            let key = path.strip_prefix(&format!("{}/", m.mount_path))?;
+            Some((m.name.clone(), key.to_string()))
+        })
+        .ok_or_else(|| {
+            Error::Io(format!(
+                "pod {ns}/{} mounts nothing at {path}",
+                pod.name_any()
+            ))
+        })?;
+    let config_map = spec
+        .iter()
+        .flat_map(|s| s.volumes.iter().flatten())
+        .find(|v| v.name == volume)
+        .and_then(|v| v.config_map.as_ref())
+        .map(|c| c.name.clone())
+        .ok_or_else(|| {
+            Error::Io(format!(
+                "volume {volume} of pod {ns}/{} is not a ConfigMap",
+                pod.name_any()
+            ))
+        })?;
+    let found = Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(client.clone(), &ns)
+        .get(&config_map)
+        .await?;
+    found
+        .data
+        .and_then(|mut d| d.remove(&key))
+        .ok_or_else(|| Error::Io(format!("ConfigMap {ns}/{config_map} has no {key}")))
+}
+
 fn args_value<'a>(pod: &'a Pod, prefix: &str) -> Vec<&'a str> {
     pod.spec
         .iter()
@@ -480,6 +520,17 @@ impl LocalRuntime {
                     .unwrap_or(&"InternalIP,ExternalIP,Hostname")
             ),
         ];
+        // As k3s: the admission configuration the pod names, from the ConfigMap it mounts there.
+        let mut kubelet_args = kubelet_args;
+        if let Some(path) =
+            args_value(pod, "--kube-apiserver-arg=admission-control-config-file=").first()
+        {
+            let text = mounted_config_map_file(client, pod, path).await?;
+            kubelet_args.push(format!(
+                "--admission-control-config-file={}",
+                write("admission.yaml", &text)?.display()
+            ));
+        }
         let service_cidr = args_value(pod, "--service-cidr=")
             .first()
             .map(|s| s.to_string())

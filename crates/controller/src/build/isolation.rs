@@ -122,17 +122,36 @@ pub fn network_policies(
         }]),
         egress: None,
     };
-    if options.kubelet.is_some() {
+    if let Some(kubelet) = &options.kubelet {
         // The tenant API server calls its nodes' kubelet: the operator's endpoint, by the
         // operator container's named port.
         control_plane.policy_types = Some(vec!["Ingress".into(), "Egress".into()]);
-        control_plane.egress = Some(vec![NetworkPolicyEgressRule {
+        let mut egress = vec![NetworkPolicyEgressRule {
             to: Some(vec![operator_peer]),
             ports: Some(vec![port(
                 "TCP",
                 IntOrString::String(names::KUBELET_PORT_NAME.into()),
             )]),
-        }]);
+        }];
+        // And the endpoint's own address and port, for an operator that is no pod (the dev
+        // cluster's and the tests', on the node's address); a Service's cluster IP here opens
+        // nothing more, as policies see the pod behind it.
+        if let Some(cidr) = Cidr::parse(&kubelet.endpoint.address) {
+            egress.push(NetworkPolicyEgressRule {
+                to: Some(vec![NetworkPolicyPeer {
+                    ip_block: Some(IPBlock {
+                        cidr: cidr.to_string(),
+                        except: None,
+                    }),
+                    ..Default::default()
+                }]),
+                ports: Some(vec![port(
+                    "TCP",
+                    IntOrString::Int(i32::from(kubelet.endpoint.port)),
+                )]),
+            });
+        }
+        control_plane.egress = Some(egress);
     }
     Ok(vec![
         isolation,
@@ -464,6 +483,10 @@ mod tests {
             json!([{
                 "to": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "tenantplane-system"}}}],
                 "ports": [{"protocol": "TCP", "port": "kubelet"}],
+            }, {
+                // The endpoint's address itself, for an operator that is no pod.
+                "to": [{"ipBlock": {"cidr": "10.96.0.42/32"}}],
+                "ports": [{"protocol": "TCP", "port": 10250}],
             }])
         );
     }

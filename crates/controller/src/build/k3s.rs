@@ -1,31 +1,24 @@
-//! The tenant's control plane: k3s as an agentless server in a StatefulSet, and the PKI Secret it
-//! mounts. This is the one place that knows what a k3s control plane looks like; its Services are
-//! in [`super::services`].
+//! k3s as the tenant's control plane (the default distribution): an agentless server in one
+//! container, fed the tenant's PKI by an init container. The StatefulSet around it is
+//! [`super::control_plane`]'s; its Services are in [`super::services`].
 
-use std::collections::BTreeMap;
-
-use k8s_openapi::api::apps::v1::{
-    StatefulSet, StatefulSetPersistentVolumeClaimRetentionPolicy, StatefulSetSpec,
-};
-use k8s_openapi::api::core::v1::{
-    Container, ContainerPort, EmptyDirVolumeSource, EnvVar, PersistentVolumeClaim,
-    PersistentVolumeClaimSpec, PodSpec, PodTemplateSpec, Secret, SecretVolumeSource,
-    SecurityContext, Toleration, Volume, VolumeMount, VolumeResourceRequirements,
-};
-use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::api::core::v1::{Container, ContainerPort, EnvVar};
 use tenantplane_api::TenantCluster;
 
 use super::BuildOptions;
-use super::meta::{identity, match_labels, owned_metadata};
+use super::control_plane::{
+    Addressing, CONFIG_MOUNT, CONFIG_VOLUME, CONTROL_PLANE_CPU_REQUEST,
+    CONTROL_PLANE_MEMORY_REQUEST, DATA_DIR, PKI_MOUNT, PKI_VOLUME, Pod, TMP_VOLUME, data_mount,
+    mount, read_only_mount, scratch_volume, security_context,
+};
 use super::pod::{self, CapAndNeed};
-use crate::tenant_pki::TenantPki;
-use crate::{Error, names};
+use crate::names;
 
 mod args;
 mod probes;
 mod releases;
-pub use args::{Addressing, k3s_args};
+pub(crate) use args::controllers;
+pub use args::{KUBELET_ADDRESS_ORDER, KUBELET_ADDRESS_TYPES, k3s_args};
 use probes::probes;
 pub use releases::k3s_tag;
 
@@ -39,37 +32,25 @@ pub fn control_plane_image(tc: &TenantCluster, options: &BuildOptions) -> String
         .unwrap_or_else(|| names::k3s_image(&options.k3s_repository, &tc.spec.kubernetes_version))
 }
 
-/// k3s keeps its state here, on the volume.
-pub const DATA_DIR: &str = "/var/lib/rancher/k3s";
-/// The PKI Secret is mounted here and copied into `<data-dir>/server/tls/`, because k3s writes
-/// further files into that folder.
-pub const PKI_MOUNT: &str = "/etc/tenantplane/pki";
 /// The kubelet CA's file in `server/tls/`, and the init container's variable that carries it.
 pub const KUBELET_CA_FILE: &str = "kubelet-ca.crt";
 pub const KUBELET_CA_ENV: &str = "TENANTPLANE_KUBELET_CA";
-/// Size of the sqlite volume: the API's, whose storage caps must hold it.
-pub const DATA_VOLUME_SIZE: &str = tenantplane_api::tenant_cluster::CONTROL_PLANE_DATA_SIZE;
-/// k3s runs as this unprivileged user; without an agent it needs no root.
-pub const RUN_AS_USER: i64 = 10001;
 
-/// What the control plane requests of the tenant's quota (an agentless k3s server's need).
-pub const CONTROL_PLANE_CPU_REQUEST: &str = "250m";
-pub const CONTROL_PLANE_MEMORY_REQUEST: &str = "512Mi";
+/// k3s writes here even without an agent (its agent setup makes `/etc/rancher/node/password`
+/// at every start); the image's `/etc` is root's, so an unprivileged k3s gets a folder of its own
+/// and, without it, never finishes starting.
+pub const RANCHER_ETC: &str = "/etc/rancher";
+const RANCHER_ETC_VOLUME: &str = "rancher-etc";
 
-/// The StatefulSet running k3s. It passes Pod Security `restricted`: non-root, no privilege
-/// escalation, no capabilities, RuntimeDefault seccomp, no service-account token.
-pub fn desired_statefulset(
+/// The k3s pod: the PKI copied into k3s's TLS folder, then `k3s server`.
+pub(super) fn pod(
     tc: &TenantCluster,
+    tenant: &str,
+    ns: &str,
     addressing: &Addressing,
     options: &BuildOptions,
-) -> Result<StatefulSet, Error> {
-    let (tenant, ns) = identity(tc)?;
+) -> Pod {
     let image = control_plane_image(tc, options);
-    let mut pod_labels = names::labels(&tenant);
-    pod_labels.extend(names::control_plane_selector(&tenant));
-    if options.local_runtime {
-        pod_labels.insert(names::LABEL_RUNTIME.into(), names::RUNTIME_LOCAL.into());
-    }
     // The caps limit the control plane; it always requests what an agentless k3s needs (never
     // BestEffort, the first evicted), so the rest of the tenant's quota is left for its workloads.
     let resources = pod::capped_resources([
@@ -89,7 +70,7 @@ pub fn desired_statefulset(
         name: "k3s".into(),
         image: Some(image.clone()),
         command: Some(vec!["/bin/k3s".into()]),
-        args: Some(k3s_args(&tenant, &ns, addressing, options)),
+        args: Some(k3s_args(tenant, ns, addressing, options)),
         ports: Some(vec![ContainerPort {
             name: Some("https".into()),
             container_port: names::API_PORT,
@@ -109,130 +90,25 @@ pub fn desired_statefulset(
         security_context: Some(security_context()),
         volume_mounts: Some(vec![
             data_mount(),
-            scratch_mount(RANCHER_ETC_VOLUME, RANCHER_ETC),
-            scratch_mount(TMP_VOLUME, "/tmp"),
+            mount(RANCHER_ETC_VOLUME, RANCHER_ETC),
+            mount(TMP_VOLUME, "/tmp"),
+            read_only_mount(CONFIG_VOLUME, CONFIG_MOUNT),
         ]),
         ..Default::default()
     };
-    let pki_volume = Volume {
-        name: "pki".into(),
-        secret: Some(SecretVolumeSource {
-            secret_name: Some(names::pki_secret(&tenant)),
-            default_mode: Some(0o400),
-            ..Default::default()
-        }),
-        ..Default::default()
-    };
-    Ok(StatefulSet {
-        metadata: owned_metadata(tc, names::statefulset(&tenant))?,
-        spec: Some(StatefulSetSpec {
-            service_name: Some(names::headless_service(&tenant)),
-            replicas: Some(tc.spec.control_plane.replicas),
-            pod_management_policy: Some("Parallel".into()),
-            // The datastore goes with the tenant (the finalizer deletes it too, for claims made
-            // before this policy); scaling down keeps it.
-            persistent_volume_claim_retention_policy: Some(
-                StatefulSetPersistentVolumeClaimRetentionPolicy {
-                    when_deleted: Some("Delete".into()),
-                    when_scaled: Some("Retain".into()),
-                },
-            ),
-            selector: match_labels(names::control_plane_selector(&tenant)),
-            template: PodTemplateSpec {
-                metadata: Some(ObjectMeta {
-                    labels: Some(pod_labels),
-                    ..Default::default()
-                }),
-                spec: Some(PodSpec {
-                    automount_service_account_token: Some(false),
-                    enable_service_links: Some(false),
-                    security_context: Some(pod::restricted_pod(RUN_AS_USER)),
-                    init_containers: Some(vec![pki_init_container(image, options)]),
-                    containers: vec![k3s],
-                    volumes: Some(vec![
-                        pki_volume,
-                        scratch_volume(RANCHER_ETC_VOLUME, "1Mi"),
-                        scratch_volume(TMP_VOLUME, "64Mi"),
-                    ]),
-                    node_selector: local_runtime_node_selector(options),
-                    tolerations: local_runtime_tolerations(options),
-                    ..Default::default()
-                }),
-            },
-            volume_claim_templates: Some(vec![data_claim_template()]),
-            ..Default::default()
-        }),
-        status: None,
-    })
-}
-
-/// The local runtime's pods go to the simulated node it stands behind (tests and the dev cluster
-/// only; a real k3s pod goes wherever the scheduler puts it).
-fn local_runtime_node_selector(options: &BuildOptions) -> Option<BTreeMap<String, String>> {
-    let (key, value) = names::LOCAL_RUNTIME_NODE_LABEL;
-    options
-        .local_runtime
-        .then(|| BTreeMap::from([(key.to_string(), value.to_string())]))
-}
-
-fn local_runtime_tolerations(options: &BuildOptions) -> Option<Vec<Toleration>> {
-    options.local_runtime.then(|| {
-        vec![Toleration {
-            key: Some(names::SIMULATED_NODE_TAINT.into()),
-            operator: Some("Exists".into()),
-            effect: Some("NoSchedule".into()),
-            ..Default::default()
-        }]
-    })
-}
-
-/// k3s writes here even without an agent (its agent setup makes `/etc/rancher/node/password`
-/// at every start); the image's `/etc` is root's, so an unprivileged k3s gets a folder of its own
-/// and, without it, never finishes starting.
-pub const RANCHER_ETC: &str = "/etc/rancher";
-const RANCHER_ETC_VOLUME: &str = "rancher-etc";
-const TMP_VOLUME: &str = "tmp";
-
-/// Both containers' security context: `restricted`, as k3s's user, on a read-only root: every
-/// place k3s writes is a volume (its data, `/etc/rancher`, `/tmp`).
-fn security_context() -> SecurityContext {
-    SecurityContext {
-        read_only_root_filesystem: Some(true),
-        ..pod::restricted_container(RUN_AS_USER)
-    }
-}
-
-/// A folder of the pod's own, gone with it, at most `size`.
-fn scratch_volume(name: &str, size: &str) -> Volume {
-    Volume {
-        name: name.into(),
-        empty_dir: Some(EmptyDirVolumeSource {
-            size_limit: Some(Quantity(size.into())),
-            ..Default::default()
-        }),
-        ..Default::default()
-    }
-}
-
-fn scratch_mount(name: &str, path: &str) -> VolumeMount {
-    VolumeMount {
-        name: name.into(),
-        mount_path: path.into(),
-        ..Default::default()
-    }
-}
-
-/// The datastore volume, at k3s's data directory.
-fn data_mount() -> VolumeMount {
-    VolumeMount {
-        name: names::DATA_VOLUME.into(),
-        mount_path: DATA_DIR.into(),
-        ..Default::default()
+    Pod {
+        init_containers: vec![pki_init_container(image, options)],
+        containers: vec![k3s],
+        volumes: vec![
+            scratch_volume(RANCHER_ETC_VOLUME, "1Mi"),
+            scratch_volume(TMP_VOLUME, "64Mi"),
+        ],
     }
 }
 
 /// The init container that copies the PKI Secret into k3s's TLS folder (and writes the kubelet
-/// CA there, when the operator serves a kubelet endpoint).
+/// CA there, when the operator serves a kubelet endpoint): k3s writes further files into that
+/// folder, so it cannot be the Secret's read-only mount.
 fn pki_init_container(image: String, options: &BuildOptions) -> Container {
     let tls_dir = format!("{DATA_DIR}/server/tls");
     let mut copy_pki =
@@ -255,53 +131,25 @@ fn pki_init_container(image: String, options: &BuildOptions) -> Container {
         command: Some(vec!["/bin/sh".into(), "-c".into(), copy_pki]),
         env,
         security_context: Some(security_context()),
-        volume_mounts: Some(vec![
-            VolumeMount {
-                name: "pki".into(),
-                mount_path: PKI_MOUNT.into(),
-                read_only: Some(true),
-                ..Default::default()
-            },
-            data_mount(),
-        ]),
+        volume_mounts: Some(vec![read_only_mount(PKI_VOLUME, PKI_MOUNT), data_mount()]),
         ..Default::default()
     }
-}
-
-/// The claim of each control-plane pod for its sqlite datastore.
-fn data_claim_template() -> PersistentVolumeClaim {
-    PersistentVolumeClaim {
-        metadata: ObjectMeta {
-            name: Some(names::DATA_VOLUME.into()),
-            ..Default::default()
-        },
-        spec: Some(PersistentVolumeClaimSpec {
-            access_modes: Some(vec!["ReadWriteOnce".into()]),
-            resources: Some(VolumeResourceRequirements {
-                requests: Some([("storage".into(), Quantity(DATA_VOLUME_SIZE.into()))].into()),
-                limits: None,
-            }),
-            ..Default::default()
-        }),
-        status: None,
-    }
-}
-
-/// The PKI Secret for a freshly generated PKI. Created once, never overwritten.
-pub fn pki_secret(tc: &TenantCluster, pki: &TenantPki) -> Result<Secret, Error> {
-    let (tenant, _) = identity(tc)?;
-    Ok(Secret {
-        metadata: owned_metadata(tc, names::pki_secret(&tenant))?,
-        type_: Some("Opaque".into()),
-        data: Some(pki.to_secret_data()),
-        ..Default::default()
-    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::build::BuildOptions;
     use crate::build::fixtures::tenant;
+    use k8s_openapi::api::apps::v1::StatefulSet;
+
+    fn desired_statefulset(
+        tc: &TenantCluster,
+        addressing: &Addressing,
+        options: &BuildOptions,
+    ) -> Result<StatefulSet, crate::Error> {
+        crate::build::control_plane::desired_statefulset(tc, addressing, options, "digest")
+    }
 
     const TEST_API_IP: &str = "10.96.0.10";
 

@@ -53,6 +53,24 @@ where
     }
 }
 
+/// A short digest (16 hex digits of SHA-256) of `parts`, each ended by a NUL so that moving text
+/// from one part to the next changes it: for annotations that change when what they stand for
+/// does.
+pub(crate) fn digest<'a>(parts: impl IntoIterator<Item = &'a str>) -> String {
+    let mut context = ring::digest::Context::new(&ring::digest::SHA256);
+    for part in parts {
+        context.update(part.as_bytes());
+        context.update(&[0]);
+    }
+    context
+        .finish()
+        .as_ref()
+        .iter()
+        .take(8)
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

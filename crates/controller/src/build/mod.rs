@@ -1,9 +1,12 @@
 //! Build: pure functions from a TenantCluster and its policies to the objects that should exist.
 //! Nothing here does I/O, so every decision is unit-tested.
 
+pub mod admission;
+pub mod control_plane;
 pub mod isolation;
 pub mod k3s;
 pub mod kubeconfig;
+pub mod kubernetes;
 mod meta;
 pub mod pod;
 pub mod services;
@@ -16,6 +19,11 @@ pub(crate) use meta::{identity, owned_metadata};
 pub struct BuildOptions {
     /// Image repository of the tenant control plane (`rancher/k3s`).
     pub k3s_repository: String,
+    /// Image repository of the `kubernetes` distribution's kube-apiserver and
+    /// kube-controller-manager (`registry.k8s.io`).
+    pub kubernetes_repository: String,
+    /// The `kubernetes` distribution's kine image.
+    pub kine_image: String,
     /// The operator's `--service-cidr`, if given: checked against the range the host says it
     /// allocates from (`service_range`), which is what tenants get either way.
     pub service_cidr: Option<String>,
@@ -32,6 +40,8 @@ impl Default for BuildOptions {
     fn default() -> Self {
         Self {
             k3s_repository: crate::names::DEFAULT_K3S_REPOSITORY.to_string(),
+            kubernetes_repository: crate::names::DEFAULT_KUBERNETES_REPOSITORY.to_string(),
+            kine_image: crate::names::DEFAULT_KINE_IMAGE.to_string(),
             service_cidr: None,
             operator_namespace: None,
             local_runtime: false,

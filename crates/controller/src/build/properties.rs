@@ -6,8 +6,8 @@ use tenantplane_api::{EgressPolicy, TenantMode};
 use super::fixtures::{profile, tenant};
 use super::*;
 
-fn addressing() -> k3s::Addressing {
-    k3s::Addressing {
+fn addressing() -> control_plane::Addressing {
+    control_plane::Addressing {
         api_ip: "10.96.0.10".into(),
         service_cidr: "10.96.0.0/12".into(),
     }
@@ -41,7 +41,7 @@ proptest! {
         p.spec.network_policy.allowed_egress_cidrs = cidrs;
         p.spec.resource_quota.enforce = quota;
         let options = BuildOptions::default();
-        prop_assert!(k3s::desired_statefulset(&tc, &addressing(), &options).is_ok());
+        prop_assert!(control_plane::desired_statefulset(&tc, &addressing(), &options, "digest").is_ok());
         prop_assert!(services::desired_service(&tc).is_ok());
         prop_assert_eq!(isolation::network_policies(&tc, &p, &options).unwrap().len(), if net { 2 } else { 0 });
         prop_assert!(isolation::resource_quota(&tc, &p).is_ok());
@@ -56,7 +56,7 @@ proptest! {
     fn unnamed_tenants_are_errors(drop_name in any::<bool>()) {
         let mut tc = tenant();
         if drop_name { tc.metadata.name = None } else { tc.metadata.namespace = None }
-        prop_assert!(k3s::desired_statefulset(&tc, &addressing(), &BuildOptions::default()).is_err());
+        prop_assert!(control_plane::desired_statefulset(&tc, &addressing(), &BuildOptions::default(), "digest").is_err());
         prop_assert!(isolation::network_policies(&tc, &profile(), &BuildOptions::default()).is_err());
     }
 }

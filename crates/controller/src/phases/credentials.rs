@@ -85,7 +85,7 @@ async fn ensure_pki(
                 field_manager: Some(FIELD_MANAGER.into()),
                 ..Default::default()
             },
-            &build::k3s::pki_secret(tc, &pki)?,
+            &build::control_plane::pki_secret(tc, &pki)?,
         )
         .await
     {
@@ -181,6 +181,88 @@ async fn ensure_kubeconfig(
         .to_string();
     let expires = record_expiry(ctx, &ns, &tenant, pki, &text);
     Ok((text, expires.unwrap_or(now_secs) - renew_before))
+}
+
+/// The `kubernetes` distribution's component certificates, in `<name>-control-plane-certs`:
+/// issued when missing, unsound, issued for other names (a new API Service address) or due, and
+/// when the `rotate-certificates` annotation asks (the kubeconfig's phase removes it). The pod
+/// reads the files again; it is not restarted. Returns how soon to look again.
+pub(crate) async fn component_certificates(
+    tc: &TenantCluster,
+    ctx: &Context,
+    pki: &TenantPki,
+    addressing: &build::control_plane::Addressing,
+) -> Result<Duration, Error> {
+    let (tenant, ns) = build::identity(tc)?;
+    let name = names::control_plane_certs(&tenant);
+    let options = &ctx.options.build;
+    let certificates = ctx.options.certificates;
+    let now = Timestamp::now().as_second();
+    let renew_before = certificates.renew_before.as_secs() as i64;
+    let existing = cache::get(&ctx.caches.secrets, Some(&ns), &name);
+    let rotate = tc.annotations().contains_key(names::ROTATE_CERTIFICATES);
+    let issued_just_now = |secret: &Secret| {
+        secret
+            .data
+            .as_ref()
+            .and_then(|d| d.get(build::kubernetes::SERVING_CRT))
+            .and_then(|pem| std::str::from_utf8(&pem.0).ok())
+            .and_then(|pem| tenantplane_pki::lifetime(pem).ok())
+            .is_some_and(|l| now - l.issued_at < ROTATION_DEBOUNCE_SECS)
+    };
+    let why = match existing.as_deref() {
+        None => None,
+        Some(secret) if rotate && !issued_just_now(secret) => Some(format!(
+            "rotation requested by annotation {}",
+            names::ROTATE_CERTIFICATES
+        )),
+        Some(secret) => match build::kubernetes::certificates_due(
+            secret,
+            tc,
+            pki,
+            addressing,
+            options,
+            now,
+            renew_before,
+        ) {
+            Ok(due_at) => return Ok(Duration::from_secs((due_at - now).max(1) as u64)),
+            Err(why) => Some(why),
+        },
+    };
+    let secret = build::kubernetes::certificates_secret(
+        tc,
+        pki,
+        addressing,
+        options,
+        certificates.validity,
+    )?;
+    Api::<Secret>::namespaced(ctx.client.clone(), &ns)
+        .patch(
+            &name,
+            &PatchParams::apply(FIELD_MANAGER).force(),
+            &Patch::Apply(&secret),
+        )
+        .await
+        .map_err(|error| Error::Write {
+            object: format!("applying Secret {ns}/{name}"),
+            error,
+        })?;
+    let (reason, note) = match why {
+        None => (
+            "CertificatesIssued",
+            format!("issued the control plane's component certificates into Secret {name}"),
+        ),
+        Some(why) => (
+            "CertificatesReissued",
+            format!(
+                "issued the control plane's component certificates again into Secret {name}: {why}"
+            ),
+        ),
+    };
+    info!(secret = %name, reason, "{note}");
+    publish(ctx, tc, EventType::Normal, reason, note).await;
+    let validity = certificates.validity.as_secs() as i64;
+    Ok(Duration::from_secs((validity - renew_before).max(1) as u64))
 }
 
 /// Export when the tenant's admin certificate and CAs expire; returns when the admin

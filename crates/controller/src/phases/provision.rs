@@ -4,24 +4,25 @@
 //! tenant's data claims, which go with it on deletion.
 
 use k8s_openapi::api::apps::v1::StatefulSet;
-use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, Service};
+use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod, Service};
 use kube::api::{Api, DeleteParams, ListParams, Preconditions, PropagationPolicy};
 use kube::runtime::events::EventType;
 use kube::{Resource, ResourceExt};
-use tenantplane_api::TenantCluster;
+use tenantplane_api::{Distribution, IsolationProfile, TenantCluster};
 
 use std::time::Duration;
 
 use super::report::publish;
-use super::{Phase, stop};
+use super::{Phase, credentials, stop};
 use crate::Error;
 use crate::apply::{self, Outcome};
-use crate::build::{self, k3s::Addressing};
+use crate::build::{self, control_plane::Addressing};
 use crate::context::Context;
 use crate::names;
 use crate::observe;
 use crate::service_range;
 use crate::status::Progress;
+use crate::tenant_pki::TenantPki;
 
 /// How long a control plane may take to become Ready before the tenant counts as Degraded.
 pub const PROVISION_TIMEOUT: Duration = Duration::from_secs(10 * 60);
@@ -32,6 +33,8 @@ pub(crate) struct ControlPlane {
     pub addressing: Addressing,
     /// The StatefulSet rolls out a change (the pod may be about to go).
     pub rolling: bool,
+    /// When the components' certificates are due (the `kubernetes` distribution's).
+    pub certificates_due_in: Option<Duration>,
 }
 
 /// The control plane is on its way (not stuck): `detail` says what it waits for.
@@ -42,7 +45,12 @@ pub(crate) fn waiting(detail: String) -> Progress {
     }
 }
 
-pub(crate) async fn control_plane(tc: &TenantCluster, ctx: &Context) -> Phase<ControlPlane> {
+pub(crate) async fn control_plane(
+    tc: &TenantCluster,
+    ctx: &Context,
+    profile: &IsolationProfile,
+    pki: &TenantPki,
+) -> Phase<ControlPlane> {
     let (tenant, ns) = build::identity(tc)?;
     let client = &ctx.client;
     let caches = &ctx.caches;
@@ -97,8 +105,25 @@ pub(crate) async fn control_plane(tc: &TenantCluster, ctx: &Context) -> Phase<Co
         service_cidr,
     };
 
+    // What the pod reads at start: its admission configuration (a new level rolls it) and, for
+    // the `kubernetes` distribution, the certificates the operator issues for its components.
+    let config = build::admission::config_map(tc, profile.spec.pod_security)?;
+    let config_maps: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
+    apply::ensure(&config_maps, &caches.config_maps, &config).await?;
+    let certificates_due_in = match tc.spec.control_plane.distribution {
+        Distribution::Kubernetes => {
+            Some(credentials::component_certificates(tc, ctx, pki, &addressing).await?)
+        }
+        Distribution::K3s => None,
+    };
+
     let statefulsets = Api::<StatefulSet>::namespaced(client.clone(), &ns);
-    let desired = build::k3s::desired_statefulset(tc, &addressing, options)?;
+    let desired = build::control_plane::desired_statefulset(
+        tc,
+        &addressing,
+        options,
+        &build::admission::digest(&config),
+    )?;
     let live = crate::cache::get(
         &caches.statefulsets,
         Some(&ns),
@@ -157,7 +182,7 @@ pub(crate) async fn control_plane(tc: &TenantCluster, ctx: &Context) -> Phase<Co
         }
     }
     let outcome = apply::ensure(&statefulsets, &caches.statefulsets, &desired).await?;
-    let image = crate::build::k3s::control_plane_image(tc, options);
+    let image = build::control_plane::images(tc, options).join(", ");
     if outcome == Outcome::Created {
         publish(
             ctx,
@@ -179,12 +204,13 @@ pub(crate) async fn control_plane(tc: &TenantCluster, ctx: &Context) -> Phase<Co
             pod: (**pod).clone(),
             addressing,
             rolling,
+            certificates_due_in,
         });
     }
-    if let Some((reason, detail)) = pod
-        .as_ref()
-        .and_then(|p| observe::failing(p, &image, &tc.spec.kubernetes_version))
-    {
+    if let Some((reason, detail)) = pod.as_ref().and_then(|p| {
+        let advice = observe::pull_advice(tc.spec.control_plane.distribution);
+        observe::failing(p, &image, &tc.spec.kubernetes_version, advice)
+    }) {
         return stop(Progress::ControlPlaneFailing { reason, detail });
     }
     let detail = match &pod {

@@ -32,6 +32,7 @@ pub(crate) async fn tenant(
         pod,
         addressing,
         rolling: replacing,
+        ..
     } = control_plane;
     let connector = &ctx.options.connector;
     let kubeconfig = &kubeconfig.text;

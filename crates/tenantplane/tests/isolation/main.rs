@@ -11,6 +11,7 @@ use common::*;
 // one module per class, sharing the helpers below.
 mod fields;
 mod network;
+mod pod_security;
 mod redteam;
 mod sizes;
 mod upward;
@@ -200,8 +201,10 @@ async fn host_access_is_refused_even_under_a_privileged_profile() {
 
 #[tokio::test]
 async fn volumes_and_claims_reach_only_the_tenants_own_copies() {
+    // Pod Security admits what follows in the tenant: the syncer refuses it.
     let world = TenantSetup::seed()
         .allow(json!({"csiDrivers": ["secrets.example.org"]}))
+        .profile_spec(json!({"podSecurity": "privileged"}))
         .start("iso-vol")
         .await;
     let (ns, host, tenant) = (&world.ns, &world.host, &world.tenant);

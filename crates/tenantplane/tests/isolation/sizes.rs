@@ -112,7 +112,12 @@ async fn claims_are_capped_one_by_one_and_counted_by_the_quota() {
 
 #[tokio::test]
 async fn a_tenant_object_full_of_reasons_leaves_the_host_objects_small() {
-    let world = TenantSetup::seed().allow(json!({})).start("iso-big").await;
+    // Pod Security admits it in the tenant (the tenant API server would refuse it at once): the
+    // syncer's refusal is what is measured.
+    let world = TenantSetup::seed()
+        .profile_spec(json!({"podSecurity": "privileged"}))
+        .start("iso-big")
+        .await;
     let (ns, host, tenant) = (&world.ns, &world.host, &world.tenant);
     let pods: Api<Pod> = Api::namespaced(tenant.clone(), "default");
     // A long name, sixty privileged containers each adding ten capabilities with long names,
@@ -205,8 +210,9 @@ async fn a_tenant_object_full_of_reasons_leaves_the_host_objects_small() {
 
 #[tokio::test]
 async fn twenty_refused_pods_rewrite_the_tenant_status_a_few_times() {
+    // Pod Security admits them in the tenant: the syncer refuses them.
     let world = TenantSetup::seed()
-        .allow(json!({}))
+        .profile_spec(json!({"podSecurity": "privileged"}))
         .start("iso-churn")
         .await;
     let (ns, host, tenant) = (&world.ns, &world.host, &world.tenant);

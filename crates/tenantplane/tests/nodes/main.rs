@@ -9,6 +9,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod distribution;
 mod exec;
 mod network_policy;
 mod probes;

@@ -3,6 +3,8 @@
 //! dialling the virtual Nodes' kubelet at the operator's endpoint.
 
 use super::{BuildOptions, DATA_DIR, KUBELET_CA_FILE};
+use crate::build::admission::ADMISSION_CONFIG;
+use crate::build::control_plane::Addressing;
 use crate::names;
 
 /// Controllers that are off unless named, which k3s names (its default list is
@@ -20,18 +22,20 @@ const DISABLED_CONTROLLERS: &[&str] = &[
     "ttl",
 ];
 
-/// Where the tenant's control plane gets its address: the cluster IP of its API Service, and the
-/// host's service range that holds it (the tenant's Services carry their host copies' IPs, so the
-/// tenant allocates from the same range).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Addressing {
-    pub api_ip: String,
-    pub service_cidr: String,
-}
-
 /// The tenant API server's flag for which Node address it dials a kubelet at, and its order.
 pub const KUBELET_ADDRESS_TYPES: &str = "kubelet-preferred-address-types=";
 pub const KUBELET_ADDRESS_ORDER: &str = "Hostname,InternalIP,ExternalIP";
+
+/// The controller manager's `--controllers`: everything it runs by default and k3s's
+/// `tokencleaner`, without what only a cluster with nodes of its own needs. Both distributions
+/// run this list.
+pub(crate) fn controllers() -> String {
+    std::iter::once("*".to_string())
+        .chain(ENABLED_CONTROLLERS.iter().map(|c| c.to_string()))
+        .chain(DISABLED_CONTROLLERS.iter().map(|c| format!("-{c}")))
+        .collect::<Vec<_>>()
+        .join(",")
+}
 
 /// The arguments of `k3s server` for an agentless tenant control plane. The API Service's
 /// cluster IP, which synced pods dial, is in the serving certificate.
@@ -42,11 +46,7 @@ pub fn k3s_args(
     options: &BuildOptions,
 ) -> Vec<String> {
     let api_ip = addressing.api_ip.as_str();
-    let controllers = std::iter::once("*".to_string())
-        .chain(ENABLED_CONTROLLERS.iter().map(|c| c.to_string()))
-        .chain(DISABLED_CONTROLLERS.iter().map(|c| format!("-{c}")))
-        .collect::<Vec<_>>()
-        .join(",");
+    let controllers = controllers();
     let mut args = vec![
         "server".to_string(),
         "--disable-agent".into(),
@@ -66,6 +66,8 @@ pub fn k3s_args(
         format!("--https-listen-port={}", names::API_PORT),
         format!("--service-cidr={}", addressing.service_cidr),
         "--kube-apiserver-arg=endpoint-reconciler-type=none".into(),
+        // Pod Security at the tenant's door, at the profile's level (k3s passes none of its own).
+        format!("--kube-apiserver-arg=admission-control-config-file={ADMISSION_CONFIG}"),
         format!("--kube-controller-manager-arg=controllers={controllers}"),
     ];
     if options.kubelet.is_some() {

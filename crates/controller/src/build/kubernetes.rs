@@ -1,0 +1,849 @@
+//! The `kubernetes` distribution of a tenant's control plane: upstream's components from their
+//! own images, at the tenant's Kubernetes version, in one pod: kine over sqlite on the data claim
+//! (the same database k3s keeps there), kube-apiserver on it through a unix socket, and
+//! kube-controller-manager with the same controllers as k3s's. The certificates k3s would make
+//! for itself at start, the operator issues into a Secret of their own ([`certificates_secret`]),
+//! renewed before they are due; both components reload them from their files.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::ByteString;
+use k8s_openapi::api::core::v1::{Container, ContainerPort, Secret};
+use tenantplane_api::TenantCluster;
+use tenantplane_api::quantity::ParsedQuantity;
+use tenantplane_pki::{KeyAndCert, Leaf};
+
+use super::BuildOptions;
+use super::admission::ADMISSION_CONFIG;
+use super::control_plane::{
+    Addressing, CONFIG_MOUNT, CONFIG_VOLUME, DATA_DIR, DATABASE, PKI_MOUNT, PKI_VOLUME, Pod,
+    TMP_VOLUME, data_mount, mount, read_only_mount, scratch_volume, secret_volume,
+    security_context,
+};
+use super::k3s::{KUBELET_ADDRESS_ORDER, KUBELET_ADDRESS_TYPES, controllers};
+use super::meta::{identity, owned_metadata};
+use super::pod::{self, CapAndNeed, ProbeTiming};
+use crate::tenant_pki::{self, PkiError, TenantPki};
+use crate::{Error, names};
+
+/// The certificates Secret is mounted here.
+pub const CERTS_MOUNT: &str = "/etc/tenantplane/certs";
+const CERTS_VOLUME: &str = "certs";
+/// kine's etcd API, a unix socket in a folder the pod shares between kine and the API server
+/// (never a port: kine asks for no credentials).
+const KINE_SOCKET_DIR: &str = "/run/kine";
+const KINE_VOLUME: &str = "kine";
+/// The controller manager's HTTPS port, where its `/healthz` answers without credentials.
+pub const CONTROLLER_MANAGER_PORT: i32 = 10257;
+
+/// The certificates Secret's files.
+pub const SERVING_CRT: &str = "apiserver.crt";
+pub const SERVING_KEY: &str = "apiserver.key";
+pub const KUBELET_CLIENT_CRT: &str = "apiserver-kubelet-client.crt";
+pub const KUBELET_CLIENT_KEY: &str = "apiserver-kubelet-client.key";
+pub const FRONT_PROXY_CRT: &str = "front-proxy-client.crt";
+pub const FRONT_PROXY_KEY: &str = "front-proxy-client.key";
+pub const CONTROLLER_MANAGER_CRT: &str = "controller-manager.crt";
+pub const CONTROLLER_MANAGER_KEY: &str = "controller-manager.key";
+pub const CONTROLLER_MANAGER_KUBECONFIG: &str = "controller-manager.kubeconfig";
+pub const KUBELET_CA_CRT: &str = "kubelet-ca.crt";
+/// The Secret's annotation with a digest of what its certificates were issued for (the serving
+/// names and the kubelet CA): when that changes they are issued again.
+pub const ANNOTATION_ISSUED_FOR: &str = "tenantplane.io/issued-for";
+
+/// The front proxy's client name, the one the API server accepts request headers from.
+const FRONT_PROXY_NAME: &str = "front-proxy-client";
+/// The API server's name towards kubelets, as the operator's kubelet endpoint expects it
+/// (k3s's: a `system:masters` certificate of the client CA).
+const KUBELET_CLIENT_NAME: &str = "system:apiserver";
+const KUBELET_CLIENT_GROUP: &str = "system:masters";
+/// The controller manager's user, which the API server's bootstrap RBAC gives its roles.
+const CONTROLLER_MANAGER_USER: &str = "system:kube-controller-manager";
+/// The service-account issuer k3s uses, so tokens stay valid across a change of distribution.
+const SERVICE_ACCOUNT_ISSUER: &str = "https://kubernetes.default.svc.cluster.local";
+
+/// The images of a `kubernetes` tenant: kine, then kube-apiserver and kube-controller-manager at
+/// its version from `options`' repository.
+pub fn images(tc: &TenantCluster, options: &BuildOptions) -> Vec<String> {
+    let version = &tc.spec.kubernetes_version;
+    vec![
+        options.kine_image.clone(),
+        names::kubernetes_image(&options.kubernetes_repository, "kube-apiserver", version),
+        names::kubernetes_image(
+            &options.kubernetes_repository,
+            "kube-controller-manager",
+            version,
+        ),
+    ]
+}
+
+/// One container's part of the control plane's caps, and what it requests: a third of a k3s
+/// server's need each is not right (the API server is most of it), so the caps and the need are
+/// split in eighths: kine 1, kube-apiserver 5, kube-controller-manager 2.
+const SHARES: [(&str, u128); 3] = [
+    ("kine", 1),
+    ("kube-apiserver", 5),
+    ("kube-controller-manager", 2),
+];
+
+/// `quantity` × `eighths` / 8, written as the API server would read it back: CPU in
+/// millicores, memory in mebibytes (rounded down, never below 1).
+fn share(quantity: &ParsedQuantity, resource: &str, eighths: u128) -> ParsedQuantity {
+    let Some(value) = quantity.value() else {
+        // Admission refuses a cap that is not a quantity; an old object's goes out unchanged.
+        return quantity.clone();
+    };
+    let part = value.billionths().saturating_mul(eighths) / 8;
+    if resource == "cpu" {
+        format!("{}m", (part / 1_000_000).max(1)).into()
+    } else {
+        format!("{}Mi", (part / 1_000_000_000 / (1 << 20)).max(1)).into()
+    }
+}
+
+fn resources(
+    tc: &TenantCluster,
+    container: &str,
+) -> k8s_openapi::api::core::v1::ResourceRequirements {
+    let eighths = SHARES
+        .iter()
+        .find(|(name, _)| *name == container)
+        .map_or(8, |(_, e)| *e);
+    let caps = &tc.spec.resources;
+    let [cpu_cap, memory_cap] = [("cpu", &caps.cpu), ("memory", &caps.memory)]
+        .map(|(resource, cap)| cap.as_ref().map(|c| share(c, resource, eighths)));
+    let [cpu_need, memory_need] = [
+        ("cpu", super::control_plane::CONTROL_PLANE_CPU_REQUEST),
+        ("memory", super::control_plane::CONTROL_PLANE_MEMORY_REQUEST),
+    ]
+    .map(|(resource, total)| share(&total.into(), resource, eighths));
+    pod::capped_resources([
+        CapAndNeed {
+            resource: "cpu",
+            cap: cpu_cap.as_ref(),
+            need: cpu_need,
+        },
+        CapAndNeed {
+            resource: "memory",
+            cap: memory_cap.as_ref(),
+            need: memory_need,
+        },
+    ])
+}
+
+/// The pod: an init container makes kine's folder on a fresh claim (kine makes only the file),
+/// then the three components.
+pub(super) fn pod(
+    tc: &TenantCluster,
+    tenant: &str,
+    addressing: &Addressing,
+    options: &BuildOptions,
+) -> Pod {
+    let [kine_image, apiserver_image, controller_manager_image]: [String; 3] = images(tc, options)
+        .try_into()
+        .unwrap_or_else(|_| unreachable!("images() names three images"));
+    let database_dir = DATABASE.rsplit_once('/').map_or(DATA_DIR, |(dir, _)| dir);
+    let datastore_dir = Container {
+        name: "datastore".into(),
+        image: Some(kine_image.clone()),
+        command: Some(vec![
+            "/bin/sh".into(),
+            "-c".into(),
+            format!("mkdir -p {database_dir}"),
+        ]),
+        security_context: Some(security_context()),
+        termination_message_policy: Some(LOGS_ON_ERROR.into()),
+        volume_mounts: Some(vec![data_mount()]),
+        ..Default::default()
+    };
+    let kine = Container {
+        name: "kine".into(),
+        image: Some(kine_image),
+        command: Some(vec!["/bin/kine".into()]),
+        args: Some(kine_args()),
+        resources: Some(resources(tc, "kine")),
+        security_context: Some(security_context()),
+        termination_message_policy: Some(LOGS_ON_ERROR.into()),
+        volume_mounts: Some(vec![data_mount(), mount(KINE_VOLUME, KINE_SOCKET_DIR)]),
+        ..Default::default()
+    };
+    let apiserver_probe = |path: &str, timing| pod::https_probe(path, names::API_PORT, timing);
+    let apiserver = Container {
+        name: "kube-apiserver".into(),
+        image: Some(apiserver_image),
+        command: Some(vec!["kube-apiserver".into()]),
+        args: Some(apiserver_args(addressing, options)),
+        ports: Some(vec![ContainerPort {
+            name: Some("https".into()),
+            container_port: names::API_PORT,
+            protocol: Some("TCP".into()),
+            ..Default::default()
+        }]),
+        startup_probe: Some(apiserver_probe("/livez", STARTUP)),
+        liveness_probe: Some(apiserver_probe("/livez", LIVENESS)),
+        readiness_probe: Some(apiserver_probe("/readyz", READINESS)),
+        resources: Some(resources(tc, "kube-apiserver")),
+        security_context: Some(security_context()),
+        termination_message_policy: Some(LOGS_ON_ERROR.into()),
+        volume_mounts: Some(vec![
+            read_only_mount(PKI_VOLUME, PKI_MOUNT),
+            read_only_mount(CERTS_VOLUME, CERTS_MOUNT),
+            read_only_mount(CONFIG_VOLUME, CONFIG_MOUNT),
+            mount(KINE_VOLUME, KINE_SOCKET_DIR),
+            mount(TMP_VOLUME, "/tmp"),
+        ]),
+        ..Default::default()
+    };
+    let healthz = |timing| pod::https_probe("/healthz", CONTROLLER_MANAGER_PORT, timing);
+    let controller_manager = Container {
+        name: "kube-controller-manager".into(),
+        image: Some(controller_manager_image),
+        command: Some(vec!["kube-controller-manager".into()]),
+        args: Some(controller_manager_args(addressing)),
+        startup_probe: Some(healthz(STARTUP)),
+        liveness_probe: Some(healthz(LIVENESS)),
+        resources: Some(resources(tc, "kube-controller-manager")),
+        security_context: Some(security_context()),
+        termination_message_policy: Some(LOGS_ON_ERROR.into()),
+        volume_mounts: Some(vec![
+            read_only_mount(PKI_VOLUME, PKI_MOUNT),
+            read_only_mount(CERTS_VOLUME, CERTS_MOUNT),
+            mount(TMP_VOLUME, "/tmp"),
+        ]),
+        ..Default::default()
+    };
+    Pod {
+        init_containers: vec![datastore_dir],
+        containers: vec![kine, apiserver, controller_manager],
+        volumes: vec![
+            secret_volume(CERTS_VOLUME, &names::control_plane_certs(tenant)),
+            scratch_volume(KINE_VOLUME, "1Mi"),
+            scratch_volume(TMP_VOLUME, "64Mi"),
+        ],
+    }
+}
+
+/// A component that exits with an error leaves the end of its log as its termination message,
+/// which the operator puts in the tenant's status (`ControlPlaneCrashing`).
+const LOGS_ON_ERROR: &str = "FallbackToLogsOnError";
+
+/// Startup: 5 minutes to answer (a first start creates every built-in object); liveness: a
+/// component silent for a minute is wedged and restarted; readiness: the API server's own view.
+const STARTUP: ProbeTiming = ProbeTiming {
+    period_seconds: 5,
+    timeout_seconds: 5,
+    failure_threshold: 60,
+};
+const LIVENESS: ProbeTiming = ProbeTiming {
+    period_seconds: 10,
+    timeout_seconds: 5,
+    failure_threshold: 6,
+};
+const READINESS: ProbeTiming = ProbeTiming {
+    period_seconds: 5,
+    timeout_seconds: 5,
+    failure_threshold: 3,
+};
+
+/// kine as k3s runs it: sqlite in WAL mode at k3s's path, the etcd API on a unix socket, no
+/// metrics listener (it would bind every interface without credentials). kine serves no health
+/// endpoint; the API server's `/livez` checks the datastore through it.
+fn kine_args() -> Vec<String> {
+    vec![
+        format!(
+            "--endpoint=sqlite://{DATABASE}?_journal_mode=WAL&_busy_timeout=30000&_synchronous=NORMAL&_txlock=immediate"
+        ),
+        format!("--listen-address=unix://{KINE_SOCKET_DIR}/kine.sock"),
+        "--metrics-bind-address=0".into(),
+    ]
+}
+
+fn pki(file: &str) -> String {
+    format!("{PKI_MOUNT}/{file}")
+}
+
+fn cert(file: &str) -> String {
+    format!("{CERTS_MOUNT}/{file}")
+}
+
+/// kube-apiserver's flags: what k3s sets for its API server, with the operator's certificates.
+fn apiserver_args(addressing: &Addressing, options: &BuildOptions) -> Vec<String> {
+    let mut args = vec![
+        format!("--etcd-servers=unix://{KINE_SOCKET_DIR}/kine.sock"),
+        format!("--secure-port={}", names::API_PORT),
+        format!("--tls-cert-file={}", cert(SERVING_CRT)),
+        format!("--tls-private-key-file={}", cert(SERVING_KEY)),
+        format!("--client-ca-file={}", pki(tenant_pki::CLIENT_CA_CRT)),
+        // As k3s: one key signs service-account tokens and checks them.
+        format!(
+            "--service-account-key-file={}",
+            pki(tenant_pki::SERVICE_KEY)
+        ),
+        format!(
+            "--service-account-signing-key-file={}",
+            pki(tenant_pki::SERVICE_KEY)
+        ),
+        format!("--service-account-issuer={SERVICE_ACCOUNT_ISSUER}"),
+        format!("--service-cluster-ip-range={}", addressing.service_cidr),
+        "--authorization-mode=Node,RBAC".into(),
+        "--enable-admission-plugins=NodeRestriction".into(),
+        format!("--admission-control-config-file={ADMISSION_CONFIG}"),
+        "--allow-privileged=true".into(),
+        // The syncer writes the tenant's `kubernetes` Endpoints (the host's address for it).
+        "--endpoint-reconciler-type=none".into(),
+        format!(
+            "--requestheader-client-ca-file={}",
+            pki(tenant_pki::REQUEST_HEADER_CA_CRT)
+        ),
+        format!("--requestheader-allowed-names={FRONT_PROXY_NAME}"),
+        "--requestheader-username-headers=X-Remote-User".into(),
+        "--requestheader-group-headers=X-Remote-Group".into(),
+        "--requestheader-extra-headers-prefix=X-Remote-Extra-".into(),
+        format!("--proxy-client-cert-file={}", cert(FRONT_PROXY_CRT)),
+        format!("--proxy-client-key-file={}", cert(FRONT_PROXY_KEY)),
+        format!("--kubelet-client-certificate={}", cert(KUBELET_CLIENT_CRT)),
+        format!("--kubelet-client-key={}", cert(KUBELET_CLIENT_KEY)),
+        "--profiling=false".into(),
+    ];
+    if options.kubelet.is_some() {
+        // As for k3s: virtual Nodes' kubelet is the operator's endpoint, under its own CA, at
+        // each Node's Hostname address first.
+        args.push(format!(
+            "--kubelet-certificate-authority={}",
+            cert(KUBELET_CA_CRT)
+        ));
+        args.push(format!("--{KUBELET_ADDRESS_TYPES}{KUBELET_ADDRESS_ORDER}"));
+    }
+    args
+}
+
+/// kube-controller-manager's flags: k3s's controllers, signing with the client CA as k3s does,
+/// its serving certificate made for itself in `/tmp`.
+fn controller_manager_args(addressing: &Addressing) -> Vec<String> {
+    let kubeconfig = cert(CONTROLLER_MANAGER_KUBECONFIG);
+    vec![
+        format!("--kubeconfig={kubeconfig}"),
+        format!("--authentication-kubeconfig={kubeconfig}"),
+        format!("--authorization-kubeconfig={kubeconfig}"),
+        format!("--secure-port={CONTROLLER_MANAGER_PORT}"),
+        "--cert-dir=/tmp/kube-controller-manager".into(),
+        // One replica: nothing to elect, and no lease written every few seconds.
+        "--leader-elect=false".into(),
+        format!("--controllers={}", controllers()),
+        "--use-service-account-credentials=true".into(),
+        format!(
+            "--service-account-private-key-file={}",
+            pki(tenant_pki::SERVICE_KEY)
+        ),
+        format!("--root-ca-file={}", pki(tenant_pki::SERVER_CA_CRT)),
+        format!(
+            "--cluster-signing-cert-file={}",
+            pki(tenant_pki::CLIENT_CA_CRT)
+        ),
+        format!(
+            "--cluster-signing-key-file={}",
+            pki(tenant_pki::CLIENT_CA_KEY)
+        ),
+        format!("--service-cluster-ip-range={}", addressing.service_cidr),
+        "--profiling=false".into(),
+    ]
+}
+
+/// Every name the API server answers to: its Services' (which the operator, synced pods and
+/// `connect` dial), the API Service's cluster IP, loopback (the controller manager), the
+/// in-tenant `kubernetes` Service's names and first address, as k3s's own certificate has them.
+pub fn serving_names(tenant: &str, namespace: &str, addressing: &Addressing) -> Vec<String> {
+    let mut sans = names::service_dns_names(tenant, namespace);
+    sans.push(addressing.api_ip.clone());
+    sans.extend(
+        [
+            "kubernetes",
+            "kubernetes.default",
+            "kubernetes.default.svc",
+            "kubernetes.default.svc.cluster.local",
+            "localhost",
+            "127.0.0.1",
+        ]
+        .map(String::from),
+    );
+    if let Some(first) = crate::service_range::first_address(&addressing.service_cidr) {
+        sans.push(first);
+    }
+    sans
+}
+
+/// A digest of what the certificates are issued for: the serving names and the kubelet CA.
+fn issued_for(names: &[String], kubelet_ca: Option<&str>) -> String {
+    super::meta::digest(
+        names
+            .iter()
+            .map(String::as_str)
+            .chain(std::iter::once(kubelet_ca.unwrap_or_default())),
+    )
+}
+
+/// The controller manager's kubeconfig: the API server on loopback, its certificate by file
+/// (so a renewed one is read again without a restart).
+fn controller_manager_kubeconfig() -> String {
+    let config = serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "tenant", "cluster": {
+            "server": format!("https://127.0.0.1:{}", names::API_PORT),
+            "certificate-authority": pki(tenant_pki::SERVER_CA_CRT),
+        }}],
+        "users": [{"name": CONTROLLER_MANAGER_USER, "user": {
+            "client-certificate": cert(CONTROLLER_MANAGER_CRT),
+            "client-key": cert(CONTROLLER_MANAGER_KEY),
+        }}],
+        "contexts": [{"name": "tenant", "context": {"cluster": "tenant", "user": CONTROLLER_MANAGER_USER}}],
+        "current-context": "tenant",
+    });
+    serde_yaml::to_string(&config).unwrap_or_default()
+}
+
+/// The certificates the components need, issued now for `validity`, in the Secret the pod
+/// mounts at [`CERTS_MOUNT`].
+pub fn certificates_secret(
+    tc: &TenantCluster,
+    pki: &TenantPki,
+    addressing: &Addressing,
+    options: &BuildOptions,
+    validity: std::time::Duration,
+) -> Result<Secret, Error> {
+    let (tenant, ns) = identity(tc)?;
+    let sans = serving_names(&tenant, &ns, addressing);
+    let san_refs: Vec<&str> = sans.iter().map(String::as_str).collect();
+    let issue = |ca: &tenantplane_pki::CertificateAuthority, leaf: Leaf| {
+        ca.issue(&leaf.valid_for(validity)).map_err(PkiError::from)
+    };
+    let serving = issue(&pki.server_ca, Leaf::server("kube-apiserver", &san_refs))?;
+    let kubelet_client = issue(
+        &pki.client_ca,
+        Leaf::client(KUBELET_CLIENT_NAME, &[KUBELET_CLIENT_GROUP]),
+    )?;
+    let front_proxy = issue(&pki.request_header_ca, Leaf::client(FRONT_PROXY_NAME, &[]))?;
+    let controller_manager = issue(&pki.client_ca, Leaf::client(CONTROLLER_MANAGER_USER, &[]))?;
+    let kubelet_ca = options.kubelet.as_ref().map(|k| k.ca_pem.as_str());
+    let mut data = BTreeMap::new();
+    let mut pair = |crt: &str, key: &str, pair: &KeyAndCert| {
+        data.insert(crt.to_string(), pair.cert_pem.clone());
+        data.insert(key.to_string(), pair.key_pem.clone());
+    };
+    pair(SERVING_CRT, SERVING_KEY, &serving);
+    pair(KUBELET_CLIENT_CRT, KUBELET_CLIENT_KEY, &kubelet_client);
+    pair(FRONT_PROXY_CRT, FRONT_PROXY_KEY, &front_proxy);
+    pair(
+        CONTROLLER_MANAGER_CRT,
+        CONTROLLER_MANAGER_KEY,
+        &controller_manager,
+    );
+    data.insert(
+        CONTROLLER_MANAGER_KUBECONFIG.into(),
+        controller_manager_kubeconfig(),
+    );
+    if let Some(ca) = kubelet_ca {
+        data.insert(KUBELET_CA_CRT.into(), ca.to_string());
+    }
+    let mut metadata = owned_metadata(tc, names::control_plane_certs(&tenant))?;
+    metadata.annotations = Some(BTreeMap::from([(
+        ANNOTATION_ISSUED_FOR.to_string(),
+        issued_for(&sans, kubelet_ca),
+    )]));
+    Ok(Secret {
+        metadata,
+        type_: Some("Opaque".into()),
+        data: Some(
+            data.into_iter()
+                .map(|(k, v)| (k, ByteString(v.into_bytes())))
+                .collect(),
+        ),
+        ..Default::default()
+    })
+}
+
+/// Why the certificates in `secret` must be issued again, if they must: a file missing or not
+/// signed by the tenant's CA, issued for other names or another kubelet CA, or due (less than
+/// `renew_before` seconds left at `now`). Returns also when the soonest is due, when sound.
+pub fn certificates_due(
+    secret: &Secret,
+    tc: &TenantCluster,
+    pki: &TenantPki,
+    addressing: &Addressing,
+    options: &BuildOptions,
+    now: i64,
+    renew_before: i64,
+) -> Result<i64, String> {
+    let (tenant, ns) = identity(tc).map_err(|e| e.to_string())?;
+    let wanted = issued_for(
+        &serving_names(&tenant, &ns, addressing),
+        options.kubelet.as_ref().map(|k| k.ca_pem.as_str()),
+    );
+    let has = secret
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(ANNOTATION_ISSUED_FOR));
+    if has != Some(&wanted) {
+        return Err("issued for other names or another kubelet CA".into());
+    }
+    let text = |key: &str| -> Result<String, String> {
+        let bytes = secret
+            .data
+            .as_ref()
+            .and_then(|d| d.get(key))
+            .ok_or_else(|| format!("{key} is missing"))?;
+        String::from_utf8(bytes.0.clone()).map_err(|_| format!("{key} is not UTF-8 PEM"))
+    };
+    let mut due_at = i64::MAX;
+    for (crt, key, ca) in [
+        (SERVING_CRT, SERVING_KEY, &pki.server_ca),
+        (KUBELET_CLIENT_CRT, KUBELET_CLIENT_KEY, &pki.client_ca),
+        (FRONT_PROXY_CRT, FRONT_PROXY_KEY, &pki.request_header_ca),
+        (
+            CONTROLLER_MANAGER_CRT,
+            CONTROLLER_MANAGER_KEY,
+            &pki.client_ca,
+        ),
+    ] {
+        let (cert_pem, key_pem) = (text(crt)?, text(key)?);
+        tenantplane_pki::verify_signed_by(&cert_pem, ca.cert_pem())
+            .map_err(|e| format!("{crt}: {e}"))?;
+        if !tenantplane_pki::key_matches_certificate(&key_pem, &cert_pem) {
+            return Err(format!("{key} does not match {crt}"));
+        }
+        let lifetime = tenantplane_pki::lifetime(&cert_pem).map_err(|e| format!("{crt}: {e}"))?;
+        due_at = due_at.min(lifetime.not_after - renew_before);
+    }
+    text(CONTROLLER_MANAGER_KUBECONFIG)?;
+    if due_at <= now {
+        return Err("a certificate is due for renewal".into());
+    }
+    Ok(due_at)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::build::control_plane::desired_statefulset;
+    use crate::build::fixtures::{tenant, with_kubelet};
+    use k8s_openapi::api::core::v1::PodSpec;
+    use tenantplane_api::Distribution;
+
+    fn addressing() -> Addressing {
+        Addressing {
+            api_ip: "10.96.0.10".into(),
+            service_cidr: "10.96.0.0/12".into(),
+        }
+    }
+
+    fn kubernetes_tenant() -> TenantCluster {
+        let mut tc = tenant();
+        tc.spec.control_plane.distribution = Distribution::Kubernetes;
+        tc.spec.kubernetes_version = "v1.36.3".into();
+        tc
+    }
+
+    fn pod_spec(tc: &TenantCluster, options: &BuildOptions) -> PodSpec {
+        desired_statefulset(tc, &addressing(), options, "digest")
+            .unwrap()
+            .spec
+            .unwrap()
+            .template
+            .spec
+            .unwrap()
+    }
+
+    fn container<'a>(spec: &'a PodSpec, name: &str) -> &'a Container {
+        spec.containers.iter().find(|c| c.name == name).unwrap()
+    }
+
+    fn args(c: &Container) -> Vec<&str> {
+        c.args.iter().flatten().map(String::as_str).collect()
+    }
+
+    #[test]
+    fn upstream_images_at_the_tenant_version() {
+        let spec = pod_spec(&kubernetes_tenant(), &BuildOptions::default());
+        let images: Vec<(&str, &str)> = spec
+            .containers
+            .iter()
+            .map(|c| (c.name.as_str(), c.image.as_deref().unwrap()))
+            .collect();
+        assert_eq!(
+            images,
+            [
+                ("kine", "rancher/kine:v0.17.5"),
+                ("kube-apiserver", "registry.k8s.io/kube-apiserver:v1.36.3"),
+                (
+                    "kube-controller-manager",
+                    "registry.k8s.io/kube-controller-manager:v1.36.3"
+                ),
+            ]
+        );
+        let options = BuildOptions {
+            kubernetes_repository: "mirror.example/k8s".into(),
+            kine_image: "mirror.example/kine:v0.17.5".into(),
+            ..Default::default()
+        };
+        let spec = pod_spec(&kubernetes_tenant(), &options);
+        assert_eq!(
+            container(&spec, "kube-apiserver").image.as_deref(),
+            Some("mirror.example/k8s/kube-apiserver:v1.36.3")
+        );
+        assert_eq!(
+            spec.init_containers.unwrap()[0].image.as_deref(),
+            Some("mirror.example/kine:v0.17.5"),
+            "kine's image makes its folder"
+        );
+    }
+
+    #[test]
+    fn kine_keeps_k3s_database_and_speaks_on_a_socket_only() {
+        let spec = pod_spec(&kubernetes_tenant(), &BuildOptions::default());
+        let kine = args(container(&spec, "kine"));
+        assert!(
+            kine.iter()
+                .any(|a| a
+                    .starts_with("--endpoint=sqlite:///var/lib/rancher/k3s/server/db/state.db?")),
+            "{kine:?}"
+        );
+        assert!(kine.contains(&"--listen-address=unix:///run/kine/kine.sock"));
+        assert!(
+            kine.contains(&"--metrics-bind-address=0"),
+            "no port without credentials"
+        );
+        let apiserver = args(container(&spec, "kube-apiserver"));
+        assert!(apiserver.contains(&"--etcd-servers=unix:///run/kine/kine.sock"));
+        let init = &spec.init_containers.as_ref().unwrap()[0];
+        assert_eq!(
+            init.command.as_ref().unwrap()[2],
+            "mkdir -p /var/lib/rancher/k3s/server/db"
+        );
+        // The same claim at the same place as k3s: a change of distribution keeps the data.
+        for c in [container(&spec, "kine"), init] {
+            assert!(
+                c.volume_mounts
+                    .iter()
+                    .flatten()
+                    .any(|m| m.name == names::DATA_VOLUME && m.mount_path == DATA_DIR)
+            );
+        }
+    }
+
+    #[test]
+    fn the_api_server_runs_as_k3s_runs_its_own() {
+        let spec = pod_spec(&kubernetes_tenant(), &with_kubelet(BuildOptions::default()));
+        let a = args(container(&spec, "kube-apiserver"));
+        for wanted in [
+            "--endpoint-reconciler-type=none",
+            "--admission-control-config-file=/etc/tenantplane/config/admission.yaml",
+            "--service-cluster-ip-range=10.96.0.0/12",
+            "--authorization-mode=Node,RBAC",
+            "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+            "--kubelet-certificate-authority=/etc/tenantplane/certs/kubelet-ca.crt",
+            "--kubelet-preferred-address-types=Hostname,InternalIP,ExternalIP",
+            "--tls-cert-file=/etc/tenantplane/certs/apiserver.crt",
+            "--client-ca-file=/etc/tenantplane/pki/client-ca.crt",
+        ] {
+            assert!(a.contains(&wanted), "missing {wanted} in {a:?}");
+        }
+        let kcm = args(container(&spec, "kube-controller-manager"));
+        assert!(
+            kcm.iter()
+                .any(|a| *a == format!("--controllers={}", controllers())),
+            "the controllers k3s runs: {kcm:?}"
+        );
+        assert!(kcm.contains(&"--kubeconfig=/etc/tenantplane/certs/controller-manager.kubeconfig"));
+        let plain = pod_spec(&kubernetes_tenant(), &BuildOptions::default());
+        let a = args(container(&plain, "kube-apiserver"));
+        assert!(
+            !a.iter()
+                .any(|a| a.starts_with("--kubelet-certificate-authority"))
+        );
+    }
+
+    #[test]
+    fn probes_ask_each_component_own_health_endpoint() {
+        let spec = pod_spec(&kubernetes_tenant(), &BuildOptions::default());
+        let path = |p: &Option<k8s_openapi::api::core::v1::Probe>| {
+            let get = p.as_ref().unwrap().http_get.as_ref().unwrap();
+            (
+                get.path.clone().unwrap(),
+                get.port.clone(),
+                get.scheme.clone(),
+            )
+        };
+        let apiserver = container(&spec, "kube-apiserver");
+        let https = Some("HTTPS".to_string());
+        let api_port = k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(6443);
+        assert_eq!(
+            path(&apiserver.startup_probe),
+            ("/livez".into(), api_port.clone(), https.clone())
+        );
+        assert_eq!(
+            path(&apiserver.liveness_probe),
+            ("/livez".into(), api_port.clone(), https.clone())
+        );
+        assert_eq!(
+            path(&apiserver.readiness_probe),
+            ("/readyz".into(), api_port, https.clone())
+        );
+        let kcm = container(&spec, "kube-controller-manager");
+        let kcm_port = k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(10257);
+        assert_eq!(
+            path(&kcm.liveness_probe),
+            ("/healthz".into(), kcm_port, https)
+        );
+    }
+
+    #[test]
+    fn the_pod_is_restricted_on_a_read_only_root_and_never_local() {
+        let options = BuildOptions {
+            local_runtime: true,
+            ..Default::default()
+        };
+        let sts = desired_statefulset(&kubernetes_tenant(), &addressing(), &options, "d").unwrap();
+        let template = sts.spec.unwrap().template;
+        let labels = template.metadata.unwrap().labels.unwrap();
+        assert!(
+            !labels.contains_key(names::LABEL_RUNTIME),
+            "a real node runs it"
+        );
+        let spec = template.spec.unwrap();
+        assert!(spec.node_selector.is_none() && spec.tolerations.is_none());
+        assert_eq!(spec.automount_service_account_token, Some(false));
+        for c in spec
+            .containers
+            .iter()
+            .chain(spec.init_containers.iter().flatten())
+        {
+            let sc = c.security_context.as_ref().unwrap();
+            assert_eq!(sc.read_only_root_filesystem, Some(true), "{}", c.name);
+            assert_eq!(sc.run_as_non_root, Some(true), "{}", c.name);
+            assert_eq!(sc.allow_privilege_escalation, Some(false), "{}", c.name);
+            assert_eq!(
+                sc.capabilities.as_ref().unwrap().drop.as_ref().unwrap(),
+                &["ALL"]
+            );
+        }
+    }
+
+    #[test]
+    fn caps_and_the_need_are_split_by_eighths() {
+        let mut tc = kubernetes_tenant();
+        tc.spec.resources.cpu = Some("2".into());
+        tc.spec.resources.memory = Some("2Gi".into());
+        let spec = pod_spec(&tc, &BuildOptions::default());
+        let got = |name: &str, kind: &str, resource: &str| {
+            let r = container(&spec, name).resources.clone().unwrap();
+            let map = if kind == "limits" {
+                r.limits
+            } else {
+                r.requests
+            };
+            map.unwrap()[resource].0.clone()
+        };
+        assert_eq!(got("kine", "limits", "cpu"), "250m");
+        assert_eq!(got("kube-apiserver", "limits", "cpu"), "1250m");
+        assert_eq!(got("kube-controller-manager", "limits", "cpu"), "500m");
+        assert_eq!(got("kine", "limits", "memory"), "256Mi");
+        assert_eq!(got("kube-apiserver", "limits", "memory"), "1280Mi");
+        assert_eq!(got("kube-apiserver", "requests", "memory"), "320Mi");
+        assert_eq!(got("kube-apiserver", "requests", "cpu"), "156m");
+        let mut open = kubernetes_tenant();
+        open.spec.resources.cpu = None;
+        open.spec.resources.memory = None;
+        let spec = pod_spec(&open, &BuildOptions::default());
+        for c in &spec.containers {
+            let r = c.resources.as_ref().unwrap();
+            assert!(
+                r.limits.is_none() && r.requests.is_some(),
+                "{}: never BestEffort",
+                c.name
+            );
+        }
+    }
+
+    #[test]
+    fn certificates_are_issued_for_every_name_and_renewed_when_due() {
+        let tc = kubernetes_tenant();
+        let pki = TenantPki::generate("dev").unwrap();
+        let options = BuildOptions::default();
+        let day = std::time::Duration::from_secs(86_400);
+        let secret = certificates_secret(&tc, &pki, &addressing(), &options, 30 * day).unwrap();
+        assert_eq!(
+            secret.metadata.name.as_deref(),
+            Some("dev-control-plane-certs")
+        );
+        let text =
+            |key: &str| String::from_utf8(secret.data.as_ref().unwrap()[key].0.clone()).unwrap();
+        tenantplane_pki::verify_signed_by(&text(SERVING_CRT), pki.server_ca.cert_pem()).unwrap();
+        let sans = tenantplane_pki::subject_alt_names(&text(SERVING_CRT)).unwrap();
+        for name in [
+            "dev.team-dev.svc",
+            "10.96.0.10",
+            "127.0.0.1",
+            "kubernetes.default.svc",
+            "10.96.0.1",
+        ] {
+            assert!(sans.iter().any(|n| n == name), "{name}: {sans:?}");
+        }
+        assert!(text(CONTROLLER_MANAGER_KUBECONFIG).contains("https://127.0.0.1:6443"));
+        let now = jiff_now();
+        let due = certificates_due(
+            &secret,
+            &tc,
+            &pki,
+            &addressing(),
+            &options,
+            now,
+            10 * 86_400,
+        );
+        let due = due.expect("fresh certificates are sound");
+        assert!(
+            due > now + 19 * 86_400 && due <= now + 20 * 86_400 + 60,
+            "{due} {now}"
+        );
+        // Due within the renewal window; another address; another CA's files; a key swapped.
+        assert!(
+            certificates_due(
+                &secret,
+                &tc,
+                &pki,
+                &addressing(),
+                &options,
+                now,
+                31 * 86_400
+            )
+            .is_err()
+        );
+        let moved = Addressing {
+            api_ip: "10.96.0.11".into(),
+            ..addressing()
+        };
+        assert!(certificates_due(&secret, &tc, &pki, &moved, &options, now, 0).is_err());
+        let other = TenantPki::generate("dev").unwrap();
+        assert!(
+            certificates_due(&secret, &tc, &other, &addressing(), &options, now, 0)
+                .unwrap_err()
+                .contains(SERVING_CRT)
+        );
+        let mut swapped = secret.clone();
+        let data = swapped.data.as_mut().unwrap();
+        let key = data[FRONT_PROXY_KEY].clone();
+        data.insert(SERVING_KEY.into(), key);
+        assert!(
+            certificates_due(&swapped, &tc, &pki, &addressing(), &options, now, 0)
+                .unwrap_err()
+                .contains("does not match")
+        );
+        // A kubelet endpoint later: issued again with its CA.
+        let kubelet = with_kubelet(BuildOptions::default());
+        assert!(certificates_due(&secret, &tc, &pki, &addressing(), &kubelet, now, 0).is_err());
+    }
+
+    fn jiff_now() -> i64 {
+        k8s_openapi::jiff::Timestamp::now().as_second()
+    }
+}
