@@ -96,6 +96,9 @@ enum UserCommand {
         /// The SyncPolicy of the tenant [default: default].
         #[arg(long, value_name = "NAME")]
         sync_policy: Option<String>,
+        /// What runs the tenant's control plane [default: k3s].
+        #[arg(long, value_name = "NAME", value_parser = ["k3s", "kubernetes"])]
+        distribution: Option<String>,
         #[command(flatten)]
         wait: WaitArgs,
     },
@@ -239,6 +242,7 @@ async fn run_user(host: &HostArgs, command: UserCommand) -> anyhow::Result<()> {
             version,
             isolation_profile,
             sync_policy,
+            distribution,
             wait,
         } => {
             let options = tenants::CreateOptions {
@@ -246,6 +250,7 @@ async fn run_user(host: &HostArgs, command: UserCommand) -> anyhow::Result<()> {
                 version,
                 isolation_profile,
                 sync_policy,
+                distribution,
             };
             tenants::create(&client, &ns(namespace), &options, wait.wait()).await
         }

@@ -7,7 +7,7 @@ use futures::StreamExt;
 use kube::Client;
 use kube::ResourceExt;
 use kube::api::{Api, PostParams};
-use tenantplane_api::{Phase, PolicyRef, TenantCluster};
+use tenantplane_api::{Distribution, Phase, PolicyRef, TenantCluster};
 
 use super::progress::{
     explaining_condition, fatal_watch_error, last_word, phase_of, progress_key, progress_line,
@@ -27,6 +27,8 @@ pub struct CreateOptions {
     pub version: Option<String>,
     pub isolation_profile: Option<String>,
     pub sync_policy: Option<String>,
+    /// `k3s` or `kubernetes` (`--distribution`; clap offers only those).
+    pub distribution: Option<String>,
 }
 
 /// The TenantCluster `create` submits.
@@ -47,6 +49,13 @@ pub fn new_tenant(options: &CreateOptions, namespace: &str) -> anyhow::Result<Te
     }
     if let Some(policy) = &options.sync_policy {
         tc.spec.sync_policy_ref = PolicyRef::named(policy);
+    }
+    if let Some(name) = &options.distribution {
+        tc.spec.control_plane.distribution = Distribution::ALL
+            .iter()
+            .copied()
+            .find(|d| d.as_str() == name)
+            .with_context(|| format!("--distribution {name}: not one of k3s, kubernetes"))?;
     }
     Ok(tc)
 }
@@ -205,6 +214,7 @@ mod tests {
             version: None,
             isolation_profile: None,
             sync_policy: None,
+            distribution: None,
         };
         let tc = new_tenant(&options, "team-web").unwrap();
         assert_eq!(tc.name_any(), "web");
@@ -217,7 +227,7 @@ mod tests {
                 "kubernetesVersion": "v1.30.4",
                 "isolationProfileRef": {"name": "restricted"},
                 "syncPolicyRef": {"name": "default"},
-                "controlPlane": {"replicas": 1, "datastore": {"type": "sqlite"}},
+                "controlPlane": {"distribution": "k3s", "replicas": 1, "datastore": {"type": "sqlite"}},
                 "networking": {"egressPolicy": "deny-by-default"},
                 "migration": {"allowModeChange": true},
                 "resources": {"cpu": "2", "memory": "2Gi"},
@@ -229,8 +239,10 @@ mod tests {
             version: Some("v1.31.0".into()),
             isolation_profile: Some("baseline".into()),
             sync_policy: Some("minimal".into()),
+            distribution: Some("kubernetes".into()),
         };
         let tc = new_tenant(&options, "team-web").unwrap();
+        assert_eq!(tc.spec.control_plane.distribution, Distribution::Kubernetes);
         assert_eq!(tc.spec.kubernetes_version, "v1.31.0");
         assert_eq!(tc.spec.isolation_profile_ref.name, "baseline");
         assert_eq!(tc.spec.sync_policy_ref.name, "minimal");
