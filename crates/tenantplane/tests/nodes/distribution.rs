@@ -150,6 +150,27 @@ async fn a_kubernetes_tenant_runs_as_written_and_walks_its_lifecycle() {
         .await
         .unwrap();
 
+    // Pod Security at the door, as in a k3s tenant: the same admission file, read by upstream's
+    // API server.
+    let mut root = busybox("c", "id");
+    root["securityContext"] = serde_json::json!({"privileged": true});
+    let refused = Api::<Pod>::namespaced(tenant.clone(), "default")
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(serde_json::json!({
+                "metadata": {"name": "root"}, "spec": {"containers": [root]}
+            }))
+            .unwrap(),
+        )
+        .await
+        .unwrap_err();
+    assert!(
+        refused
+            .to_string()
+            .contains("violates PodSecurity \"restricted:latest\""),
+        "{refused}"
+    );
+
     // Data to keep through everything below.
     let config_maps = Api::<ConfigMap>::namespaced(tenant.clone(), "default");
     let keep: ConfigMap = serde_json::from_value(serde_json::json!({

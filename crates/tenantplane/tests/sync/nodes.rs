@@ -4,17 +4,21 @@
 use super::*;
 use k8s_openapi::api::core::v1::{Event, Node};
 
-/// Pod `default/priv` in the tenant, running as root with no security context: the syncer lets
-/// it through, the host's Pod Security (`restricted`) refuses it; the tenant's pods Api.
+/// Where the pod below is made: the tenant's `kube-system`, which the tenant's own Pod Security
+/// exempts (elsewhere the tenant API server refuses it at once), so the host's is what refuses it.
+const NS: &str = "kube-system";
+
+/// Pod `kube-system/priv` in the tenant, running as root with no security context: the syncer
+/// lets it through, the host's Pod Security (`restricted`) refuses it; the tenant's pods Api.
 async fn create_privileged_pod(tenant: &Client) -> Api<Pod> {
     let mut c = container("root");
     c["securityContext"] = json!({"runAsUser": 0});
     let pod: Pod = serde_json::from_value(json!({
-        "metadata": {"name": "priv", "namespace": "default"},
+        "metadata": {"name": "priv", "namespace": NS},
         "spec": {"containers": [c]}
     }))
     .unwrap();
-    let pods: Api<Pod> = Api::namespaced(tenant.clone(), "default");
+    let pods: Api<Pod> = Api::namespaced(tenant.clone(), NS);
     pods.create(&PostParams::default(), &pod).await.unwrap();
     pods
 }
@@ -39,7 +43,7 @@ async fn a_privileged_pod_never_runs_and_the_tenant_is_told_why() {
     .expect("the tenant pod never said the host refused it");
     assert!(told.contains("restricted"), "{told}");
     let event = eventually(WAIT, || async {
-        Api::<Event>::namespaced(tenant.clone(), "default")
+        Api::<Event>::namespaced(tenant.clone(), NS)
             .list(&ListParams::default())
             .await
             .ok()?
@@ -61,10 +65,14 @@ async fn a_privileged_pod_never_runs_and_the_tenant_is_told_why() {
     .expect("Synced never said HostRejected");
     assert_eq!(status, "False");
     assert!(
-        message.starts_with("Pod default/priv: the host refused it"),
+        message.starts_with("Pod kube-system/priv: the host refused it"),
         "{message}"
     );
-    assert!(host_pods(host, &ns.name, "dev").await.is_empty());
+    let copy = Api::<Pod>::namespaced(host.clone(), &ns.name)
+        .get_opt("priv-x-kube-system-x-dev")
+        .await
+        .unwrap();
+    assert!(copy.is_none(), "the host holds no copy: {copy:?}");
 
     // Deleting the pod clears the condition.
     pods.delete("priv", &DeleteParams::default()).await.unwrap();
@@ -94,7 +102,7 @@ async fn a_pod_the_host_refuses_backs_off() {
     let world = ReadyTenant::start("sync-backoff").await;
     let (ns, host, tenant) = (&world.ns, &world.host, &world.tenant);
     create_privileged_pod(tenant).await;
-    let copy = "priv-x-default-x-dev";
+    let copy = "priv-x-kube-system-x-dev";
     let first = eventually(WAIT, || async {
         (refused_writes(&ns.name, "pods", copy, 403) > 0).then_some(())
     })
