@@ -14,6 +14,20 @@ use tenantplane_api::{Distribution, TenantCluster};
 use tenantplane_controller::names;
 use tenantplane_testenv::binaries::kubernetes_versions;
 
+/// The seed tenant with the `kubernetes` distribution at `version`, Ready, with the operator's
+/// kubelet endpoint, on this binary's real node.
+async fn kubernetes_tenant(prefix: &str, version: &str) -> ReadyTenant {
+    use_real_nodes();
+    let version = version.to_string();
+    TestHost::start_with_kubelet(prefix)
+        .await
+        .ready(TenantSetup::seed().edit(move |tc| {
+            tc.spec.control_plane.distribution = Distribution::Kubernetes;
+            tc.spec.kubernetes_version = version;
+        }))
+        .await
+}
+
 /// The tenant's control-plane pod on the host.
 async fn control_plane_pod(world: &ReadyTenant) -> Pod {
     Api::<Pod>::namespaced(world.host.clone(), &world.ns.name)
@@ -100,14 +114,7 @@ async fn ready_again(world: &ReadyTenant, what: &str) -> TenantCluster {
 async fn a_kubernetes_tenant_runs_as_written_and_walks_its_lifecycle() {
     use_real_nodes();
     let (current, _) = kubernetes_versions().unwrap();
-    let start = current.clone();
-    let world = TestHost::start_with_kubelet("k8s-dist")
-        .await
-        .ready(TenantSetup::seed().edit(move |tc| {
-            tc.spec.control_plane.distribution = Distribution::Kubernetes;
-            tc.spec.kubernetes_version = start;
-        }))
-        .await;
+    let world = kubernetes_tenant("k8s-dist", &current).await;
     let (ns, host, tenant) = (&world.ns.name, &world.host, &world.tenant);
 
     // The pod as written, on the real node, by the kubelet: upstream's images, no runtime label.
@@ -310,14 +317,7 @@ async fn a_kubernetes_tenant_runs_as_written_and_walks_its_lifecycle() {
 async fn a_kubernetes_tenant_upgrades_one_minor_keeping_its_data() {
     use_real_nodes();
     let (current, previous) = kubernetes_versions().unwrap();
-    let start = previous.clone();
-    let world = TestHost::start_with_kubelet("k8s-upgrade")
-        .await
-        .ready(TenantSetup::seed().edit(move |tc| {
-            tc.spec.control_plane.distribution = Distribution::Kubernetes;
-            tc.spec.kubernetes_version = start;
-        }))
-        .await;
+    let world = kubernetes_tenant("k8s-upgrade", &previous).await;
     let (ns, host, tenant) = (&world.ns.name, &world.host, &world.tenant);
     let pod = control_plane_pod(&world).await;
     let images: Vec<&str> = pod
