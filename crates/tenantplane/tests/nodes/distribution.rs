@@ -30,10 +30,19 @@ async fn kubernetes_tenant(prefix: &str, version: &str) -> ReadyTenant {
 
 /// The tenant's control-plane pod on the host.
 async fn control_plane_pod(world: &ReadyTenant) -> Pod {
-    Api::<Pod>::namespaced(world.host.clone(), &world.ns.name)
-        .get(&names::control_plane_pod(&world.name))
+    find_control_plane_pod(world)
         .await
-        .unwrap()
+        .expect("the control-plane pod")
+}
+
+/// The tenant's control-plane pod on the host, if there is one now: between a pod's removal and
+/// its StatefulSet making the next one there is none.
+async fn find_control_plane_pod(world: &ReadyTenant) -> Option<Pod> {
+    Api::<Pod>::namespaced(world.host.clone(), &world.ns.name)
+        .get_opt(&names::control_plane_pod(&world.name))
+        .await
+        .ok()
+        .flatten()
 }
 
 /// The Kubernetes version the tenant API server says it runs.
@@ -221,7 +230,7 @@ async fn a_kubernetes_tenant_runs_as_written_and_walks_its_lifecycle() {
     let restarts = container(&before, "kine").unwrap().restart_count;
     assert!(kill_container_process(&before, "kine"), "kine's process");
     let restarted = eventually(Duration::from_secs(120), || async {
-        let pod = control_plane_pod(&world).await;
+        let pod = find_control_plane_pod(&world).await?;
         (container(&pod, "kine")?.restart_count > restarts).then_some(())
     })
     .await;
@@ -275,7 +284,7 @@ async fn a_kubernetes_tenant_runs_as_written_and_walks_its_lifecycle() {
         .await
         .unwrap();
     let replaced = eventually(Duration::from_secs(300), || async {
-        let pod = control_plane_pod(&world).await;
+        let pod = find_control_plane_pod(&world).await?;
         (pod.metadata.uid != old_uid && tenantplane_controller::observe::pod_is_ready(&pod))
             .then_some(())
     })
