@@ -26,12 +26,24 @@ fn list(l: Option<&Vec<ContainerStatus>>) -> Vec<&ContainerStatus> {
     l.into_iter().flatten().collect()
 }
 
+/// The statuses of the init containers that run to completion, and of those that keep running:
+/// the containers and the sidecars (init containers with `restartPolicy: Always`, which run
+/// beside the containers once started, so a crash of one is a crash of the control plane).
 fn statuses(pod: &Pod) -> (Vec<&ContainerStatus>, Vec<&ContainerStatus>) {
     let status = pod.status.as_ref();
-    (
-        list(status.and_then(|s| s.init_container_statuses.as_ref())),
-        list(status.and_then(|s| s.container_statuses.as_ref())),
-    )
+    let sidecar = |name: &str| {
+        pod.spec
+            .iter()
+            .flat_map(|s| s.init_containers.iter().flatten())
+            .any(|c| c.name == name && c.restart_policy.as_deref() == Some("Always"))
+    };
+    let (sidecars, init): (Vec<_>, Vec<_>) =
+        list(status.and_then(|s| s.init_container_statuses.as_ref()))
+            .into_iter()
+            .partition(|c| sidecar(&c.name));
+    let mut running = sidecars;
+    running.extend(list(status.and_then(|s| s.container_statuses.as_ref())));
+    (init, running)
 }
 
 /// `reason: message`, either part left out when empty.
@@ -262,6 +274,44 @@ mod tests {
             "state": {"waiting": {"reason": "CrashLoopBackOff", "message": "restarting"}},
         }]}));
         assert_eq!(failing(&restarting, "k3s", "v1", ""), None);
+    }
+
+    #[test]
+    fn a_sidecar_that_keeps_exiting_is_a_crashing_control_plane() {
+        let mut p = pod(json!({"phase": "Running", "initContainerStatuses": [
+            {"name": "datastore", "ready": false, "restartCount": 0, "image": "kine", "imageID": "",
+             "state": {"terminated": {"exitCode": 0, "reason": "Completed"}}},
+            {"name": "kine", "ready": true, "restartCount": 0, "image": "kine", "imageID": "",
+             "state": {"running": {}}},
+            {"name": "kube-apiserver", "ready": false, "restartCount": 4, "image": "kube-apiserver", "imageID": "",
+             "state": {"waiting": {"reason": "CrashLoopBackOff", "message": "back-off 1m20s"}},
+             "lastState": {"terminated": {"exitCode": 1, "reason": "Error", "message": "open /etc/tenantplane/certs/apiserver.crt: no such file"}}},
+        ], "containerStatuses": [{
+            "name": "kube-controller-manager", "ready": false, "restartCount": 0, "image": "kcm", "imageID": "",
+            "state": {"waiting": {"reason": "PodInitializing"}},
+        }]}));
+        p.spec = Some(
+            serde_json::from_value(json!({"initContainers": [
+                {"name": "datastore"},
+                {"name": "kine", "restartPolicy": "Always"},
+                {"name": "kube-apiserver", "restartPolicy": "Always"},
+            ], "containers": [{"name": "kube-controller-manager"}]}))
+            .unwrap(),
+        );
+        let (reason, message) = failing(&p, "kube-apiserver", "v1.36.3", "").unwrap();
+        assert_eq!(
+            reason, "ControlPlaneCrashing",
+            "not an init container failing"
+        );
+        assert!(
+            message.starts_with("container kube-apiserver keeps exiting: exit code 1 (Error: open"),
+            "{message}"
+        );
+        // A running sidecar is not an init container at work.
+        assert_eq!(
+            pod_summary(&p),
+            "Running, container kube-apiserver: CrashLoopBackOff: back-off 1m20s"
+        );
     }
 
     #[test]

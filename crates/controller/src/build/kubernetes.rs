@@ -108,7 +108,13 @@ fn resources(
 }
 
 /// The pod: an init container makes kine's folder on a fresh claim (kine makes only the file),
-/// then the three components.
+/// then kine and kube-apiserver as sidecars (init containers that keep running, restarted by the
+/// kubelet like any container), then kube-controller-manager. The order is the point: the kubelet
+/// starts each sidecar after the one before it has started (the API server's startup probe is
+/// `/livez`, which checks the datastore), so the controller manager starts against a live API
+/// server instead of exiting on its 10 s wait for `/healthz` during a first start; and on
+/// deletion it stops them in reverse, so the controller manager goes first and kine last, after
+/// the API server's last writes (its identity lease, given back on a clean stop) have landed.
 pub(super) fn pod(
     tc: &TenantCluster,
     tenant: &str,
@@ -134,6 +140,7 @@ pub(super) fn pod(
     };
     let kine = Container {
         name: "kine".into(),
+        restart_policy: Some(SIDECAR.into()),
         image: Some(kine_image),
         command: Some(vec!["/bin/kine".into()]),
         args: Some(kine_args()),
@@ -146,6 +153,7 @@ pub(super) fn pod(
     let apiserver_probe = |path: &str, timing| pod::https_probe(path, names::API_PORT, timing);
     let apiserver = Container {
         name: "kube-apiserver".into(),
+        restart_policy: Some(SIDECAR.into()),
         image: Some(apiserver_image),
         command: Some(vec!["kube-apiserver".into()]),
         args: Some(apiserver_args(addressing, options)),
@@ -189,8 +197,8 @@ pub(super) fn pod(
         ..Default::default()
     };
     Pod {
-        init_containers: vec![datastore_dir],
-        containers: vec![kine, apiserver, controller_manager],
+        init_containers: vec![datastore_dir, kine, apiserver],
+        containers: vec![controller_manager],
         volumes: vec![
             secret_volume(CERTS_VOLUME, &names::control_plane_certs(tenant)),
             scratch_volume(KINE_VOLUME, "1Mi"),
@@ -198,6 +206,9 @@ pub(super) fn pod(
         ],
     }
 }
+
+/// An init container's restart policy that makes it a sidecar (Kubernetes 1.29 and later).
+const SIDECAR: &str = "Always";
 
 /// A component that exits with an error leaves the end of its log as its termination message,
 /// which the operator puts in the tenant's status (`ControlPlaneCrashing`).
@@ -357,8 +368,16 @@ mod tests {
             .unwrap()
     }
 
+    /// Container `name`, of either list (two of the components are sidecars).
     fn container<'a>(spec: &'a PodSpec, name: &str) -> &'a Container {
-        spec.containers.iter().find(|c| c.name == name).unwrap()
+        all_containers(spec).find(|c| c.name == name).unwrap()
+    }
+
+    fn all_containers(spec: &PodSpec) -> impl Iterator<Item = &Container> {
+        spec.init_containers
+            .iter()
+            .flatten()
+            .chain(&spec.containers)
     }
 
     fn args(c: &Container) -> Vec<&str> {
@@ -368,14 +387,13 @@ mod tests {
     #[test]
     fn upstream_images_at_the_tenant_version() {
         let spec = pod_spec(&kubernetes_tenant(), &BuildOptions::default());
-        let images: Vec<(&str, &str)> = spec
-            .containers
-            .iter()
+        let images: Vec<(&str, &str)> = all_containers(&spec)
             .map(|c| (c.name.as_str(), c.image.as_deref().unwrap()))
             .collect();
         assert_eq!(
             images,
             [
+                ("datastore", "rancher/kine:v0.17.5"),
                 ("kine", "rancher/kine:v0.17.5"),
                 ("kube-apiserver", "registry.k8s.io/kube-apiserver:v1.36.3"),
                 (
@@ -398,6 +416,37 @@ mod tests {
             spec.init_containers.unwrap()[0].image.as_deref(),
             Some("mirror.example/kine:v0.17.5"),
             "kine's image makes its folder"
+        );
+    }
+
+    #[test]
+    fn the_components_start_in_order_and_stop_in_reverse() {
+        let spec = pod_spec(&kubernetes_tenant(), &BuildOptions::default());
+        let init: Vec<(&str, Option<&str>)> = spec
+            .init_containers
+            .iter()
+            .flatten()
+            .map(|c| (c.name.as_str(), c.restart_policy.as_deref()))
+            .collect();
+        assert_eq!(
+            init,
+            [
+                ("datastore", None),
+                ("kine", Some("Always")),
+                ("kube-apiserver", Some("Always")),
+            ],
+            "the folder once, then kine and the API server as sidecars"
+        );
+        let main: Vec<&str> = spec.containers.iter().map(|c| c.name.as_str()).collect();
+        assert_eq!(main, ["kube-controller-manager"]);
+        // The controller manager waits for this probe: `/livez` checks the datastore too.
+        let startup = container(&spec, "kube-apiserver")
+            .startup_probe
+            .as_ref()
+            .unwrap();
+        assert_eq!(
+            startup.http_get.as_ref().unwrap().path.as_deref(),
+            Some("/livez")
         );
     }
 
@@ -558,7 +607,7 @@ mod tests {
         open.spec.resources.cpu = None;
         open.spec.resources.memory = None;
         let spec = pod_spec(&open, &BuildOptions::default());
-        for c in &spec.containers {
+        for c in all_containers(&spec).filter(|c| c.name != "datastore") {
             let r = c.resources.as_ref().unwrap();
             assert!(
                 r.limits.is_none() && r.requests.is_some(),

@@ -134,14 +134,19 @@ async fn a_kubernetes_tenant_runs_as_written_and_walks_its_lifecycle() {
         Some(tenantplane_testenv::host_cluster::real_node::NODE_NAME)
     );
     assert!(!pod.labels().contains_key(names::LABEL_RUNTIME));
+    // The datastore's folder, then kine and the API server as sidecars, then the controller
+    // manager: it started once, after the API server was live (no exit on a first start).
     let images: Vec<&str> = spec
-        .containers
+        .init_containers
         .iter()
+        .flatten()
+        .chain(&spec.containers)
         .filter_map(|c| c.image.as_deref())
         .collect();
     assert_eq!(
         images,
         [
+            names::DEFAULT_KINE_IMAGE.to_string(),
             names::DEFAULT_KINE_IMAGE.to_string(),
             format!("registry.k8s.io/kube-apiserver:{current}"),
             format!("registry.k8s.io/kube-controller-manager:{current}"),
@@ -152,6 +157,13 @@ async fn a_kubernetes_tenant_runs_as_written_and_walks_its_lifecycle() {
         assert!(status.ready || name == "kine", "{name}: {status:?}");
         assert!(status.state.as_ref().unwrap().running.is_some(), "{name}");
     }
+    assert_eq!(
+        container(&pod, "kube-controller-manager")
+            .unwrap()
+            .restart_count,
+        0,
+        "the controller manager starts after the API server is live"
+    );
     assert_eq!(served_version(tenant).await, current);
     // The kubeconfig Secret and the component certificates.
     let secrets = Api::<Secret>::namespaced(host.clone(), ns);
@@ -316,13 +328,18 @@ async fn a_kubernetes_tenant_runs_as_written_and_walks_its_lifecycle() {
 /// An upgrade from the previous minor release, on a real node: Provisioning while the pod rolls,
 /// Ready after, the data kept.
 ///
-/// Ignored: in 2 of 4 runs the upgraded kube-apiserver never became live (its bootstrap RBAC
-/// updates timed out in kine, `etcdserverpb.KV/Txn` DeadlineExceeded, and its identity lease was
-/// "already exists" yet not found, every 7 s for 5 minutes), so the controller manager exited
-/// waiting for `/healthz`, and the tenant reported `ControlPlaneCrashing` with that message; in
-/// the other runs it passed with everything below. Run it with `--ignored` to look into it.
+/// Ignored: in half the runs or more (3 of 6 before the components became ordered sidecars, 2 of
+/// 2 after) the upgraded kube-apiserver never becomes live: its writes to kine time out
+/// (`etcdserverpb.KV/Txn` DeadlineExceeded, so its bootstrap RBAC and its identity lease are never
+/// written), while reads answer. What was seen in kine while it was stuck: no request in its
+/// handlers, every gRPC reader waiting for input, yet two of the API server's connections with
+/// bytes kine had not read; the database unlocked and whole (`integrity_check` ok). Restarting
+/// kine alone (SIGQUIT, the kubelet started it again) let the writes through, and that run went on
+/// to pass: Ready at v1.36.3 with the data. Not seen with the same binaries as plain processes
+/// (2 of 2 upgrades passed), nor in the same-version pod replacement of the test above.
+/// Run it with `--ignored` to look into it.
 #[tokio::test(flavor = "multi_thread")]
-#[ignore = "the upgraded API server hangs on kine in half the runs; see the comment"]
+#[ignore = "the upgraded API server's writes to kine time out in about half the runs; see the comment"]
 async fn a_kubernetes_tenant_upgrades_one_minor_keeping_its_data() {
     use_real_nodes();
     let (current, previous) = kubernetes_versions().unwrap();
@@ -332,7 +349,7 @@ async fn a_kubernetes_tenant_upgrades_one_minor_keeping_its_data() {
     let images: Vec<&str> = pod
         .spec
         .iter()
-        .flat_map(|s| s.containers.iter())
+        .flat_map(|s| s.init_containers.iter().flatten().chain(&s.containers))
         .filter_map(|c| c.image.as_deref())
         .collect();
     assert!(
