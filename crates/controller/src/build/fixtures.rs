@@ -2,7 +2,8 @@
 //! profile, and options with a kubelet endpoint.
 
 use super::BuildOptions;
-use tenantplane_api::{IsolationProfile, TenantCluster};
+use super::control_plane::Addressing;
+use tenantplane_api::{Distribution, IsolationProfile, TenantCluster};
 
 /// The seed example, as the API server would hand it over (uid set).
 pub fn tenant() -> TenantCluster {
@@ -10,6 +11,22 @@ pub fn tenant() -> TenantCluster {
         serde_yaml::from_str(include_str!("../../../../examples/tenantcluster-dev.yaml")).unwrap();
     tc.metadata.uid = Some("0f1e2d3c-0000-4000-8000-000000000001".into());
     tc
+}
+
+/// The seed example with the `kubernetes` distribution, at the version the images are built for.
+pub fn kubernetes_tenant() -> TenantCluster {
+    let mut tc = tenant();
+    tc.spec.control_plane.distribution = Distribution::Kubernetes;
+    tc.spec.kubernetes_version = "v1.36.3".into();
+    tc
+}
+
+/// The API Service's address and the Service range of the tests' host.
+pub fn addressing() -> Addressing {
+    Addressing {
+        api_ip: "10.96.0.10".into(),
+        service_cidr: "10.96.0.0/12".into(),
+    }
 }
 
 /// Options of an operator that serves the kubelet endpoint.

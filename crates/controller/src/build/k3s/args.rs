@@ -94,13 +94,7 @@ pub fn k3s_args(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn addressing() -> Addressing {
-        Addressing {
-            api_ip: "10.96.0.10".into(),
-            service_cidr: "10.96.0.0/12".into(),
-        }
-    }
+    use crate::build::fixtures::addressing;
 
     #[test]
     fn k3s_runs_agentless_without_add_ons() {

@@ -216,21 +216,7 @@ pub fn certificates_due(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::build::fixtures::{tenant, with_kubelet};
-    use tenantplane_api::Distribution;
-
-    fn addressing() -> Addressing {
-        Addressing {
-            api_ip: "10.96.0.10".into(),
-            service_cidr: "10.96.0.0/12".into(),
-        }
-    }
-
-    fn kubernetes_tenant() -> TenantCluster {
-        let mut tc = tenant();
-        tc.spec.control_plane.distribution = Distribution::Kubernetes;
-        tc
-    }
+    use crate::build::fixtures::{addressing, kubernetes_tenant, with_kubelet};
 
     #[test]
     fn certificates_are_issued_for_every_name_and_renewed_when_due() {
