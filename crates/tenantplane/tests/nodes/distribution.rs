@@ -336,7 +336,9 @@ async fn a_kubernetes_tenant_runs_as_written_and_walks_its_lifecycle() {
 /// roles. kine answers each with "compare failed" and the current value, whose mod revision is
 /// the very 240 the compare named; nothing commits (the WAL unchanged for minutes, the highest
 /// revision stays 279). The same INSERT, run on a copy of that database with the same sqlite
-/// library (modernc v1.61.0) or with SQLite 3.40.1, inserts the row. kine sits at its CPU limit
+/// library (modernc v1.61.0) or with SQLite 3.40.1, inserts the row, and a fresh kine (the same
+/// binary, as a plain process) on that copy accepts both the delete at 240 and the lease update:
+/// what refuses them is the running kine's state, not the data. kine sits at its CPU limit
 /// (throttled in 922 of 933 periods), 36% of it parsing SQL. Restarting kine sometimes lets the
 /// writes through (then Ready at v1.36.3 with the data). Not seen with the same binaries as plain
 /// processes (2 of 2 upgrades passed), nor in the same-version pod replacement of the test above.
