@@ -119,17 +119,24 @@ module_ldflags() {
       version="$(cd "$TESTENV_DIR/runc" && "$GO" list -m -f '{{.Version}}' github.com/opencontainers/runc)"
       flags+=" -X main.version=${version#v}"
       ;;
+    kine)
+      # As kine's own release build (scripts/build): cgo sqlite, linked statically.
+      version="$(cd "$TESTENV_DIR/kine" && "$GO" list -m -f '{{.Version}}' github.com/k3s-io/kine)"
+      flags+=" -X github.com/k3s-io/kine/pkg/version.Version=$version -extldflags -static"
+      ;;
   esac
   printf '%s' "$flags"
 }
 
 # The rest of the recipe: cgo and build tags per module. runc needs cgo (its nsenter is C, run
 # before the Go runtime starts) and libseccomp (Debian's libseccomp-dev, see packages.sh) for
-# seccomp profiles; everything else is pure Go. C components (the pause container's one C file,
+# seccomp profiles; kine is built as its release is, with cgo sqlite (mattn/go-sqlite3) and its
+# release's tags, so the image named rancher/kine runs the same database code as upstream's;
+# everything else is pure Go. C components (the pause container's one C file,
 # from the pinned Kubernetes source) are built with the flags upstream's Makefile uses.
 module_cgo() {
   case "$1" in
-    runc) printf '1' ;;
+    runc | kine) printf '1' ;;
     *) printf '0' ;;
   esac
 }
@@ -137,10 +144,26 @@ module_tags() {
   case "$1" in
     runc) printf 'seccomp urfave_cli_no_docs' ;;
     containerd) printf 'no_btrfs no_devmapper no_zfs' ;;
+    kine) printf 'nats sqlite_unlock_notify sqlite_vtable sqlite_stat4 sqlite_preupdate_hook sqlite_math_functions sqlite_dbstat sqlite_column_metadata' ;;
     *) printf '' ;;
   esac
 }
 c_cflags() { printf '%s' "-Os -Wall -Werror -static"; }
+# The C flags of a cgo module's C code: kine's are its release build's for the sqlite it links
+# (mattn/go-sqlite3's copy), so the image named rancher/kine runs the sqlite upstream's does.
+module_cgo_cflags() {
+  case "$1" in
+    kine)
+      printf '%s' "-O2 -DSQLITE_DEFAULT_MEMSTATUS=0 -DSQLITE_DISABLE_INTRINSIC -DSQLITE_ENABLE_COLUMN_METADATA \
+-DSQLITE_ENABLE_DBPAGE_VTAB -DSQLITE_ENABLE_DBSTAT_VTAB -DSQLITE_ENABLE_MATH_FUNCTIONS \
+-DSQLITE_ENABLE_MEMORY_MANAGEMENT -DSQLITE_ENABLE_OFFSET_SQL_FUNC -DSQLITE_ENABLE_PREUPDATE_HOOK \
+-DSQLITE_ENABLE_RBU -DSQLITE_ENABLE_RTREE -DSQLITE_ENABLE_SESSION -DSQLITE_ENABLE_SNAPSHOT \
+-DSQLITE_ENABLE_STAT4 -DSQLITE_ENABLE_UNLOCK_NOTIFY -DSQLITE_LIKE_DOESNT_MATCH_BLOBS \
+-DSQLITE_THREADSAFE=1 -DSQLITE_WITHOUT_ZONEMALLOC"
+      ;;
+    *) printf '%s' "-O2 -g" ;;
+  esac
+}
 
 # The link flags of e2e/: the same version stamps as kube/ (the suite reports them), from e2e's
 # own pin, which matches kube's. Part of that module's key only, with its test build.
@@ -195,7 +218,7 @@ module_key() {
     printf 'go-version %s\n' "$GO_VERSION"
     printf 'env CGO_ENABLED=%s GOFLAGS=%s\n' "$CGO_ENABLED" "$GOFLAGS"
     printf 'go build -trimpath\n'
-    declare -f module_ldflags module_cgo module_tags c_cflags
+    declare -f module_ldflags module_cgo module_tags c_cflags module_cgo_cflags
     if [[ "$(module_cgo "$moddir")" == 1 ]] || module_components "$moddir" | grep -q '|c:'; then
       printf 'cc %s\n' "$(cc --version 2>/dev/null | head -1)"
     fi
@@ -338,7 +361,7 @@ for m in "${MODULES[@]}"; do
     elif [[ "$name" == *.test ]]; then
       (cd "$TESTENV_DIR/$moddir" && exec "$GO" test -c -trimpath -ldflags="$ldflags" -o "$TMP_DIR/$name" "$pkg") &
     else
-      (cd "$TESTENV_DIR/$moddir" && CGO_ENABLED="$(module_cgo "$moddir")" exec "$GO" build -trimpath -tags="$tags" -ldflags="$ldflags" -o "$TMP_DIR/$name" "$pkg") &
+      (cd "$TESTENV_DIR/$moddir" && CGO_ENABLED="$(module_cgo "$moddir")" CGO_CFLAGS="$(module_cgo_cflags "$moddir")" exec "$GO" build -trimpath -tags="$tags" -ldflags="$ldflags" -o "$TMP_DIR/$name" "$pkg") &
     fi
     BUILD_PID=$!
     wait "$BUILD_PID" || die "go build of $name failed"
