@@ -345,11 +345,19 @@ async fn a_node_port_answers_at_the_nodes_address_when_the_profile_shows_it() {
     assert!(host_ip.is_some(), "the pod's hostIP never became {node_ip}");
 
     // The tenant API server dials the kubelet endpoint, not the host node's address.
-    let logs = Api::<Pod>::namespaced(tenant.clone(), "default")
-        .logs("web-a", &LogParams::default())
-        .await
-        .unwrap();
-    assert!(logs.contains("Started HTTP server"), "{logs}");
+    // The pod's hostIP shows once it is placed; its container may print its first line later.
+    let last_logs = std::cell::RefCell::new(String::new());
+    let started = eventually(WAIT, || async {
+        let logs = Api::<Pod>::namespaced(tenant.clone(), "default")
+            .logs("web-a", &LogParams::default())
+            .await
+            .ok()?;
+        let done = logs.contains("Started HTTP server");
+        *last_logs.borrow_mut() = logs;
+        done.then_some(())
+    })
+    .await;
+    assert!(started.is_some(), "{}", last_logs.borrow());
     let (_connect, kubeconfig) = connect(&world).await;
     // The tenant Service shows the node port its host copy answers on.
     let node_port = |s: Service| s.spec?.ports?.first()?.node_port;
