@@ -149,8 +149,9 @@ module_tags() {
   esac
 }
 c_cflags() { printf '%s' "-Os -Wall -Werror -static"; }
-# The C flags of a cgo module's C code: kine's are its release build's for the sqlite it links
-# (mattn/go-sqlite3's copy), so the image named rancher/kine runs the sqlite upstream's does.
+# The C flags of a cgo module's C code, empty for Go's default (-O2 -g): kine's are the SQLite
+# feature flags of its release build (scripts/build) for the sqlite it links (mattn/go-sqlite3's
+# copy), so the image named rancher/kine runs the sqlite upstream's does; -O2 stays.
 module_cgo_cflags() {
   case "$1" in
     kine)
@@ -161,7 +162,7 @@ module_cgo_cflags() {
 -DSQLITE_ENABLE_STAT4 -DSQLITE_ENABLE_UNLOCK_NOTIFY -DSQLITE_LIKE_DOESNT_MATCH_BLOBS \
 -DSQLITE_THREADSAFE=1 -DSQLITE_WITHOUT_ZONEMALLOC"
       ;;
-    *) printf '%s' "-O2 -g" ;;
+    *) printf '' ;;
   esac
 }
 
