@@ -218,13 +218,11 @@ async fn a_kubernetes_tenant_runs_as_written_and_walks_its_lifecycle() {
     )
     .await;
     running(tenant, "hello").await;
-    let pods = Api::<Pod>::namespaced(tenant.clone(), "default");
-    let logs = eventually(WAIT, || async {
-        let text = pods.logs("hello", &Default::default()).await.ok()?;
-        text.contains("hello from the tenant").then_some(text)
-    })
-    .await;
-    assert!(logs.is_some(), "logs through the tenant's own API server");
+    let logs = logs_when(tenant, "hello", |l| l.contains("hello from the tenant")).await;
+    assert!(
+        logs.is_ok(),
+        "logs through the tenant's own API server: {logs:?}"
+    );
     // `connect`: the host's port-forward to the real pod; exec through it.
     let (connect_child, kubeconfig) = connect(&world).await;
     let said = kubectl(&kubeconfig, &["exec", "hello", "--", "hostname"], "").await;

@@ -142,6 +142,27 @@ pub async fn running(tenant: &Client, name: &str) -> Pod {
     pod_where(tenant, name, "ran", |p| phase(p) == Some("Running")).await
 }
 
+/// The logs of the tenant's pod `name` once `done` holds for them, read again until `WAIT` is
+/// up (a container prints after it shows as started); the error holds the last logs read.
+pub async fn logs_when(
+    tenant: &Client,
+    name: &str,
+    done: impl Fn(&str) -> bool,
+) -> Result<String, String> {
+    let pods = Api::<Pod>::namespaced(tenant.clone(), "default");
+    let last = std::cell::RefCell::new(String::new());
+    let logs = eventually(WAIT, || async {
+        let logs = pods.logs(name, &Default::default()).await.ok()?;
+        if done(&logs) {
+            return Some(logs);
+        }
+        *last.borrow_mut() = logs;
+        None
+    })
+    .await;
+    logs.ok_or_else(|| last.take())
+}
+
 /// The status of container `name` (of any kind) of `pod`.
 pub fn container<'a>(pod: &'a Pod, name: &str) -> Option<&'a ContainerStatus> {
     let status = pod.status.as_ref()?;

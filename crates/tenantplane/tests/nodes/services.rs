@@ -243,12 +243,8 @@ async fn a_pod_knows_itself_by_its_tenant_names() {
          | sha256sum | cut -d' ' -f1 | xxd -r -p | base64 | tr '+/' '-_' | tr -d '='",
     )
     .await;
-    let calls = eventually(WAIT, || async {
-        let logs = Api::<Pod>::namespaced(tenant.clone(), "default")
-            .logs("caller", &LogParams::default())
-            .await
-            .ok()?;
-        (logs.matches("calling /healthz").count() >= 5).then_some(logs)
+    let calls = logs_when(tenant, "caller", |l| {
+        l.matches("calling /healthz").count() >= 5
     })
     .await
     .expect("inclusterclient called the tenant API five times");
@@ -345,19 +341,8 @@ async fn a_node_port_answers_at_the_nodes_address_when_the_profile_shows_it() {
     assert!(host_ip.is_some(), "the pod's hostIP never became {node_ip}");
 
     // The tenant API server dials the kubelet endpoint, not the host node's address.
-    // The pod's hostIP shows once it is placed; its container may print its first line later.
-    let last_logs = std::cell::RefCell::new(String::new());
-    let started = eventually(WAIT, || async {
-        let logs = Api::<Pod>::namespaced(tenant.clone(), "default")
-            .logs("web-a", &LogParams::default())
-            .await
-            .ok()?;
-        let done = logs.contains("Started HTTP server");
-        *last_logs.borrow_mut() = logs;
-        done.then_some(())
-    })
-    .await;
-    assert!(started.is_some(), "{}", last_logs.borrow());
+    let started = logs_when(tenant, "web-a", |l| l.contains("Started HTTP server")).await;
+    assert!(started.is_ok(), "{started:?}");
     let (_connect, kubeconfig) = connect(&world).await;
     // The tenant Service shows the node port its host copy answers on.
     let node_port = |s: Service| s.spec?.ports?.first()?.node_port;
