@@ -196,11 +196,47 @@ pub async fn tenant_client(host: &Client, ns: &str, name: &str) -> Client {
         accounts.get_opt("default").await.ok()?.map(|_| ())
     })
     .await;
-    assert!(
-        ready.is_some(),
-        "the tenant never made ServiceAccount default/default"
-    );
+    if ready.is_none() {
+        panic!(
+            "the tenant never made ServiceAccount default/default\n{}",
+            control_plane_report(host, ns, name).await
+        );
+    }
     client
+}
+
+/// Tenant `name`'s control-plane pod on the host: its status and the last lines each of its
+/// containers logged (the run before a restart too), for a failure's message.
+pub async fn control_plane_report(host: &Client, ns: &str, name: &str) -> String {
+    let pods = Api::<k8s_openapi::api::core::v1::Pod>::namespaced(host.clone(), ns);
+    let pod_name = tenantplane_controller::names::control_plane_pod(name);
+    let Some(pod) = pods.get_opt(&pod_name).await.ok().flatten() else {
+        return format!("no pod {ns}/{pod_name}");
+    };
+    let containers: Vec<String> = pod
+        .spec
+        .iter()
+        .flat_map(|s| s.init_containers.iter().flatten().chain(&s.containers))
+        .map(|c| c.name.clone())
+        .collect();
+    let mut report = format!("its pod: {:#?}\n", pod.status);
+    for container in containers {
+        for previous in [true, false] {
+            let params = kube::api::LogParams {
+                container: Some(container.clone()),
+                tail_lines: Some(25),
+                previous,
+                ..Default::default()
+            };
+            let text = pods
+                .logs(&pod_name, &params)
+                .await
+                .unwrap_or_else(|e| e.to_string());
+            let run = if previous { "previous run" } else { "this run" };
+            report.push_str(&format!("----- {container} ({run})\n{text}\n"));
+        }
+    }
+    report
 }
 
 /// A container that passes Pod Security `restricted`.

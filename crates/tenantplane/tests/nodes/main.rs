@@ -29,7 +29,7 @@ use tenantplane_testenv::{eventually, shared, use_real_nodes};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
 use tokio::process::{Child, ChildStdout, Command};
 
-use common::{ReadyTenant, TenantSetup, TestHost, WAIT};
+use common::{ReadyTenant, TenantSetup, TestHost, WAIT, control_plane_report};
 
 /// The seed tenant, Ready, with the operator's kubelet endpoint, on this binary's real node.
 pub async fn real_tenant(prefix: &str) -> ReadyTenant {
