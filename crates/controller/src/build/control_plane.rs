@@ -9,9 +9,9 @@ use k8s_openapi::api::apps::v1::{
     StatefulSet, StatefulSetPersistentVolumeClaimRetentionPolicy, StatefulSetSpec,
 };
 use k8s_openapi::api::core::v1::{
-    Container, EmptyDirVolumeSource, PersistentVolumeClaim, PersistentVolumeClaimSpec, PodSpec,
-    PodTemplateSpec, Secret, SecretVolumeSource, SecurityContext, Toleration, Volume, VolumeMount,
-    VolumeResourceRequirements,
+    Container, EmptyDirVolumeSource, EnvVar, PersistentVolumeClaim, PersistentVolumeClaimSpec,
+    PodSpec, PodTemplateSpec, Secret, SecretVolumeSource, SecurityContext, Toleration, Volume,
+    VolumeMount, VolumeResourceRequirements,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -43,6 +43,8 @@ pub const ANNOTATION_CONFIG_DIGEST: &str = "tenantplane.io/config-digest";
 pub const DATA_DIR: &str = "/var/lib/rancher/k3s";
 /// kine's sqlite database on the claim, where k3s keeps it.
 pub const DATABASE: &str = "/var/lib/rancher/k3s/server/db/state.db";
+/// The folder of kine's database, which kine (or k3s) makes on the claim.
+pub const DATABASE_DIR: &str = "/var/lib/rancher/k3s/server/db";
 /// The PKI Secret is mounted here.
 pub const PKI_MOUNT: &str = "/etc/tenantplane/pki";
 /// The API server's configuration files (a ConfigMap) are mounted here.
@@ -57,6 +59,24 @@ pub const RUN_AS_USER: i64 = 10001;
 /// `kubernetes` distribution's three containers share the same).
 pub const CONTROL_PLANE_CPU_REQUEST: &str = "250m";
 pub const CONTROL_PLANE_MEMORY_REQUEST: &str = "512Mi";
+
+/// Where sqlite puts its temporary files, in kine and in k3s (which embeds kine): the database's
+/// own folder on the claim. The root filesystem is read-only; without a writable folder, a write
+/// that needs a temporary file (a statement journal past the 64 KiB sqlite keeps in memory, for
+/// one) fails with "disk I/O error", which kine answers as a failed compare, and the API server
+/// retries that write forever (measured on real nodes: thousands of failed writes a second, none
+/// landing, the tenant never Ready again, in about half the runs under load). `/tmp` would
+/// serve, but it is a small emptyDir whose limit evicts the pod, and kine's start-up VACUUM
+/// copies the whole database into the temporary folder; on the claim it shares the database's
+/// room, and a full claim fails the VACUUM (which kine then skips) instead of evicting the control
+/// plane. sqlite unlinks each temporary file as it opens it, so none is ever seen in the folder.
+pub(super) fn sqlite_temp_dir() -> EnvVar {
+    EnvVar {
+        name: "SQLITE_TMPDIR".into(),
+        value: Some(DATABASE_DIR.into()),
+        value_from: None,
+    }
+}
 
 pub(super) const PKI_VOLUME: &str = "pki";
 pub(super) const CONFIG_VOLUME: &str = "config";

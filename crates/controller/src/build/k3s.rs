@@ -9,7 +9,7 @@ use super::BuildOptions;
 use super::control_plane::{
     Addressing, CONFIG_MOUNT, CONFIG_VOLUME, CONTROL_PLANE_CPU_REQUEST,
     CONTROL_PLANE_MEMORY_REQUEST, DATA_DIR, PKI_MOUNT, PKI_VOLUME, Pod, TMP_VOLUME, data_mount,
-    mount, read_only_mount, scratch_volume, security_context,
+    mount, read_only_mount, scratch_volume, security_context, sqlite_temp_dir,
 };
 use super::pod::{self, CapAndNeed};
 use crate::names;
@@ -82,11 +82,14 @@ pub(super) fn pod(
         readiness_probe: Some(readiness),
         resources: Some(resources),
         // k3s's kubectl keeps a cache under $HOME, and k3s links its kubeconfig there.
-        env: Some(vec![EnvVar {
-            name: "HOME".into(),
-            value: Some(DATA_DIR.into()),
-            value_from: None,
-        }]),
+        env: Some(vec![
+            EnvVar {
+                name: "HOME".into(),
+                value: Some(DATA_DIR.into()),
+                value_from: None,
+            },
+            sqlite_temp_dir(),
+        ]),
         security_context: Some(security_context()),
         volume_mounts: Some(vec![
             data_mount(),
@@ -140,6 +143,7 @@ fn pki_init_container(image: String, options: &BuildOptions) -> Container {
 mod tests {
     use super::*;
     use crate::build::BuildOptions;
+    use crate::build::control_plane::DATABASE_DIR;
     use crate::build::fixtures::tenant;
     use k8s_openapi::api::apps::v1::StatefulSet;
 
@@ -284,6 +288,11 @@ mod tests {
         }
         let home = k3s.env.iter().flatten().find(|e| e.name == "HOME").unwrap();
         assert_eq!(home.value.as_deref(), Some(DATA_DIR));
+        // sqlite's temporary files (its embedded kine's): the database's folder on the claim,
+        // never the read-only root or the small /tmp.
+        let temp = k3s.env.iter().flatten().find(|e| e.name == "SQLITE_TMPDIR");
+        assert_eq!(temp.unwrap().value.as_deref(), Some(DATABASE_DIR));
+        assert!(DATABASE_DIR.starts_with(&format!("{DATA_DIR}/")));
         for c in spec
             .containers
             .iter()

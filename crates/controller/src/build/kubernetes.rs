@@ -12,9 +12,9 @@ use tenantplane_api::quantity::ParsedQuantity;
 use super::BuildOptions;
 use super::admission::ADMISSION_CONFIG;
 use super::control_plane::{
-    Addressing, CONFIG_MOUNT, CONFIG_VOLUME, DATA_DIR, DATABASE, PKI_MOUNT, PKI_VOLUME, Pod,
+    Addressing, CONFIG_MOUNT, CONFIG_VOLUME, DATABASE, DATABASE_DIR, PKI_MOUNT, PKI_VOLUME, Pod,
     TMP_VOLUME, data_mount, mount, read_only_mount, scratch_volume, secret_volume,
-    security_context,
+    security_context, sqlite_temp_dir,
 };
 use super::k3s::{KUBELET_ADDRESS_ORDER, KUBELET_ADDRESS_TYPES, controllers};
 use super::pod::{self, CapAndNeed, ProbeTiming};
@@ -126,14 +126,13 @@ pub(super) fn pod(
     let [kine_image, apiserver_image, controller_manager_image]: [String; 3] = images(tc, options)
         .try_into()
         .unwrap_or_else(|_| unreachable!("images() names three images"));
-    let database_dir = DATABASE.rsplit_once('/').map_or(DATA_DIR, |(dir, _)| dir);
     let datastore_dir = Container {
         name: "datastore".into(),
         image: Some(kine_image.clone()),
         command: Some(vec![
             "/bin/sh".into(),
             "-c".into(),
-            format!("mkdir -p {database_dir}"),
+            format!("mkdir -p {DATABASE_DIR}"),
         ]),
         security_context: Some(security_context()),
         termination_message_policy: Some(LOGS_ON_ERROR.into()),
@@ -146,6 +145,7 @@ pub(super) fn pod(
         image: Some(kine_image),
         command: Some(vec!["/bin/kine".into()]),
         args: Some(kine_args()),
+        env: Some(vec![sqlite_temp_dir()]),
         resources: Some(resources(tc, "kine")),
         security_context: Some(security_context()),
         termination_message_policy: Some(LOGS_ON_ERROR.into()),
@@ -245,7 +245,7 @@ fn cert(file: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::build::control_plane::desired_statefulset;
+    use crate::build::control_plane::{DATA_DIR, desired_statefulset};
     use crate::build::fixtures::{addressing, kubernetes_tenant, with_kubelet};
     use k8s_openapi::api::core::v1::PodSpec;
 
@@ -438,6 +438,34 @@ mod tests {
             path(&kcm.liveness_probe),
             ("/healthz".into(), kcm_port, https)
         );
+    }
+
+    #[test]
+    fn sqlite_writes_its_temporary_files_in_the_databases_folder_on_the_claim() {
+        let spec = pod_spec(&kubernetes_tenant(), &BuildOptions::default());
+        let init = spec.init_containers.as_ref().unwrap();
+        let (folder, kine) = (&init[0], &init[1]);
+        assert_eq!(kine.name, "kine");
+        let temp = kine
+            .env
+            .iter()
+            .flatten()
+            .find(|e| e.name == "SQLITE_TMPDIR");
+        assert_eq!(temp.unwrap().value.as_deref(), Some(DATABASE_DIR));
+        // The init container makes that folder before kine starts; the database is in it, on
+        // the data claim kine mounts.
+        let command = folder.command.as_ref().unwrap().join(" ");
+        assert!(
+            command.ends_with(&format!("mkdir -p {DATABASE_DIR}")),
+            "{command}"
+        );
+        assert!(DATABASE.starts_with(&format!("{DATABASE_DIR}/")));
+        let data = kine
+            .volume_mounts
+            .iter()
+            .flatten()
+            .find(|m| m.name == names::DATA_VOLUME);
+        assert!(DATABASE_DIR.starts_with(&data.unwrap().mount_path));
     }
 
     #[test]

@@ -3,8 +3,8 @@
 //! from its registry) runs exactly as written, by the kubelet; the local runtime never touches
 //! it. The lifecycle the k3s tenant's tests walk, walked again: Ready with its kubeconfig, sync
 //! with logs and exec, `connect`, a datastore crash, certificate rotation, the pod replaced with
-//! its data, and delete with the claim; and (ignored for now, see it) an upgrade from the previous
-//! minor release with the data kept.
+//! its data, and delete with the claim; and an upgrade from the previous minor release with the
+//! data kept.
 
 use super::*;
 use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Secret};
@@ -91,32 +91,17 @@ async fn ready_again(world: &ReadyTenant, what: &str) -> TenantCluster {
         Some(tc) => tc,
         None => {
             let status = api.get(&world.name).await.ok().and_then(|tc| tc.status);
-            let pods = Api::<Pod>::namespaced(world.host.clone(), &world.ns.name);
-            let pod_name = names::control_plane_pod(&world.name);
-            let pod = pods
-                .get_opt(&pod_name)
-                .await
-                .ok()
-                .flatten()
-                .and_then(|p| p.status);
-            let mut logs = String::new();
-            for container in ["kine", "kube-apiserver", "kube-controller-manager"] {
-                let params = kube::api::LogParams {
-                    container: Some(container.into()),
-                    tail_lines: Some(25),
-                    ..Default::default()
-                };
-                let text = pods
-                    .logs(&pod_name, &params)
-                    .await
-                    .unwrap_or_else(|e| e.to_string());
-                logs.push_str(&format!("----- {container}\n{text}\n"));
-            }
             panic!(
-                "the tenant was not Ready again after {what}: {status:#?}\nits pod: {pod:#?}\n{logs}"
+                "the tenant was not Ready again after {what}: {status:#?}\n{}",
+                pod_report(world).await
             )
         }
     }
+}
+
+/// The control-plane pod's status and its containers' last logs, for a failure's message.
+async fn pod_report(world: &ReadyTenant) -> String {
+    control_plane_report(&world.host, &world.ns.name, &world.name).await
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -238,6 +223,7 @@ async fn a_kubernetes_tenant_runs_as_written_and_walks_its_lifecycle() {
     // answers again with its data.
     let before = control_plane_pod(&world).await;
     let restarts = container(&before, "kine").unwrap().restart_count;
+    let killed_at = std::time::Instant::now();
     assert!(kill_container_process(&before, "kine"), "kine's process");
     let restarted = eventually(Duration::from_secs(120), || async {
         let pod = find_control_plane_pod(&world).await?;
@@ -245,13 +231,23 @@ async fn a_kubernetes_tenant_runs_as_written_and_walks_its_lifecycle() {
     })
     .await;
     assert!(restarted.is_some(), "the kubelet restarts kine");
-    let answered = eventually(Duration::from_secs(120), || async {
+    let kine_back = killed_at.elapsed();
+    // The API server's datastore client dials again with gRPC's back-off, and under CI's load
+    // its liveness probe (which checks the datastore) may restart it first: minutes, not seconds.
+    let answered = eventually(Duration::from_secs(300), || async {
         config_maps.get("keep").await.ok()
     })
     .await;
-    assert!(
-        answered.is_some(),
-        "the tenant answers after a datastore crash"
+    if answered.is_none() {
+        panic!(
+            "the tenant does not answer {:?} after a datastore crash\n{}",
+            killed_at.elapsed(),
+            pod_report(&world).await
+        );
+    }
+    eprintln!(
+        "datastore crash: kine restarted after {kine_back:?}, the tenant answered after {:?}",
+        killed_at.elapsed()
     );
 
     // Certificate rotation: the component certificates are issued again, the tenant still
@@ -326,25 +322,13 @@ async fn a_kubernetes_tenant_runs_as_written_and_walks_its_lifecycle() {
 /// An upgrade from the previous minor release, on a real node: Provisioning while the pod rolls,
 /// Ready after, the data kept.
 ///
-/// Ignored: the upgraded kube-apiserver never becomes live in most runs (3 of 6 before the
-/// components became ordered sidecars, 5 of 5 since). What a stuck run shows (measured with kine's
-/// metrics and a CPU profile, 2026-12-03): a livelock, not a lock or a crash. The new API server
-/// repeats conditional writes, about 500 a second (44k `Insert` statements in 90 s): a delete of
-/// `/registry/ipaddresses/<service IP>` if its mod revision is 240, the apiserver lease, RBAC
-/// roles. kine answers each with "compare failed" and the current value, whose mod revision is
-/// the very 240 the compare named; nothing commits (the WAL unchanged for minutes, the highest
-/// revision stays 279). The same INSERT, run on a copy of that database with the same sqlite
-/// library (modernc v1.61.0) or with SQLite 3.40.1, inserts the row, and a fresh kine (the same
-/// binary, as a plain process) on that copy accepts both the delete at 240 and the lease update:
-/// what refuses them is the running kine's state, not the data. The same happens with kine built
-/// as its release is, on cgo sqlite (mattn/go-sqlite3, SQLite 3.53.4): 1 of 1, there on the
-/// apiserver lease the new API server had just deleted and made again. kine sits at its CPU limit
-/// (throttled in 922 of 933 periods), 36% of it parsing SQL. Restarting kine sometimes lets the
-/// writes through (then Ready at v1.36.3 with the data). Not seen with the same binaries as plain
-/// processes (2 of 2 upgrades passed), nor in the same-version pod replacement of the test above.
-/// Run it with `--ignored` to look into it.
+/// This stalled in most runs until sqlite had a writable folder for its temporary files: kine
+/// runs on a read-only root, and a write that needed one failed with "disk I/O error" (sqlite
+/// looked in `/tmp`, read-only, and `.`, not the user's), which kine answers as a failed compare
+/// with the current value; the new API server retried those writes forever (thousands a second),
+/// none landed, and it never turned Ready. The same stall was behind a few first starts and a
+/// datastore crash that never came back. `SQLITE_TMPDIR` now names the database's folder.
 #[tokio::test(flavor = "multi_thread")]
-#[ignore = "the upgraded API server and kine livelock on conditional writes in most runs; see the comment"]
 async fn a_kubernetes_tenant_upgrades_one_minor_keeping_its_data() {
     use_real_nodes();
     let (current, previous) = kubernetes_versions().unwrap();
