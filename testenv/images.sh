@@ -57,10 +57,9 @@
 #                                         owned by nobody (65534, group root), USER nobody, as upstream's
 #                                         Dockerfile; Debian's busybox where upstream has Alpine (a shell
 #                                         and mkdir, which the operator's init container uses); kine is
-#                                         static (built without
-#                                         cgo: its sqlite is modernc's pure Go where upstream links
-#                                         SQLite's C with musl), no CA bundle, no VOLUME or EXPOSE, and
-#                                         it reports version "dev" (build.sh stamps no kine version)
+#                                         built as its release is (cgo sqlite, its tags and SQLite
+#                                         flags, its version stamp), linked statically against glibc
+#                                         where upstream's links musl; no CA bundle, VOLUME or EXPOSE
 # An image that cannot be built from the real software is left out (see testenv/README.md).
 set -euo pipefail
 BIN_DIR="${1:?usage: images.sh BIN_DIR}"
