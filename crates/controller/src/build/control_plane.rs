@@ -41,10 +41,16 @@ pub const ANNOTATION_CONFIG_DIGEST: &str = "tenantplane.io/config-digest";
 /// The datastore's claim is mounted here by every distribution (k3s's data directory), so a
 /// tenant that changes distribution keeps its database (`server/db/state.db`, kine's sqlite).
 pub const DATA_DIR: &str = "/var/lib/rancher/k3s";
+/// The folder of kine's database, which kine (or k3s) makes on the claim; a macro, so that
+/// `DATABASE` is built from it at compile time instead of spelling the path twice.
+macro_rules! database_dir {
+    () => {
+        "/var/lib/rancher/k3s/server/db"
+    };
+}
+pub const DATABASE_DIR: &str = database_dir!();
 /// kine's sqlite database on the claim, where k3s keeps it.
-pub const DATABASE: &str = "/var/lib/rancher/k3s/server/db/state.db";
-/// The folder of kine's database, which kine (or k3s) makes on the claim.
-pub const DATABASE_DIR: &str = "/var/lib/rancher/k3s/server/db";
+pub const DATABASE: &str = concat!(database_dir!(), "/state.db");
 /// The PKI Secret is mounted here.
 pub const PKI_MOUNT: &str = "/etc/tenantplane/pki";
 /// The API server's configuration files (a ConfigMap) are mounted here.

@@ -219,9 +219,24 @@ pub async fn control_plane_report(host: &Client, ns: &str, name: &str) -> String
         .flat_map(|s| s.init_containers.iter().flatten().chain(&s.containers))
         .map(|c| c.name.clone())
         .collect();
+    // Only a container that restarted has a previous run to show.
+    let restarted = |name: &str| {
+        pod.status.iter().any(|s| {
+            s.init_container_statuses
+                .iter()
+                .flatten()
+                .chain(s.container_statuses.iter().flatten())
+                .any(|c| c.name == name && c.restart_count > 0)
+        })
+    };
     let mut report = format!("its pod: {:#?}\n", pod.status);
     for container in containers {
-        for previous in [true, false] {
+        let runs: &[bool] = if restarted(&container) {
+            &[true, false]
+        } else {
+            &[false]
+        };
+        for &previous in runs {
             let params = kube::api::LogParams {
                 container: Some(container.clone()),
                 tail_lines: Some(25),

@@ -232,9 +232,7 @@ async fn a_kubernetes_tenant_runs_as_written_and_walks_its_lifecycle() {
     .await;
     assert!(restarted.is_some(), "the kubelet restarts kine");
     let kine_back = killed_at.elapsed();
-    // The API server's datastore client dials again with gRPC's back-off, and under CI's load
-    // its liveness probe (which checks the datastore) may restart it first: minutes, not seconds.
-    let answered = eventually(Duration::from_secs(300), || async {
+    let answered = eventually(Duration::from_secs(120), || async {
         config_maps.get("keep").await.ok()
     })
     .await;
