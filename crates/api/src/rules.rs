@@ -112,6 +112,35 @@ pub fn distribution_change_allowed() -> Rule {
     .field_path(".controlPlane.distribution")
 }
 
+/// Kubernetes releases k3s never built, each with the first k3s release after it. k3s's first 1.34
+/// was v1.34.1 (its release notes and k3s-io/k3s-upgrade's tags have no v1.34.0).
+pub const K3S_NEVER_SHIPPED: &[(&str, &str)] = &[("v1.34.0", "v1.34.1")];
+
+/// A k3s tenant at a version k3s never shipped has no image to run, unless it pins its own.
+pub fn k3s_shipped_the_version() -> Rule {
+    let unpinned_k3s = format!(
+        "{} == 'k3s' && !(has(self.controlPlane) && has(self.controlPlane.image))",
+        distribution("self")
+    );
+    let never = K3S_NEVER_SHIPPED
+        .iter()
+        .map(|(v, _)| format!("'{v}'"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let next = K3S_NEVER_SHIPPED
+        .iter()
+        .fold("''".to_string(), |rest, (v, first)| {
+            format!("(self.kubernetesVersion == '{v}' ? '{first}' : {rest})")
+        });
+    rule(
+        format!("!({unpinned_k3s}) || !(self.kubernetesVersion in [{never}])"),
+        format!(
+            "'k3s shipped no ' + self.kubernetesVersion + ', so a k3s tenant has no image to run: use ' + {next} + ', or distribution kubernetes, or pin spec.controlPlane.image'"
+        ),
+    )
+    .field_path(".kubernetesVersion")
+}
+
 pub fn image_only_for_k3s() -> Rule {
     Rule::new("!has(self.image) || !has(self.distribution) || self.distribution == 'k3s'")
         .message("controlPlane.image names a k3s image and is only for distribution k3s; the kubernetes distribution runs the operator's kine, kube-apiserver and kube-controller-manager images: remove controlPlane.image")

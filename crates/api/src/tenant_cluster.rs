@@ -72,6 +72,7 @@ string_enum! {
 )]
 #[x_kube(validation = crate::rules::mode_change_allowed())]
 #[x_kube(validation = crate::rules::distribution_change_allowed())]
+#[x_kube(validation = crate::rules::k3s_shipped_the_version())]
 #[serde(rename_all = "camelCase")]
 pub struct TenantClusterSpec {
     /// `shared`, `dedicated` or `private`. Only `shared` is implemented; the other modes are
