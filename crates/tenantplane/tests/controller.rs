@@ -2,6 +2,7 @@
 //! namespace) and the local runtime run in the test; kube-apiserver, the garbage collector, the
 //! scheduler and Pod Security admission are the real ones.
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 mod common;
@@ -9,7 +10,8 @@ use common::*;
 
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{
-    ConfigMap, LimitRange, Namespace, PersistentVolumeClaim, Pod, ResourceQuota, Secret, Service,
+    ConfigMap, LimitRange, Namespace, PersistentVolume, PersistentVolumeClaim, Pod, ResourceQuota,
+    Secret, Service,
 };
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::ResourceExt;
@@ -357,16 +359,21 @@ async fn tenant_data_lives_in_sqlite_on_its_claim_and_survives_a_datastore_crash
     example_ready(ns).await;
     let runtime = &operator.runtime;
 
-    // kine over sqlite, as k3s, in the data folder of the pod's claim; no etcd.
+    // kine over sqlite, as k3s, in the `server` folder of the pod's claim's volume (k3s's
+    // layout: server/db/state.db); no etcd.
     let claims: Api<PersistentVolumeClaim> = Api::namespaced(c.clone(), &ns.name);
-    let claim_uid = claims.get("data-dev-0").await.unwrap().uid().unwrap();
+    let claim = claims.get("data-dev-0").await.unwrap();
+    let volume = claim.spec.unwrap().volume_name.unwrap();
+    let volume = Api::<PersistentVolume>::all(c.clone())
+        .get(&volume)
+        .await
+        .unwrap();
+    let root = PathBuf::from(volume.spec.unwrap().host_path.unwrap().path);
     let dir = runtime.data_dir(&ns.name, "dev-0").unwrap();
-    assert_eq!(
-        dir.file_name().unwrap().to_string_lossy(),
-        format!("data-dev-0-{claim_uid}")
-    );
+    assert_eq!(dir, root.join("server"));
     let db = runtime.database(&ns.name, "dev-0").unwrap();
-    assert!(db.starts_with(&dir) && db.is_file(), "{}", db.display());
+    assert_eq!(db, dir.join("db").join("state.db"));
+    assert!(db.is_file(), "{}", db.display());
     assert!(!dir.join("etcd").exists());
     let processes = runtime.process_names(&ns.name, "dev-0");
     assert!(

@@ -34,6 +34,10 @@ provisioner: kubernetes.io/host-path
 volumeBindingMode: Immediate
 "#;
 
+/// Where the controller manager's host-path provisioner makes the test world's volumes (fixed
+/// upstream), one folder per volume.
+pub(crate) const HOST_PATH_VOLUMES: &str = "/tmp/hostpath_pv";
+
 /// How long each component may take to answer before we give up and show its log.
 const READY_TIMEOUT: Duration = Duration::from_secs(90);
 
@@ -281,11 +285,14 @@ impl ControlPlane {
             ("enable-hostpath-provisioner", "true".into()),
         ]);
         plane.spawn("kube-controller-manager", flags(&kcm), &[])?;
-        plane.spawn(
-            "kube-scheduler",
-            flags(&client_args("scheduler-certs")?),
-            &[],
-        )?;
+        let mut scheduler = client_args("scheduler-certs")?;
+        // A pod the scheduler found unschedulable waits for an event that may help it (a claim
+        // bound, a node added); when such an event is missed, only this timer retries it, 5
+        // minutes by default: longer than a test waits. CI met it once (a StatefulSet's pod
+        // tried before its claim existed, never retried). The flag is deprecated upstream but
+        // still served; a real cluster keeps the default.
+        scheduler.push(("pod-max-in-unschedulable-pods-duration", "10s".into()));
+        plane.spawn("kube-scheduler", flags(&scheduler), &[])?;
 
         say("starting kwok with one simulated node");
         plane.start_kwok(&kc)?;
@@ -479,6 +486,13 @@ impl ControlPlane {
 
     /// Stop every component and remove the folder unless it was given or kept.
     pub fn stop(&mut self) {
+        // The volumes the provisioner made live outside the world's folder, in a folder every
+        // world shares: read which are this world's while its API server still answers.
+        let volumes = if self.keep_dir || self.processes.is_empty() {
+            Vec::new()
+        } else {
+            self.host_path_volumes()
+        };
         for handle in self.processes.drain(..).rev() {
             process::stop(&handle);
         }
@@ -487,7 +501,27 @@ impl ControlPlane {
         }
         if !self.keep_dir {
             let _ = std::fs::remove_dir_all(&self.dir);
+            for volume in volumes {
+                let _ = std::fs::remove_dir_all(volume);
+            }
         }
+    }
+
+    /// The folders of this world's host-path volumes (a tenant's claim holds its database there).
+    pub(crate) fn host_path_volumes(&self) -> Vec<PathBuf> {
+        let paths = self
+            .kubectl_output(&[
+                "get",
+                "persistentvolumes",
+                "-o",
+                "jsonpath={range .items[*]}{.spec.hostPath.path}{\"\\n\"}{end}",
+            ])
+            .unwrap_or_default();
+        paths
+            .lines()
+            .map(PathBuf::from)
+            .filter(|p| p.starts_with(HOST_PATH_VOLUMES) && p != Path::new(HOST_PATH_VOLUMES))
+            .collect()
     }
 }
 

@@ -7,10 +7,10 @@
 //! processes die it marks the pod not Ready and restarts them after a back-off; when the pod goes,
 //! the processes go.
 //!
-//! The database and everything else of a tenant live in its data folder, the stand-in for the
-//! pod's data volume: it follows the volume claim (`<dir>/<namespace>/<claim>-<claim UID>`), so a
-//! restarted or re-created pod finds its data, and it is removed once its claim is gone
-//! ([`datastore`]).
+//! The database and everything else of a tenant live in its data folder: the `server` folder of
+//! the claim's host-path volume, as in k3s's pod, or a folder standing in for a volume of another
+//! kind that follows the claim (`<dir>/<namespace>/<claim>-<claim UID>`). Either way a restarted
+//! or re-created pod finds its data, and it goes once its claim is gone ([`datastore`]).
 //!
 //! It runs each tenant's CoreDNS pod too ([`crate::local_dns`]), so the tenant's DNS answers.
 

@@ -22,6 +22,9 @@ enum SpawnRequest {
 static SPAWNER: OnceLock<Mutex<mpsc::Sender<SpawnRequest>>> = OnceLock::new();
 static CHILDREN: Mutex<Vec<Child>> = Mutex::new(Vec::new());
 static REMOVE_AT_EXIT: Mutex<Vec<std::path::PathBuf>> = Mutex::new(Vec::new());
+/// Folders to remove at exit that only the running processes can name (asked before they stop).
+type Finder = fn() -> Vec<std::path::PathBuf>;
+static FIND_AT_EXIT: Mutex<Vec<Finder>> = Mutex::new(Vec::new());
 
 /// Remove `dir` when the process exits normally, after its processes have stopped, unless
 /// `TENANTPLANE_TESTENV_KEEP` is set.
@@ -31,6 +34,17 @@ pub fn remove_at_exit(dir: &Path) {
         && let Ok(mut dirs) = REMOVE_AT_EXIT.lock()
     {
         dirs.push(dir.to_path_buf());
+    }
+}
+
+/// At exit, before the processes stop, remove the folders `find` names then (unless
+/// `TENANTPLANE_TESTENV_KEEP` is set).
+pub fn remove_found_at_exit(find: Finder) {
+    spawner();
+    if std::env::var_os("TENANTPLANE_TESTENV_KEEP").is_none()
+        && let Ok(mut finders) = FIND_AT_EXIT.lock()
+    {
+        finders.push(find);
     }
 }
 
@@ -65,9 +79,13 @@ fn spawner() -> &'static Mutex<mpsc::Sender<SpawnRequest>> {
 }
 
 extern "C" fn stop_all_at_exit() {
+    let found: Vec<std::path::PathBuf> = match FIND_AT_EXIT.lock() {
+        Ok(finders) => finders.iter().flat_map(|find| find()).collect(),
+        Err(_) => Vec::new(),
+    };
     stop_all();
     if let Ok(dirs) = REMOVE_AT_EXIT.lock() {
-        for dir in dirs.iter() {
+        for dir in dirs.iter().chain(&found) {
             let _ = std::fs::remove_dir_all(dir);
         }
     }

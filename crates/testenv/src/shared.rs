@@ -57,6 +57,10 @@ pub fn shared() -> &'static ControlPlane {
         })
         .map_err(|e| e.to_string())?;
         process::remove_at_exit(plane.dir());
+        process::remove_found_at_exit(|| match SHARED.get() {
+            Some(Ok(plane)) => plane.host_path_volumes(),
+            _ => Vec::new(),
+        });
         Ok(plane)
     });
     match plane {

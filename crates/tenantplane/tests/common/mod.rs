@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::ServiceAccount;
-use kube::api::{Api, PostParams};
+use kube::api::{Api, ListParams, PostParams};
 use kube::{Client, ResourceExt};
 use tenantplane_api::conditions;
 use tenantplane_api::{Phase, TenantCluster};
@@ -170,12 +170,14 @@ pub async fn wait_for_status(
         check(tc.status.as_ref()?).then_some(tc)
     })
     .await;
-    found.unwrap_or_else(|| {
-        panic!(
-            "{ns}/{name} never {what}; last status: {:#?}",
-            last.lock().unwrap()
-        )
-    })
+    if let Some(tc) = found {
+        return tc;
+    }
+    let last = last.lock().unwrap().clone();
+    panic!(
+        "{ns}/{name} never {what}; last status: {last:#?}\n{}",
+        control_plane_report(client, ns, name).await
+    )
 }
 
 pub fn condition<'a>(
@@ -230,6 +232,30 @@ pub async fn control_plane_report(host: &Client, ns: &str, name: &str) -> String
         })
     };
     let mut report = format!("its pod: {:#?}\n", pod.status);
+    // The scheduler's and the kubelet's word on it (FailedScheduling says why it is Pending).
+    let events = Api::<k8s_openapi::api::core::v1::Event>::namespaced(host.clone(), ns)
+        .list(&ListParams::default().fields(&format!("involvedObject.name={pod_name}")))
+        .await;
+    match events {
+        Ok(list) => {
+            report.push_str("----- its events\n");
+            for e in list.items {
+                let at = e
+                    .last_timestamp
+                    .map(|t| t.0.to_string())
+                    .or_else(|| e.event_time.map(|t| t.0.to_string()))
+                    .unwrap_or_default();
+                report.push_str(&format!(
+                    "{at} {} {} (x{}): {}\n",
+                    e.type_.unwrap_or_default(),
+                    e.reason.unwrap_or_default(),
+                    e.count.unwrap_or(1),
+                    e.message.unwrap_or_default()
+                ));
+            }
+        }
+        Err(e) => report.push_str(&format!("----- its events: {e}\n")),
+    }
     for container in containers {
         let runs: &[bool] = if restarted(&container) {
             &[true, false]

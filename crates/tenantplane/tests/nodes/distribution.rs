@@ -378,3 +378,97 @@ async fn a_kubernetes_tenant_upgrades_one_minor_keeping_its_data() {
         "before"
     );
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_k3s_tenant_becomes_a_kubernetes_one_keeping_its_data() {
+    use_real_nodes();
+    let (current, _) = kubernetes_versions().unwrap();
+    let version = current.clone();
+    // A k3s tenant (the local runtime's stand-in keeps its database on the claim, in k3s's
+    // layout), at a version the kubernetes distribution's images are built for.
+    let world = TestHost::start_with_kubelet("k3s-to-k8s")
+        .await
+        .ready(TenantSetup::seed().edit(move |tc| tc.spec.kubernetes_version = version))
+        .await;
+    let (ns, host, tenant) = (&world.ns.name, &world.host, &world.tenant);
+    let config_maps = Api::<ConfigMap>::namespaced(tenant.clone(), "default");
+    let keep: ConfigMap = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "keep"}, "data": {"written": "by the k3s tenant"}
+    }))
+    .unwrap();
+    let written = config_maps
+        .create(&PostParams::default(), &keep)
+        .await
+        .unwrap();
+    let claims = Api::<PersistentVolumeClaim>::namespaced(host.clone(), ns);
+    let claim = names::data_claim(&world.name, 0);
+    let claim_uid = claims.get(&claim).await.unwrap().uid();
+
+    // Without allowModeChange the change is refused, naming the switch.
+    let tcs = Api::<TenantCluster>::namespaced(host.clone(), ns);
+    let change = |allow: bool| {
+        Patch::Merge(serde_json::json!({"spec": {
+            "controlPlane": {"distribution": "kubernetes"},
+            "migration": {"allowModeChange": allow},
+        }}))
+    };
+    let refused = tcs
+        .patch(&world.name, &PatchParams::default(), &change(false))
+        .await
+        .unwrap_err();
+    assert!(
+        refused
+            .to_string()
+            .contains("needs spec.migration.allowModeChange: true"),
+        "{refused}"
+    );
+
+    // With it, the pod is replaced by the kubernetes distribution's, on the same claim.
+    tcs.patch(&world.name, &PatchParams::default(), &change(true))
+        .await
+        .unwrap();
+    let replaced = eventually(Duration::from_secs(300), || async {
+        let pod = find_control_plane_pod(&world).await?;
+        // kube-apiserver and kine run as sidecars (init containers that keep running).
+        let spec = pod.spec.as_ref()?;
+        let runs_kube_apiserver = spec
+            .init_containers
+            .iter()
+            .flatten()
+            .chain(&spec.containers)
+            .any(|c| {
+                c.image.as_deref() == Some(&format!("registry.k8s.io/kube-apiserver:{current}"))
+            });
+        runs_kube_apiserver.then_some(pod)
+    })
+    .await;
+    let pod = match replaced {
+        Some(pod) => pod,
+        None => panic!(
+            "the control-plane pod was never replaced by the kubernetes distribution's\n{}",
+            pod_report(&world).await
+        ),
+    };
+    assert!(
+        pod.labels().get(names::LABEL_RUNTIME).is_none(),
+        "the local runtime's label stayed: {:?}",
+        pod.labels()
+    );
+    ready_again(&world, "the distribution change").await;
+    assert_eq!(claims.get(&claim).await.unwrap().uid(), claim_uid);
+    let tenant = &common::tenant_client(host, ns, &world.name).await;
+    assert_eq!(served_version(tenant).await, current);
+    let config_maps = Api::<ConfigMap>::namespaced(tenant.clone(), "default");
+    let read = config_maps.get("keep").await.unwrap();
+    assert_eq!(read.uid(), written.uid());
+    assert_eq!(read.data.unwrap()["written"], "by the k3s tenant");
+    // And it writes: its database is its own to write, as the user it runs as.
+    let after: ConfigMap = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "after"}, "data": {"written": "by the kubernetes tenant"}
+    }))
+    .unwrap();
+    config_maps
+        .create(&PostParams::default(), &after)
+        .await
+        .unwrap();
+}

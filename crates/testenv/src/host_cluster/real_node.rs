@@ -19,7 +19,7 @@ use std::process::Command;
 use tenantplane_pki::{CertificateAuthority, Leaf};
 
 use super::pki::write;
-use super::{ControlPlane, KWOK_NODE};
+use super::{ControlPlane, HOST_PATH_VOLUMES, KWOK_NODE};
 use crate::process::free_port;
 use crate::{Error, Result, kubeconfig};
 pub use config::{BRIDGE, NODE_IP, POD_CIDR};
@@ -461,9 +461,6 @@ const CLUSTER_DNS_YAML: &str = include_str!("real_node/cluster_dns.yaml");
 
 /// The cluster DNS Service's address, the kubelet's `clusterDNS`.
 pub const CLUSTER_DNS: &str = "10.96.0.10";
-
-/// Where the controller manager's host-path provisioner makes the test world's volumes.
-const HOST_PATH_VOLUMES: &str = "/tmp/hostpath_pv";
 
 /// The host-path provisioner makes each volume root's and 0750, and a host-path volume takes no
 /// `fsGroup`, so a pod running as a user of its own (a `kubernetes` tenant's control plane, as

@@ -1,14 +1,17 @@
 //! A tenant's datastore as k3s keeps it: kine over sqlite, in the tenant's data folder. That
-//! folder stands in for the pod's data volume, so it follows the volume claim (its name and UID),
-//! not the pod, and goes when the claim goes.
+//! folder is the `server` folder of the claim's volume when the claim is bound to a host-path
+//! volume on this machine (the test world's), as in k3s's pod; otherwise a folder that stands in
+//! for the volume, following the claim (its name and UID), not the pod, and going when the claim
+//! goes.
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod};
 use kube::api::{Api, ListParams};
 use kube::{Client, ResourceExt};
+use tenantplane_controller::build::control_plane::RUN_AS_USER;
 use tenantplane_controller::names::DATA_VOLUME;
 
 use crate::process::tail;
@@ -56,12 +59,69 @@ pub(super) async fn volume(client: &Client, dir: &Path, pod: &Pod) -> Result<Vol
         .await?
         .ok_or_else(|| Error::Io(format!("waiting for claim {ns}/{claim} of pod {name}")))?;
     let claim_uid = found.uid().unwrap_or_default();
+    if let Some(root) = host_path_of(client, &found).await? {
+        let dir = root.join("server");
+        on_the_claim(&dir)?;
+        return Ok(Volume { dir, claim_uid });
+    }
     let dir = std::path::absolute(dir)?
         .join(&ns)
         .join(format!("{claim}-{claim_uid}"));
     std::fs::create_dir_all(dir.join("db"))?;
     std::fs::write(dir.join(CLAIM_FILE), &claim_uid)?;
     Ok(Volume { dir, claim_uid })
+}
+
+/// The folder of the host-path volume `claim` is bound to, when it is one (the test world's
+/// provisioner makes such volumes, on this machine). An error while the claim is unbound or its
+/// folder missing (the runtime tries again): falling back to a folder of our own then would split
+/// the tenant's data in two.
+async fn host_path_of(client: &Client, claim: &PersistentVolumeClaim) -> Result<Option<PathBuf>> {
+    let name = claim.name_any();
+    let waiting = |what: &str| Error::Io(format!("waiting for claim {name}: {what}"));
+    let volume = claim
+        .spec
+        .as_ref()
+        .and_then(|s| s.volume_name.clone())
+        .ok_or_else(|| waiting("not bound yet"))?;
+    let found = Api::<PersistentVolume>::all(client.clone())
+        .get_opt(&volume)
+        .await?
+        .ok_or_else(|| waiting(&format!("its volume {volume} is not there yet")))?;
+    let Some(path) = found
+        .spec
+        .and_then(|s| s.host_path)
+        .map(|h| PathBuf::from(h.path))
+    else {
+        return Ok(None);
+    };
+    if !path.is_dir() {
+        return Err(waiting(&format!(
+            "its folder {} is missing",
+            path.display()
+        )));
+    }
+    Ok(Some(path))
+}
+
+/// Lay `server` (the claim's `server` folder, where k3s keeps its state) out as the control
+/// plane's pod finds it, so the pod that replaces the stand-in opens the same database: a
+/// `kubernetes` tenant's, after a distribution change, or a real k3s. The pod runs as
+/// [`RUN_AS_USER`] and the stand-in as root, so the folders and an empty database are made
+/// first and given to that user; sqlite run as root gives the journal and shared-memory files it
+/// makes the database file's owner, so every file stays the pod's.
+fn on_the_claim(server: &Path) -> Result<()> {
+    let db = server.join("db");
+    std::fs::create_dir_all(&db)?;
+    let database = database(server);
+    if !database.exists() {
+        std::fs::File::create(&database)?;
+    }
+    let user = Some(RUN_AS_USER as u32);
+    for path in [server, &db, &database] {
+        std::os::unix::fs::chown(path, user, user)?;
+    }
+    Ok(())
 }
 
 /// Where kine listens: `kine.sock` in the data folder, as k3s has it. Unix socket paths are
