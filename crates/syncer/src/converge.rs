@@ -14,6 +14,7 @@ use serde_json::{Value, json};
 use tenantplane_api::quantity::same_quantity;
 
 use crate::naming::ANNOTATION_APPLIED_HASH;
+use crate::stages::{Stage, Stages};
 
 /// What [`converge`] did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -50,6 +51,9 @@ pub enum Target<'a> {
     Copy {
         live_uid: Option<&'a str>,
         ours: &'a (dyn Fn(&ObjectMeta) -> bool + Send + Sync),
+        /// Where the host read and write are timed, as `kind` (see [`crate::stages`]).
+        stages: &'a Stages,
+        kind: &'static str,
     },
 }
 
@@ -137,11 +141,22 @@ where
         .unwrap_or_default()
         .to_string();
     let mut existed = live.is_some();
-    if let Target::Copy { live_uid, ours } = target {
+    let mut timed = None;
+    if let Target::Copy {
+        live_uid,
+        ours,
+        stages,
+        kind,
+    } = target
+    {
+        timed = Some((stages, kind));
         let uid = match live_uid {
             Some(uid) => Some(uid.to_string()),
             // Server-side apply creates or takes over whatever has the name: look first.
-            None => match api.get_opt(&name).await? {
+            None => match stages
+                .time(Stage::HostRead, kind, api.get_opt(&name))
+                .await?
+            {
                 Some(found) if ours(found.meta()) => {
                     if up_to_date(&found, &body, hash) {
                         return Ok(Outcome::Unchanged);
@@ -164,13 +179,19 @@ where
             body["metadata"]["uid"] = json!(uid);
         }
     }
-    let result = api
-        .patch(
-            &name,
-            &PatchParams::apply(manager).force(),
-            &Patch::Apply(&body),
-        )
-        .await;
+    let params = PatchParams::apply(manager).force();
+    let patch = Patch::Apply(&body);
+    let write = api.patch(&name, &params, &patch);
+    let result = match timed {
+        Some((stages, kind)) => {
+            let result = stages.time(Stage::HostWrite, kind, write).await;
+            if result.is_ok() {
+                stages.wrote(kind, &name);
+            }
+            result
+        }
+        None => write.await,
+    };
     match result {
         Ok(_) if existed => Ok(Outcome::Updated),
         Ok(_) => Ok(Outcome::Created),

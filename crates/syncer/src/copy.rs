@@ -125,7 +125,7 @@ pub async fn converge_copy<S: CopyDown>(cx: &Tenant, key: &Key) -> Result<Pair<S
             Ok(None)
         }
         Step::Apply(desired) => {
-            apply_copy(cx, ns, name, h.as_deref(), &desired).await?;
+            apply_copy(cx, S::NAME, ns, name, h.as_deref(), &desired).await?;
             if let Some(t) = &t {
                 tell::forget(cx, &t.uid().unwrap_or_default());
             }
@@ -134,9 +134,11 @@ pub async fn converge_copy<S: CopyDown>(cx: &Tenant, key: &Key) -> Result<Pair<S
     }
 }
 
-/// Make `desired` the host copy of tenant object `namespace/name`, whose live copy is `live`.
+/// Make `desired` the host copy of tenant object `namespace/name` (of the kind named `kind`),
+/// whose live copy is `live`.
 pub async fn apply_copy<K>(
     cx: &Tenant,
+    kind: &'static str,
     namespace: &str,
     name: &str,
     live: Option<&K>,
@@ -158,6 +160,8 @@ where
         Target::Copy {
             live_uid: uid.as_deref(),
             ours: &cx.is_copy_of(namespace, name),
+            stages: &cx.reporter.stages,
+            kind,
         },
     )
     .await

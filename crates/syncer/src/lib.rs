@@ -34,6 +34,7 @@ pub mod queue;
 pub mod retired;
 mod run;
 pub mod spec;
+pub mod stages;
 pub mod tell;
 pub mod tenant;
 pub mod tenant_terms;
@@ -160,6 +161,7 @@ impl Syncers {
                         }),
                         summary: summary.clone(),
                         observer: self.observer.clone(),
+                        stages: stages::Stages::new(self.observer.clone()),
                     };
                     let task = tokio::spawn(
                         run::supervise(

@@ -21,6 +21,7 @@ use crate::kinds;
 use crate::naming::{SYNCER_MANAGER, TenantRef};
 use crate::queue::WorkQueue;
 use crate::spec::SyncerSpec;
+use crate::stages::Stage;
 use crate::tenant::{Tenant, TypeMap, Verdicts};
 use crate::translate::Translator;
 use crate::wiring::Setup;
@@ -110,7 +111,11 @@ impl Engine {
             return;
         };
         let cx = &self.cx;
-        let result = (entry.converge)(cx, key).await;
+        let stages = &cx.reporter.stages;
+        stages.observe(Stage::Queue, key.kind, since.elapsed());
+        let result = stages
+            .time(Stage::Converge, key.kind, (entry.converge)(cx, key))
+            .await;
         let description = key.describe();
         let (ns, tenant) = (&cx.tr.host_namespace, cx.tr.name());
         let observer = &cx.reporter.observer;

@@ -216,6 +216,8 @@ pub(crate) struct Verdicts {
     /// What `Synced` says when all is well (see [`crate::kinds::summary`]).
     pub summary: String,
     pub observer: Arc<dyn Observer>,
+    /// Where each stage of a synced object's time goes.
+    pub stages: crate::stages::Stages,
 }
 
 impl Verdicts {

@@ -6,10 +6,10 @@ use std::sync::{Arc, Mutex};
 
 use futures::StreamExt;
 use futures::future::BoxFuture;
-use kube::Client;
 use kube::api::Api;
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Client, Resource};
 use tenantplane_api::SyncPolicySpec;
 use tracing::debug;
 
@@ -150,11 +150,15 @@ impl Setup<'_> {
         let queue = self.queue.clone();
         let relists = self.relists.clone();
         let reporter = self.reporter.clone();
+        let stages = self.reporter.stages.clone();
         let what = format!("watch of {} on the host", S::NAME);
         self.subscriptions.push(store.subscribe(Subscriber {
             namespace: self.namespace.clone(),
             tenant: self.tenant_name.clone(),
             changed: Box::new(move |obj: &S::Object| {
+                if let Some(name) = &obj.meta().name {
+                    stages.echoed(S::NAME, name);
+                }
                 for key in S::host_keys(obj, &tenant) {
                     queue.add(key);
                 }

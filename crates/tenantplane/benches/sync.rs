@@ -1,12 +1,15 @@
 //! `make bench-sync N=1000 TENANTS=1`: TENANTS tenants (default 1) on the test control plane, each
 //! in a host namespace of its own, with their real API servers from the local runtime and one
 //! operator (all namespaces) whose syncers copy their pods to the host, where kwok makes them
-//! Running. Creates N bare pods spread round-robin over the tenants and times each one through
+//! Running. First times IDLE pods (default 50) one at a time in the first tenant (the `idle hop`
+//! lines: create → host copy, host Running → tenant Running, label change → on the copy).
+//! Then creates N bare pods spread round-robin over the tenants and times each one through
 //! its syncer (tenant create → host copy → host Running → tenant Running), then creates the same N
 //! pods directly on the host for comparison. Prints both wall times and their ratio, p50/p99 of
 //! the syncers' two hops, the operator's host API requests, the host API server's open WATCH
 //! requests on the synced kinds before the tenants, with them, and with their pods (and so per
-//! tenant), and the process's peak memory and CPU.
+//! tenant), where the syncers' time went by stage (`tenantplane_sync_stage_seconds`), and the
+//! process's peak memory and CPU.
 //! A benchmark prints figures; it asserts only that the work was done.
 
 use std::sync::Arc;
@@ -38,6 +41,8 @@ mod sync_tenants;
 use sync_tenants::*;
 mod sync_watches;
 use sync_watches::*;
+mod sync_idle;
+use sync_idle::{idle_hop_lines, idle_hops};
 
 /// Server-side timeout of the tenant watch: the tenant client from [`Connector::client`] gives up
 /// on a connection that is silent for 15 s, so the watch is renewed before that.
@@ -109,6 +114,7 @@ async fn main() -> anyhow::Result<()> {
     let options = tenant::local_operator_options(None, None, None);
     // `run` is the controller without the elector; as the leader it reports its caches ready.
     let readiness = options.telemetry.readiness.clone();
+    let metrics = options.telemetry.metrics.clone();
     readiness.set_role(Role::Leader);
     let operator = tokio::spawn(tenantplane_controller::run(
         operator_client,
@@ -166,6 +172,21 @@ async fn main() -> anyhow::Result<()> {
         tenant_service_account(start, &tenant, &format!("{ns}/{TENANT}")).await?;
         tenants.push(tenant);
     }
+
+    // Idle hops: one pod at a time in the first tenant, while nothing else happens.
+    let rounds: usize = std::env::var("IDLE")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(50);
+    let idle = if rounds > 0 {
+        say(
+            start,
+            &format!("idle hops: {rounds} pods, one at a time, in the first tenant"),
+        );
+        idle_hop_lines(&idle_hops(start, &admin, &host_names[0], &tenants[0], rounds).await?)
+    } else {
+        Vec::new()
+    };
 
     // Tenant run: watch the host (every namespace) and each tenant, then create, round-robin.
     let names: Vec<String> = (0..n).map(|i| format!("bench-{i:05}")).collect();
@@ -287,6 +308,7 @@ async fn main() -> anyhow::Result<()> {
         .saturating_duration_since(tenant_t0);
     let cpu_tenant_run = cpu_time().saturating_sub(cpu_tenant_start);
     let (tenant_reads, tenant_writes) = counter.get();
+    let stages = stage_lines(&metrics);
     say(
         start,
         &format!(
@@ -416,6 +438,15 @@ async fn main() -> anyhow::Result<()> {
         secs(percentile(&back, 0.99)),
         secs(back.last().copied().unwrap_or_default())
     );
+    for line in &idle {
+        println!("{line}");
+    }
+    println!(
+        "  where a pod's time goes in the syncers, to the end of the tenant run (tenantplane_sync_stage_seconds; p50/p99 are the upper bounds of their histogram buckets):"
+    );
+    for line in &stages {
+        println!("    {line}");
+    }
     println!(
         "  host WATCH requests on synced kinds: before tenants {x}, with {t} tenant(s) {y}, {:.2} per tenant; with all {n} pods Running {z}, {:.2} per tenant",
         (y - x) / t as f64,
@@ -504,4 +535,25 @@ async fn main() -> anyhow::Result<()> {
     let _ = operator.await;
     drop(hosts);
     Ok(())
+}
+
+/// One line per stage of the pod's path through the syncers: count, mean, p50 and p99 bounds.
+fn stage_lines(metrics: &tenantplane_controller::metrics::Metrics) -> Vec<String> {
+    tenantplane_syncer::stages::Stage::ALL
+        .iter()
+        .map(|stage| {
+            let name = stage.name();
+            match metrics.stage_histogram(name, "Pod") {
+                Some(h) => format!(
+                    "stage {name:<12} {:>6} times: mean {:>8.1} ms  p50 <= {:>8.1} ms  p99 <= {:>8.1} ms  total {:>7.2} s",
+                    h.count,
+                    h.mean() * 1e3,
+                    h.quantile_bound(0.5) * 1e3,
+                    h.quantile_bound(0.99) * 1e3,
+                    h.sum
+                ),
+                None => format!("stage {name:<12} never"),
+            }
+        })
+        .collect()
 }

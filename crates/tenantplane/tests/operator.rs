@@ -308,6 +308,16 @@ async fn one_replica_leads_and_a_standby_takes_over_without_writing_before() {
         )) >= 1.0,
         "no sync lag for the tenant in:\n{metrics}"
     );
+    // Where the syncer's time went: its keys waited, were converged, and copies were written
+    // (the tenant's DNS Service, at least).
+    for stage in ["queue", "converge", "host_write"] {
+        assert!(
+            series(&format!(
+                "tenantplane_sync_stage_seconds_count{{stage=\"{stage}\""
+            )) >= 1.0,
+            "no {stage} stage in:\n{metrics}"
+        );
+    }
     let admin_expiry = series(&format!(
         "tenantplane_certificate_expiry_timestamp_seconds{{{tenant_labels},certificate=\"admin\"}}"
     ));

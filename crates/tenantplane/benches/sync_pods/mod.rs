@@ -32,6 +32,10 @@ pub(crate) struct Times {
     pub(crate) host_running: Option<Instant>,
     /// The tenant pod was Running (tenant run only).
     pub(crate) tenant_running: Option<Instant>,
+    /// A label was put on the tenant pod (idle hops only).
+    pub(crate) relabelled: Option<Instant>,
+    /// The host copy had that label (idle hops only).
+    pub(crate) host_relabelled: Option<Instant>,
 }
 
 pub(crate) type Timeline = Arc<Mutex<HashMap<String, Times>>>;

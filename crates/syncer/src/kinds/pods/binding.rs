@@ -14,6 +14,7 @@ use crate::error::Result;
 use crate::key::Key;
 use crate::kind_trait::Kind;
 use crate::kinds::nodes;
+use crate::stages::Stage;
 use crate::tenant::Tenant;
 
 /// The host node a tenant pod bound by name (`spec.nodeName`, written so or bound before its copy
@@ -63,9 +64,13 @@ pub async fn bind(cx: &Tenant, t: &Pod, h: &Pod) -> Result<()> {
             ..Default::default()
         },
     };
+    let pods = cx.tenant_api::<Pod>(&t.namespace().unwrap_or_default());
+    let params = PostParams::default();
+    let write = pods.create_subresource::<_, Value>("binding", &name, &params, &binding);
     match cx
-        .tenant_api::<Pod>(&t.namespace().unwrap_or_default())
-        .create_subresource::<_, Value>("binding", &name, &PostParams::default(), &binding)
+        .reporter
+        .stages
+        .time(Stage::TenantWrite, Pods::NAME, write)
         .await
     {
         Ok(_) => Ok(()),

@@ -26,6 +26,7 @@ use crate::kinds::persistentvolumeclaims::Claims;
 use crate::kinds::secrets::{self, Secrets};
 use crate::kinds::services::is_tenant_api;
 use crate::naming::{self, ANNOTATION_APPLIED_HASH, SYNCER_MANAGER};
+use crate::stages::Stage;
 use crate::tell;
 use crate::tenant::Tenant;
 use crate::tenant_terms::{self, Terms};
@@ -239,12 +240,14 @@ async fn converge_pod(cx: &Tenant, ns: &str, name: &str) -> Result<()> {
             // A new address of our own: endpoints written by hand may name it now.
             crate::kinds::endpoints::wake_namespace(cx, ns);
         }
-        tenant_pods
-            .patch_status(
-                name,
-                &PatchParams::default(),
-                &Patch::Merge(json!({"metadata": {"uid": t_uid}, "status": wanted})),
-            )
+        let (params, patch) = (
+            PatchParams::default(),
+            Patch::Merge(json!({"metadata": {"uid": t_uid}, "status": wanted})),
+        );
+        let write = tenant_pods.patch_status(name, &params, &patch);
+        cx.reporter
+            .stages
+            .time(Stage::TenantWrite, Pods::NAME, write)
             .await?;
     }
     if review.dropped.is_empty() {
@@ -390,6 +393,8 @@ async fn create_host_pod(cx: &Tenant, t: &Pod, host_name: &str) -> Result<()> {
         Target::Copy {
             live_uid: None,
             ours: &cx.is_copy_of(&ns, &t.name_any()),
+            stages: &cx.reporter.stages,
+            kind: Pods::NAME,
         },
     )
     .await
@@ -462,6 +467,8 @@ async fn restore(cx: &Tenant, t: &Pod, h: &Pod, host_name: &str) -> Result<()> {
         Target::Copy {
             live_uid: h.uid().as_deref(),
             ours: &|_| false,
+            stages: &cx.reporter.stages,
+            kind: Pods::NAME,
         },
     )
     .await

@@ -133,18 +133,26 @@ async fn converge_service(cx: &Tenant, ns: &str, name: &str) -> Result<()> {
     };
     // Node ports likewise: the tenant's asked for.
     let asked = with_node_ports(desired.clone(), &t);
-    match apply_copy(cx, ns, name, h.as_deref(), &asked).await {
+    match apply_copy(cx, Services::NAME, ns, name, h.as_deref(), &asked).await {
         // The host holds the tenant's address already, or its range lacks it: the copy takes
         // one of the host's choosing, and the tenant Service is made again with that.
         Err(Error::HostRejected(m)) if addressed.is_none() && m.contains("spec.clusterIP") => {
             debug!(service = %format!("{ns}/{name}"), reason = %m, "the host refused the tenant's address");
-            apply_copy(cx, ns, name, h.as_deref(), &service(&cx.tr, &t, &host_name)).await?;
+            apply_copy(
+                cx,
+                Services::NAME,
+                ns,
+                name,
+                h.as_deref(),
+                &service(&cx.tr, &t, &host_name),
+            )
+            .await?;
         }
         // Another Service on the host holds a tenant's node port: the host chooses, and the
         // tenant Service takes its choice.
         Err(Error::HostRejected(m)) if m.contains("nodePort") => {
             debug!(service = %format!("{ns}/{name}"), reason = %m, "the host refused the tenant's node port");
-            apply_copy(cx, ns, name, h.as_deref(), &desired).await?;
+            apply_copy(cx, Services::NAME, ns, name, h.as_deref(), &desired).await?;
             tell::tell(cx, &*t, tell::NOT_COPIED, &format!(
                 "the host holds a node port this Service asked for ({m}); it answers on the one the host chose, which the Service now shows"
             )).await;
