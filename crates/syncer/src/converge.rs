@@ -45,9 +45,10 @@ pub enum Target<'a> {
     /// Whatever has the name: created when missing (the controller's own objects).
     Any,
     /// A copy: only the live object we saw (its UID is sent, so the API server refuses the apply
-    /// if the object was replaced meanwhile), or, when we saw none, a new object. An object of
-    /// the name that the cache did not show is taken only if `ours` says it is ours (a copy of
-    /// our own the watch has not brought yet); never another object that happens to have it.
+    /// if the object was replaced meanwhile), or, when we saw none, a new object (created by an
+    /// apply that any existing object refuses). An object of the name that the cache did not
+    /// show is taken only if `ours` says it is ours (a copy of our own the watch has not brought
+    /// yet); never another object that happens to have it.
     Copy {
         live_uid: Option<&'a str>,
         ours: &'a (dyn Fn(&ObjectMeta) -> bool + Send + Sync),
@@ -150,9 +151,30 @@ where
     } = target
     {
         timed = Some((stages, kind));
+        if live_uid.is_none() {
+            // Server-side apply creates or takes over whatever has the name, so a bare apply
+            // is never sent for a name the cache does not show. This one only creates: an apply
+            // carrying resourceVersion "1" makes a missing object (the API server gives it its
+            // own version) and is refused (409) by any object that exists, ours or someone
+            // else's, untouched, since no live object holds the datastore's first revision.
+            // One write instead of a read and a write; a refusal falls back to reading.
+            let mut create = body.clone();
+            create["metadata"]["resourceVersion"] = json!("1");
+            let params = PatchParams::apply(manager).force();
+            let patch = Patch::Apply(&create);
+            let write = api.patch(&name, &params, &patch);
+            match stages.time(Stage::HostWrite, kind, write).await {
+                Ok(_) => {
+                    stages.wrote(kind, &name);
+                    return Ok(Outcome::Created);
+                }
+                Err(kube::Error::Api(e)) if e.code == 409 => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
         let uid = match live_uid {
             Some(uid) => Some(uid.to_string()),
-            // Server-side apply creates or takes over whatever has the name: look first.
+            // The name is taken: whose is it?
             None => match stages
                 .time(Stage::HostRead, kind, api.get_opt(&name))
                 .await?

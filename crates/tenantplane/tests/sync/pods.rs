@@ -1,6 +1,7 @@
 //! Pods: a Deployment's pods run as host copies and everything about them converges (edits,
 //! deletions, orphans, an operator restart); two tenants never collide; the syncer resumes after
-//! an outage; a pod's status follows its copy's.
+//! an outage; a pod's status follows its copy's; a host pod that only has a copy's name is never
+//! taken over.
 
 use super::*;
 use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec};
@@ -566,4 +567,62 @@ async fn a_pod_with_init_and_several_containers_shows_the_host_status_as_it_chan
     .await;
     assert!(gone.is_some(), "the pod and its copy did not go");
     assert!(synced_again(host, &ns.name, "dev").await);
+}
+
+#[tokio::test]
+async fn a_host_pod_with_a_copys_name_is_never_taken_over() {
+    install_crds_and_policies();
+    let ns = namespace("sync-foreign").await;
+    let _operator = start_operator(&ns);
+    let host = ns.client.clone();
+    create_ready(&host, &tenant_named(&ns.name, "dev")).await;
+    let tenant = tenant_client(&host, &ns.name, "dev").await;
+    // Someone else's pod on the host, under the name the copy of tenant pod default/web gets.
+    let copy_name = naming::host_name_for("dev", "default", "web");
+    let mut foreign = bare_pod(&copy_name, json!({"owner": "someone-else"}));
+    foreign.metadata.namespace = Some(ns.name.clone());
+    let hosts = Api::<Pod>::namespaced(host.clone(), &ns.name);
+    let made = hosts
+        .create(&PostParams::default(), &foreign)
+        .await
+        .unwrap();
+    Api::<Pod>::namespaced(tenant.clone(), "default")
+        .create(&PostParams::default(), &bare_pod("web", json!({})))
+        .await
+        .unwrap();
+
+    // `Synced` names the taken name; the pod is as its owner made it.
+    let said = eventually(WAIT, || async {
+        let (status, reason, message) = synced_condition(&host, &ns.name, "dev").await;
+        (status == "False" && reason == "HostNameTaken").then_some(message)
+    })
+    .await
+    .expect("Synced says HostNameTaken");
+    assert!(said.contains(&copy_name), "{said}");
+    let now = hosts.get(&copy_name).await.unwrap();
+    assert_eq!(now.uid(), made.uid());
+    assert_eq!(now.labels(), made.labels());
+    assert_eq!(now.annotations(), made.annotations());
+    let managers: Vec<String> = now
+        .managed_fields()
+        .iter()
+        .filter_map(|m| m.manager.clone())
+        .collect();
+    assert!(
+        !managers.iter().any(|m| m == naming::SYNCER_MANAGER),
+        "the syncer wrote to someone else's pod: {managers:?}"
+    );
+
+    // Once the name is free, the copy is made.
+    hosts
+        .delete(&copy_name, &DeleteParams::default().grace_period(0))
+        .await
+        .unwrap();
+    let pods = converged(&host, &tenant, &ns.name, "dev", 1).await;
+    let copies = host_pods(&host, &ns.name, "dev").await;
+    assert_eq!(copies.len(), 1);
+    assert_eq!(
+        copies[0].annotations()[naming::ANNOTATION_VIRTUAL_UID],
+        pods[0].uid().unwrap()
+    );
 }
