@@ -25,13 +25,15 @@ bench-controller: N ?= 100
 bench-controller: testenv
 	N=$(N) $(CARGO) bench -p tenantplane --locked --bench controller
 
-## bench-sync: N pods (default 1000) spread over TENANTS tenants (default 1, one operator for all)
-## through their syncers, then straight on the host; prints both times and their ratio, p50/p99 of
-## the syncers' hops, the host's open WATCH requests per tenant, requests, memory, CPU
+## bench-sync: IDLE pods (default 50) one at a time in an idle tenant ("idle hop" p50/p99), then N
+## pods (default 1000) spread over TENANTS tenants (default 1, one operator for all) through their
+## syncers, then straight on the host; prints both times and their ratio, p50/p99 of the syncers'
+## hops, their stages, the host's open WATCH requests per tenant, requests, memory, CPU
 bench-sync: N ?= 1000
 bench-sync: TENANTS ?= 1
+bench-sync: IDLE ?= 50
 bench-sync: testenv
-	N=$(N) TENANTS=$(TENANTS) $(CARGO) bench -p tenantplane --locked --bench sync
+	N=$(N) TENANTS=$(TENANTS) IDLE=$(IDLE) $(CARGO) bench -p tenantplane --locked --bench sync
 
 ## conformance: the upstream [Conformance] tests on the dev cluster's host (a real node) and in a
 ## tenant at once, in namespaces of their own with no way out; prints the table, the host's passes
