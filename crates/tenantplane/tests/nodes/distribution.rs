@@ -99,6 +99,18 @@ async fn ready_again(world: &ReadyTenant, what: &str) -> TenantCluster {
     }
 }
 
+/// Write ConfigMap `default/name` in the tenant, its `written` key holding `text`.
+async fn write_config_map(tenant: &Client, name: &str, text: &str) -> ConfigMap {
+    let map: ConfigMap = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": name}, "data": {"written": text}
+    }))
+    .unwrap();
+    Api::<ConfigMap>::namespaced(tenant.clone(), "default")
+        .create(&PostParams::default(), &map)
+        .await
+        .unwrap()
+}
+
 /// The control-plane pod's status and its containers' last logs, for a failure's message.
 async fn pod_report(world: &ReadyTenant) -> String {
     control_plane_report(&world.host, &world.ns.name, &world.name).await
@@ -185,15 +197,7 @@ async fn a_kubernetes_tenant_runs_as_written_and_walks_its_lifecycle() {
     );
 
     // Data to keep through everything below.
-    let config_maps = Api::<ConfigMap>::namespaced(tenant.clone(), "default");
-    let keep: ConfigMap = serde_json::from_value(serde_json::json!({
-        "metadata": {"name": "keep"}, "data": {"written": "before"}
-    }))
-    .unwrap();
-    config_maps
-        .create(&PostParams::default(), &keep)
-        .await
-        .unwrap();
+    write_config_map(tenant, "keep", "before").await;
 
     // Sync, logs and exec: the tenant API server (a real pod) reaches the operator's kubelet.
     create_pod(
@@ -344,15 +348,7 @@ async fn a_kubernetes_tenant_upgrades_one_minor_keeping_its_data() {
         "{images:?}"
     );
     assert_eq!(served_version(tenant).await, previous);
-    let config_maps = Api::<ConfigMap>::namespaced(tenant.clone(), "default");
-    let keep: ConfigMap = serde_json::from_value(serde_json::json!({
-        "metadata": {"name": "keep"}, "data": {"written": "before"}
-    }))
-    .unwrap();
-    config_maps
-        .create(&PostParams::default(), &keep)
-        .await
-        .unwrap();
+    write_config_map(tenant, "keep", "before").await;
 
     // An upgrade, one minor: Provisioning while the pod rolls, Ready after, data kept.
     let tcs = Api::<TenantCluster>::namespaced(host.clone(), ns);
@@ -391,15 +387,7 @@ async fn a_k3s_tenant_becomes_a_kubernetes_one_keeping_its_data() {
         .ready(TenantSetup::seed().edit(move |tc| tc.spec.kubernetes_version = version))
         .await;
     let (ns, host, tenant) = (&world.ns.name, &world.host, &world.tenant);
-    let config_maps = Api::<ConfigMap>::namespaced(tenant.clone(), "default");
-    let keep: ConfigMap = serde_json::from_value(serde_json::json!({
-        "metadata": {"name": "keep"}, "data": {"written": "by the k3s tenant"}
-    }))
-    .unwrap();
-    let written = config_maps
-        .create(&PostParams::default(), &keep)
-        .await
-        .unwrap();
+    let written = write_config_map(tenant, "keep", "by the k3s tenant").await;
     let claims = Api::<PersistentVolumeClaim>::namespaced(host.clone(), ns);
     let claim = names::data_claim(&world.name, 0);
     let claim_uid = claims.get(&claim).await.unwrap().uid();
@@ -463,12 +451,5 @@ async fn a_k3s_tenant_becomes_a_kubernetes_one_keeping_its_data() {
     assert_eq!(read.uid(), written.uid());
     assert_eq!(read.data.unwrap()["written"], "by the k3s tenant");
     // And it writes: its database is its own to write, as the user it runs as.
-    let after: ConfigMap = serde_json::from_value(serde_json::json!({
-        "metadata": {"name": "after"}, "data": {"written": "by the kubernetes tenant"}
-    }))
-    .unwrap();
-    config_maps
-        .create(&PostParams::default(), &after)
-        .await
-        .unwrap();
+    write_config_map(tenant, "after", "by the kubernetes tenant").await;
 }
