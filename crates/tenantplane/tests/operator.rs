@@ -285,10 +285,13 @@ async fn one_replica_leads_and_a_standby_takes_over_without_writing_before() {
             .metric("tenantplane_tenants{phase=\"Ready\"}")
             .await?;
         (ready == 1.0).then_some(())?;
-        replica_a.get("/metrics").await.map(|(_, body)| body)
+        let (_, body) = replica_a.get("/metrics").await?;
+        // The syncer copies the tenant's DNS Service soon after Ready, not before.
+        body.contains("tenantplane_sync_stage_seconds_count{stage=\"host_write\"")
+            .then_some(body)
     })
     .await
-    .expect("the leader's metrics never counted the Ready tenant");
+    .expect("the leader's metrics never counted the Ready tenant and a copy written");
     let series = |prefix: &str| -> f64 {
         metrics
             .lines()
@@ -308,8 +311,7 @@ async fn one_replica_leads_and_a_standby_takes_over_without_writing_before() {
         )) >= 1.0,
         "no sync lag for the tenant in:\n{metrics}"
     );
-    // Where the syncer's time went: its keys waited, were converged, and copies were written
-    // (the tenant's DNS Service, at least).
+    // Where the syncer's time went: its keys waited, were converged, and copies were written.
     for stage in ["queue", "converge", "host_write"] {
         assert!(
             series(&format!(
