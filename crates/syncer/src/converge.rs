@@ -160,14 +160,8 @@ where
             // One write instead of a read and a write; a refusal falls back to reading.
             let mut create = body.clone();
             create["metadata"]["resourceVersion"] = json!("1");
-            let params = PatchParams::apply(manager).force();
-            let patch = Patch::Apply(&create);
-            let write = api.patch(&name, &params, &patch);
-            match stages.time(Stage::HostWrite, kind, write).await {
-                Ok(_) => {
-                    stages.wrote(kind, &name);
-                    return Ok(Outcome::Created);
-                }
+            match apply(api, manager, &name, &create, Some((stages, kind))).await {
+                Ok(()) => return Ok(Outcome::Created),
                 Err(kube::Error::Api(e)) if e.code == 409 => {}
                 Err(e) => return Err(e.into()),
             }
@@ -201,24 +195,34 @@ where
             body["metadata"]["uid"] = json!(uid);
         }
     }
-    let params = PatchParams::apply(manager).force();
-    let patch = Patch::Apply(&body);
-    let write = api.patch(&name, &params, &patch);
-    let result = match timed {
-        Some((stages, kind)) => {
-            let result = stages.time(Stage::HostWrite, kind, write).await;
-            if result.is_ok() {
-                stages.wrote(kind, &name);
-            }
-            result
-        }
-        None => write.await,
-    };
-    match result {
-        Ok(_) if existed => Ok(Outcome::Updated),
-        Ok(_) => Ok(Outcome::Created),
+    match apply(api, manager, &name, &body, timed).await {
+        Ok(()) if existed => Ok(Outcome::Updated),
+        Ok(()) => Ok(Outcome::Created),
         Err(e) => Err(e.into()),
     }
+}
+
+/// One forced server-side apply of `body` under `manager`; for a copy (`timed`), timed as a host
+/// write whose watch event is then awaited.
+async fn apply<K>(
+    api: &Api<K>,
+    manager: &str,
+    name: &str,
+    body: &Value,
+    timed: Option<(&Stages, &'static str)>,
+) -> Result<(), kube::Error>
+where
+    K: Resource<DynamicType = ()> + Clone + Debug + DeserializeOwned,
+{
+    let params = PatchParams::apply(manager).force();
+    let patch = Patch::Apply(body);
+    let write = api.patch(name, &params, &patch);
+    let Some((stages, kind)) = timed else {
+        return write.await.map(|_| ());
+    };
+    stages.time(Stage::HostWrite, kind, write).await?;
+    stages.wrote(kind, name);
+    Ok(())
 }
 
 /// Delete `obj` if it is still the object we saw (UID precondition); gone already is fine.

@@ -57,7 +57,7 @@ impl Stage {
     }
 }
 
-/// Writes whose watch event has not come yet, at most this many (an event that never comes, as
+/// Writes of one kind whose watch event has not come yet, at most this many (an event that never comes, as
 /// for a write the host refused after answering, must not make the map grow).
 const MAX_PENDING: usize = 10_000;
 
@@ -65,7 +65,8 @@ const MAX_PENDING: usize = 10_000;
 #[derive(Clone)]
 pub struct Stages {
     observer: Arc<dyn Observer>,
-    written: Arc<Mutex<HashMap<(&'static str, String), Instant>>>,
+    /// By kind, then name: every host event of the tenant's copies looks here, by a borrowed name.
+    written: Arc<Mutex<HashMap<&'static str, HashMap<String, Instant>>>>,
 }
 
 impl Stages {
@@ -98,10 +99,11 @@ impl Stages {
     /// The host answered a write of `kind` named `name`: its watch event is due.
     pub fn wrote(&self, kind: &'static str, name: &str) {
         let mut written = self.written.lock().unwrap_or_else(|e| e.into_inner());
-        if written.len() >= MAX_PENDING {
-            written.clear();
+        let of_kind = written.entry(kind).or_default();
+        if of_kind.len() >= MAX_PENDING {
+            of_kind.clear();
         }
-        written.insert((kind, name.to_string()), Instant::now());
+        of_kind.insert(name.to_string(), Instant::now());
     }
 
     /// The host watch brought `kind` named `name`: the time since its write, if one was waiting.
@@ -110,7 +112,8 @@ impl Stages {
             .written
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .remove(&(kind, name.to_string()));
+            .get_mut(kind)
+            .and_then(|of_kind| of_kind.remove(name));
         if let Some(since) = since {
             self.observe(Stage::HostWatch, kind, since.elapsed());
         }
@@ -154,6 +157,6 @@ mod tests {
         for i in 0..MAX_PENDING + 5 {
             stages.wrote("Pod", &i.to_string());
         }
-        assert!(stages.written.lock().unwrap().len() <= MAX_PENDING);
+        assert!(stages.written.lock().unwrap()["Pod"].len() <= MAX_PENDING);
     }
 }
