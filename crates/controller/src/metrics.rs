@@ -229,19 +229,6 @@ impl Metrics {
             .observe(took.as_secs_f64());
     }
 
-    /// Count, sum (seconds) and the buckets' upper bounds with their cumulative counts of one
-    /// stage of `kind`, for a benchmark's summary; `None` when nothing was observed.
-    pub fn stage_histogram(&self, stage: &'static str, kind: &'static str) -> Option<StageSummary> {
-        let text = {
-            let mut registry = Registry::default();
-            registry.register("s", "", self.sync_stage.clone());
-            let mut out = String::new();
-            prometheus_client::encoding::text::encode(&mut out, &registry).ok()?;
-            out
-        };
-        StageSummary::parse(&text, stage, kind)
-    }
-
     /// When one of a tenant's certificates expires.
     pub fn certificate_expires(
         &self,
@@ -309,60 +296,6 @@ fn stage_histogram() -> Histogram {
     Histogram::new(exponential_buckets(0.0005, 2.0, 18))
 }
 
-/// One stage's histogram as a benchmark reads it.
-#[derive(Clone, Debug, PartialEq)]
-pub struct StageSummary {
-    pub count: u64,
-    pub sum: f64,
-    /// (upper bound in seconds, cumulative count), ascending, `+Inf` last.
-    pub buckets: Vec<(f64, u64)>,
-}
-
-impl StageSummary {
-    fn parse(text: &str, stage: &str, kind: &str) -> Option<Self> {
-        let labels = format!("stage=\"{stage}\",kind=\"{kind}\"");
-        let mut summary = StageSummary {
-            count: 0,
-            sum: 0.0,
-            buckets: Vec::new(),
-        };
-        for line in text.lines().filter(|l| l.contains(&labels)) {
-            let (series, value) = line.rsplit_once(' ')?;
-            if series.starts_with("s_count") {
-                summary.count = value.parse().ok()?;
-            } else if series.starts_with("s_sum") {
-                summary.sum = value.parse().ok()?;
-            } else if let Some(le) = series
-                .split("le=\"")
-                .nth(1)
-                .and_then(|rest| rest.split('"').next())
-            {
-                let bound = if le == "+Inf" {
-                    f64::INFINITY
-                } else {
-                    le.parse().ok()?
-                };
-                summary.buckets.push((bound, value.parse().ok()?));
-            }
-        }
-        (summary.count > 0).then_some(summary)
-    }
-
-    /// The upper bound of the bucket that holds quantile `q` (0..=1): the quantile is at most it.
-    pub fn quantile_bound(&self, q: f64) -> f64 {
-        let rank = (q * self.count as f64).ceil().max(1.0) as u64;
-        self.buckets
-            .iter()
-            .find(|(_, n)| *n >= rank)
-            .map_or(f64::INFINITY, |(b, _)| *b)
-    }
-
-    /// The mean, in seconds.
-    pub fn mean(&self) -> f64 {
-        self.sum / self.count.max(1) as f64
-    }
-}
-
 /// Shared by the controller, the syncers and the HTTP endpoint.
 pub type SharedMetrics = Arc<Metrics>;
 
@@ -383,29 +316,6 @@ impl tenantplane_syncer::Observer for Metrics {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_stage_reads_back_with_its_count_mean_and_quantile_bounds() {
-        let m = Metrics::new();
-        assert_eq!(m.stage_histogram("host_write", "Pod"), None);
-        for ms in [1, 1, 1, 3, 200] {
-            m.sync_stage("host_write", "Pod", Duration::from_millis(ms));
-        }
-        m.sync_stage("queue", "Pod", Duration::from_secs(100));
-        let h = m.stage_histogram("host_write", "Pod").unwrap();
-        assert_eq!(h.count, 5);
-        assert!((h.mean() - 0.0412).abs() < 1e-9, "{}", h.mean());
-        // 1 ms is in the bucket up to 1 ms (0.5 ms doubled), 200 ms in the one up to 256 ms.
-        assert_eq!(h.quantile_bound(0.5), 0.001);
-        assert_eq!(h.quantile_bound(0.99), 0.256);
-        let queue = m.stage_histogram("queue", "Pod").unwrap();
-        assert_eq!(queue.quantile_bound(0.5), f64::INFINITY);
-        assert!(
-            m.encode().contains(
-                "tenantplane_sync_stage_seconds_count{stage=\"host_write\",kind=\"Pod\"} 5"
-            )
-        );
-    }
 
     #[test]
     fn the_exposition_names_every_family_with_its_labels() {

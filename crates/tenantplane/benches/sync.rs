@@ -24,7 +24,7 @@ use tenantplane_api::isolation_profile::QuantityString;
 use tenantplane_api::{IsolationProfile, TenantCluster};
 use tenantplane_controller::telemetry::Role;
 use tenantplane_testenv::kubeconfig::{RequestCounter, counting_client};
-use tenantplane_testenv::metrics::synced_watches;
+use tenantplane_testenv::metrics::{StageSummary, synced_watches};
 use tenantplane_testenv::{
     TestNamespace, install_crds_and_policies, local_runtime, namespace, repo_path, shared, tenant,
 };
@@ -539,11 +539,12 @@ async fn main() -> anyhow::Result<()> {
 
 /// One line per stage of the pod's path through the syncers: count, mean, p50 and p99 bounds.
 fn stage_lines(metrics: &tenantplane_controller::metrics::Metrics) -> Vec<String> {
+    let text = metrics.encode();
     tenantplane_syncer::stages::Stage::ALL
         .iter()
         .map(|stage| {
             let name = stage.name();
-            match metrics.stage_histogram(name, "Pod") {
+            match StageSummary::parse(&text, name, "Pod") {
                 Some(h) => format!(
                     "stage {name:<12} {:>6} times: mean {:>8.1} ms  p50 <= {:>8.1} ms  p99 <= {:>8.1} ms  total {:>7.2} s",
                     h.count,
