@@ -28,7 +28,8 @@ bench-controller: testenv
 ## bench-sync: IDLE pods (default 50) one at a time in an idle tenant ("idle hop" p50/p99), then N
 ## pods (default 1000) spread over TENANTS tenants (default 1, one operator for all) through their
 ## syncers, then straight on the host; prints both times and their ratio, p50/p99 of the syncers'
-## hops, their stages, the host's open WATCH requests per tenant, requests, memory, CPU
+## hops, their stages, the tenant control planes' memory, the host's open WATCH requests per tenant,
+## requests, the process's memory and CPU
 bench-sync: N ?= 1000
 bench-sync: TENANTS ?= 1
 bench-sync: IDLE ?= 50

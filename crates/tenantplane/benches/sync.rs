@@ -8,8 +8,9 @@
 //! pods directly on the host for comparison. Prints both wall times and their ratio, p50/p99 of
 //! the syncers' two hops, the operator's host API requests, the host API server's open WATCH
 //! requests on the synced kinds before the tenants, with them, and with their pods (and so per
-//! tenant), where the syncers' time went by stage (`tenantplane_sync_stage_seconds`), and the
-//! process's peak memory and CPU.
+//! tenant), where the syncers' time went by stage (`tenantplane_sync_stage_seconds`), the tenant
+//! control planes' memory (idle, and at the end of the tenant run), and the process's peak memory
+//! and CPU.
 //! A benchmark prints figures; it asserts only that the work was done.
 
 use std::sync::Arc;
@@ -24,7 +25,9 @@ use tenantplane_api::isolation_profile::QuantityString;
 use tenantplane_api::{IsolationProfile, TenantCluster};
 use tenantplane_controller::telemetry::Role;
 use tenantplane_testenv::kubeconfig::{RequestCounter, counting_client};
+use tenantplane_testenv::local_runtime::ControlPlaneMemory;
 use tenantplane_testenv::metrics::{StageSummary, synced_watches};
+use tenantplane_testenv::process::ProcessMemory;
 use tenantplane_testenv::{
     TestNamespace, install_crds_and_policies, local_runtime, namespace, repo_path, shared, tenant,
 };
@@ -121,7 +124,7 @@ async fn main() -> anyhow::Result<()> {
         options,
         futures::future::pending(),
     ));
-    let (_runtime, runtime_task) = local_runtime::start(
+    let (runtime, runtime_task) = local_runtime::start(
         admin.clone(),
         shared().binaries().clone(),
         shared().dir().join("runtime"),
@@ -172,6 +175,17 @@ async fn main() -> anyhow::Result<()> {
         tenant_service_account(start, &tenant, &format!("{ns}/{TENANT}")).await?;
         tenants.push(tenant);
     }
+
+    // The control planes' memory, idle and empty: once Ready, after their start-up settles.
+    say(
+        start,
+        &format!(
+            "letting the idle control planes settle for {}s",
+            SETTLE.as_secs()
+        ),
+    );
+    tokio::time::sleep(SETTLE).await;
+    let memory_idle = memory_lines("idle, empty", &runtime.memory());
 
     // Idle hops: one pod at a time in the first tenant, while nothing else happens.
     let rounds: usize = std::env::var("IDLE")
@@ -309,6 +323,10 @@ async fn main() -> anyhow::Result<()> {
     let cpu_tenant_run = cpu_time().saturating_sub(cpu_tenant_start);
     let (tenant_reads, tenant_writes) = counter.get();
     let stages = stage_lines(&metrics);
+    let memory_loaded = memory_lines(
+        &format!("with {per_tenant} pods each, at the end of the tenant run"),
+        &runtime.memory(),
+    );
     say(
         start,
         &format!(
@@ -447,6 +465,9 @@ async fn main() -> anyhow::Result<()> {
     for line in &stages {
         println!("    {line}");
     }
+    for line in memory_idle.iter().chain(&memory_loaded) {
+        println!("{line}");
+    }
     println!(
         "  host WATCH requests on synced kinds: before tenants {x}, with {t} tenant(s) {y}, {:.2} per tenant; with all {n} pods Running {z}, {:.2} per tenant",
         (y - x) / t as f64,
@@ -535,6 +556,60 @@ async fn main() -> anyhow::Result<()> {
     let _ = operator.await;
     drop(hosts);
     Ok(())
+}
+
+/// How long idle control planes run before their memory is read: their start-up's garbage is
+/// collected by then.
+const SETTLE: Duration = Duration::from_secs(20);
+
+/// The tenant control planes' memory: per tenant, all its processes (`rss` is the goal's
+/// figure), then each process's.
+fn memory_lines(when: &str, planes: &[ControlPlaneMemory]) -> Vec<String> {
+    let summary = |field: fn(&ProcessMemory) -> u64, all: &[ProcessMemory]| {
+        let mut kib: Vec<u64> = all.iter().map(field).collect();
+        kib.sort_unstable();
+        let p50 = kib
+            .get(kib.len().saturating_sub(1) / 2)
+            .copied()
+            .unwrap_or(0);
+        let max = kib.last().copied().unwrap_or(0);
+        format!("p50 {} MiB, max {} MiB", p50 / 1024, max / 1024)
+    };
+    let all = |m: &[ProcessMemory]| {
+        format!(
+            "RSS {}; own {}; PSS {}",
+            summary(|m| m.rss, m),
+            summary(|m| m.private, m),
+            summary(|m| m.pss, m)
+        )
+    };
+    let totals: Vec<ProcessMemory> = planes.iter().map(ControlPlaneMemory::total).collect();
+    let mut lines = vec![
+        format!(
+            "  tenant control plane memory per tenant: {} ({when}; RSS of its processes, {} tenants)",
+            summary(|m| m.rss, &totals),
+            planes.len(),
+        ),
+        format!(
+            "    all processes of a tenant: {} (own: pages no other process shares; PSS: shared pages split among their sharers, such as the binaries' text, shared by every tenant and the host's own components)",
+            all(&totals)
+        ),
+    ];
+    let mut names: Vec<&str> = planes
+        .iter()
+        .flat_map(|p| p.processes.iter().map(|(n, _)| n.as_str()))
+        .collect();
+    names.sort_unstable();
+    names.dedup();
+    for name in names {
+        let of: Vec<ProcessMemory> = planes
+            .iter()
+            .flat_map(|p| p.processes.iter().filter(|(n, _)| n == name))
+            .map(|(_, m)| *m)
+            .collect();
+        lines.push(format!("    {name:<30} {}", all(&of)));
+    }
+    lines
 }
 
 /// One line per stage of the pod's path through the syncers: count, mean, p50 and p99 bounds.

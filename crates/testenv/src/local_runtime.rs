@@ -42,7 +42,7 @@ use crate::local_dns::{DnsServer, TenantApi};
 use crate::probes;
 use crate::process::{self, Handle, free_port};
 use crate::{Error, Result, kubeconfig};
-use launch::spawn_processes;
+use launch::{FromPod, spawn_processes};
 
 /// How long the runtime waits before restarting a tenant whose processes died (a kubelet backs off
 /// similarly).
@@ -103,6 +103,44 @@ impl LocalRuntime {
     /// How many tenant control planes are running.
     pub fn running(&self) -> usize {
         self.tenants.lock().map(|t| t.len()).unwrap_or(0)
+    }
+
+    /// The memory of each running tenant control plane's processes, read from `/proc` now (a
+    /// process that is gone counts 0).
+    pub fn memory(&self) -> Vec<ControlPlaneMemory> {
+        let Ok(tenants) = self.tenants.lock() else {
+            return Vec::new();
+        };
+        tenants
+            .values()
+            .map(|t| ControlPlaneMemory {
+                namespace: t.namespace.clone(),
+                tenant: t.tenant.clone(),
+                processes: t
+                    .processes
+                    .iter()
+                    .map(|h| (h.name.clone(), process::memory(h.pid).unwrap_or_default()))
+                    .collect(),
+            })
+            .collect()
+    }
+}
+
+/// One tenant control plane's processes and their resident memory.
+#[derive(Debug, Clone)]
+pub struct ControlPlaneMemory {
+    pub namespace: String,
+    pub tenant: String,
+    /// Each process's name (`tenant-kine`, `tenant-kube-apiserver`, …) and memory.
+    pub processes: Vec<(String, process::ProcessMemory)>,
+}
+
+impl ControlPlaneMemory {
+    /// All its processes' memory.
+    pub fn total(&self) -> process::ProcessMemory {
+        self.processes
+            .iter()
+            .fold(Default::default(), |sum, (_, m)| sum + *m)
     }
 }
 
@@ -229,6 +267,18 @@ fn init_env(pod: &Pod, name: &str) -> Option<String> {
         .flat_map(|c| c.env.iter().flatten())
         .find(|e| e.name == name)
         .and_then(|e| e.value.clone())
+}
+
+/// The Go runtime's variables (`GOGC`, `GOMEMLIMIT`) of the pod's container, which k3s's one
+/// process would run under: each of the stand-in's processes runs under them.
+fn go_runtime_env(pod: &Pod) -> Vec<(String, String)> {
+    pod.spec
+        .iter()
+        .flat_map(|s| s.containers.iter())
+        .flat_map(|c| c.env.iter().flatten())
+        .filter(|e| e.name.starts_with("GO"))
+        .filter_map(|e| Some((e.name.clone(), e.value.clone()?)))
+        .collect()
 }
 
 /// The file at `path` in pod `pod`, where a container mounts a ConfigMap (read from the host):
@@ -519,10 +569,13 @@ impl LocalRuntime {
             binaries,
             &volume,
             &config,
-            &service_cidr,
-            &controllers,
             &admin_kubeconfig,
-            kubelet_args,
+            FromPod {
+                service_cidr,
+                controllers,
+                apiserver_args: kubelet_args,
+                env: go_runtime_env(pod),
+            },
         )
         .await?;
         Ok(tenant)

@@ -98,6 +98,45 @@ pub struct Handle {
     pub pid: u32,
 }
 
+/// A process's memory in KiB, from `/proc/<pid>/smaps_rollup`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ProcessMemory {
+    /// Resident, its shared pages (a binary's text, which every process of that binary shares)
+    /// counted in full.
+    pub rss: u64,
+    /// Resident, each shared page divided among the processes that share it.
+    pub pss: u64,
+    /// Resident and its alone: what it costs beyond what is shared.
+    pub private: u64,
+}
+
+impl std::ops::Add for ProcessMemory {
+    type Output = Self;
+    fn add(self, o: Self) -> Self {
+        Self {
+            rss: self.rss + o.rss,
+            pss: self.pss + o.pss,
+            private: self.private + o.private,
+        }
+    }
+}
+
+/// The memory of process `pid`, or `None` when it is gone.
+pub fn memory(pid: u32) -> Option<ProcessMemory> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).ok()?;
+    let field = |name: &str| -> u64 {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
+            .and_then(|v| v.split_whitespace().next()?.parse().ok())
+            .unwrap_or(0)
+    };
+    Some(ProcessMemory {
+        rss: field("Rss"),
+        pss: field("Pss"),
+        private: field("Private_Clean") + field("Private_Dirty"),
+    })
+}
+
 /// Start `program` with `args`, its stdout and stderr going to `log`.
 pub fn spawn(
     name: &str,

@@ -11,6 +11,7 @@ use super::control_plane::{
     CONTROL_PLANE_MEMORY_REQUEST, DATA_DIR, PKI_MOUNT, PKI_VOLUME, Pod, TMP_VOLUME, data_mount,
     mount, read_only_mount, scratch_volume, security_context, sqlite_temp_dir,
 };
+use super::lean;
 use super::pod::{self, CapAndNeed};
 use crate::names;
 
@@ -80,16 +81,22 @@ pub(super) fn pod(
         startup_probe: Some(startup),
         liveness_probe: Some(liveness),
         readiness_probe: Some(readiness),
+        // k3s's kubectl keeps a cache under $HOME, and k3s links its kubeconfig there. Its one
+        // process runs every component, so the Go runtime's settings follow the pod's limit.
+        env: Some(
+            [
+                EnvVar {
+                    name: "HOME".into(),
+                    value: Some(DATA_DIR.into()),
+                    value_from: None,
+                },
+                sqlite_temp_dir(),
+            ]
+            .into_iter()
+            .chain(lean::go_runtime_env(&resources))
+            .collect(),
+        ),
         resources: Some(resources),
-        // k3s's kubectl keeps a cache under $HOME, and k3s links its kubeconfig there.
-        env: Some(vec![
-            EnvVar {
-                name: "HOME".into(),
-                value: Some(DATA_DIR.into()),
-                value_from: None,
-            },
-            sqlite_temp_dir(),
-        ]),
         security_context: Some(security_context()),
         volume_mounts: Some(vec![
             data_mount(),
@@ -244,6 +251,29 @@ mod tests {
             args.contains(&"--kube-apiserver-arg=kubelet-preferred-address-types=Hostname,InternalIP,ExternalIP"),
             "{args:?}"
         );
+    }
+
+    #[test]
+    fn k3s_gets_go_memory_settings_from_the_pods_limit() {
+        let env_of = |tc: &TenantCluster| {
+            let sts = desired_statefulset(tc, &addressing(), &BuildOptions::default()).unwrap();
+            let c = sts.spec.unwrap().template.spec.unwrap().containers[0].clone();
+            c.env
+                .unwrap()
+                .into_iter()
+                .map(|e| (e.name, e.value.unwrap_or_default()))
+                .collect::<std::collections::BTreeMap<_, _>>()
+        };
+        // 2Gi: one process, all of it.
+        let env = env_of(&tenant());
+        assert_eq!(env["GOGC"], lean::GOGC);
+        assert_eq!(env["GOMEMLIMIT"], "1740MiB");
+        assert!(env.contains_key("HOME") && env.contains_key("SQLITE_TMPDIR"));
+        let mut open = tenant();
+        open.spec.resources.memory = None;
+        let env = env_of(&open);
+        assert_eq!(env["GOGC"], lean::GOGC);
+        assert!(!env.contains_key("GOMEMLIMIT"), "{env:?}");
     }
 
     #[test]

@@ -5,7 +5,7 @@
 //! for itself at start, the operator issues into a Secret of their own ([`certificates_secret`]),
 //! renewed before they are due ([`certificates`]); both components reload them from their files.
 
-use k8s_openapi::api::core::v1::{Container, ContainerPort};
+use k8s_openapi::api::core::v1::{Container, ContainerPort, EnvVar};
 use tenantplane_api::TenantCluster;
 use tenantplane_api::quantity::ParsedQuantity;
 
@@ -109,6 +109,13 @@ fn resources(
     ])
 }
 
+/// A container's variables: `own`, then the Go runtime's settings for its share of the caps.
+fn env(tc: &TenantCluster, container: &str, own: Vec<EnvVar>) -> Vec<EnvVar> {
+    own.into_iter()
+        .chain(super::lean::go_runtime_env(&resources(tc, container)))
+        .collect()
+}
+
 /// The pod: an init container makes kine's folder on a fresh claim (kine makes only the file),
 /// then kine and kube-apiserver as sidecars (init containers that keep running, restarted by the
 /// kubelet like any container), then kube-controller-manager. The order is the point: the kubelet
@@ -145,7 +152,7 @@ pub(super) fn pod(
         image: Some(kine_image),
         command: Some(vec!["/bin/kine".into()]),
         args: Some(kine_args()),
-        env: Some(vec![sqlite_temp_dir()]),
+        env: Some(env(tc, "kine", vec![sqlite_temp_dir()])),
         resources: Some(resources(tc, "kine")),
         security_context: Some(security_context()),
         termination_message_policy: Some(LOGS_ON_ERROR.into()),
@@ -168,6 +175,7 @@ pub(super) fn pod(
         startup_probe: Some(apiserver_probe("/livez", STARTUP)),
         liveness_probe: Some(apiserver_probe("/livez", LIVENESS)),
         readiness_probe: Some(apiserver_probe("/readyz", READINESS)),
+        env: Some(env(tc, "kube-apiserver", Vec::new())),
         resources: Some(resources(tc, "kube-apiserver")),
         security_context: Some(security_context()),
         termination_message_policy: Some(LOGS_ON_ERROR.into()),
@@ -188,6 +196,7 @@ pub(super) fn pod(
         args: Some(controller_manager_args(addressing)),
         startup_probe: Some(healthz(STARTUP)),
         liveness_probe: Some(healthz(LIVENESS)),
+        env: Some(env(tc, "kube-controller-manager", Vec::new())),
         resources: Some(resources(tc, "kube-controller-manager")),
         security_context: Some(security_context()),
         termination_message_policy: Some(LOGS_ON_ERROR.into()),
@@ -522,11 +531,38 @@ mod tests {
         assert_eq!(got("kube-apiserver", "limits", "memory"), "1280Mi");
         assert_eq!(got("kube-apiserver", "requests", "memory"), "320Mi");
         assert_eq!(got("kube-apiserver", "requests", "cpu"), "156m");
+        // Each component's Go runtime keeps under 85% of its own share.
+        let go = |name: &str, var: &str| {
+            container(&spec, name)
+                .env
+                .iter()
+                .flatten()
+                .find(|e| e.name == var)
+                .and_then(|e| e.value.clone())
+        };
+        assert_eq!(go("kine", "GOMEMLIMIT").as_deref(), Some("217MiB"));
+        assert_eq!(
+            go("kube-apiserver", "GOMEMLIMIT").as_deref(),
+            Some("1088MiB")
+        );
+        assert_eq!(
+            go("kube-controller-manager", "GOMEMLIMIT").as_deref(),
+            Some("435MiB")
+        );
+        assert!(go("kine", "SQLITE_TMPDIR").is_some());
+        for name in ["kine", "kube-apiserver", "kube-controller-manager"] {
+            assert_eq!(go(name, "GOGC").as_deref(), Some(super::super::lean::GOGC));
+        }
         let mut open = kubernetes_tenant();
         open.spec.resources.cpu = None;
         open.spec.resources.memory = None;
         let spec = pod_spec(&open, &BuildOptions::default());
         for c in all_containers(&spec).filter(|c| c.name != "datastore") {
+            assert!(
+                !c.env.iter().flatten().any(|e| e.name == "GOMEMLIMIT"),
+                "no limit, no GOMEMLIMIT: {}",
+                c.name
+            );
             let r = c.resources.as_ref().unwrap();
             assert!(
                 r.limits.is_none() && r.requests.is_some(),

@@ -7,6 +7,7 @@ pub mod isolation;
 pub mod k3s;
 pub mod kubeconfig;
 pub mod kubernetes;
+pub mod lean;
 mod meta;
 pub mod pod;
 pub mod services;

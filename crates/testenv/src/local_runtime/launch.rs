@@ -24,6 +24,9 @@ pub(super) struct LaunchSpec {
     apiserver: Vec<String>,
     controller_manager: Vec<String>,
     logs: PathBuf,
+    /// Variables every process gets (the Go runtime's, from the pod).
+    #[serde(default)]
+    env: Vec<(String, String)>,
 }
 
 impl LaunchSpec {
@@ -38,6 +41,11 @@ impl LaunchSpec {
     /// left running when this fails.
     pub(super) async fn spawn(&self, binaries: &Binaries) -> Result<Vec<Handle>> {
         let log = |name: &str| self.logs.join(format!("{name}.log"));
+        let env: Vec<(&str, &str)> = self
+            .env
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
         let start = |name: &str, args: &[String]| {
             // What the last run wrote, kept beside the new log (as `kubectl logs --previous`).
             let _ = std::fs::rename(log(name), self.logs.join(format!("{name}.previous.log")));
@@ -45,7 +53,7 @@ impl LaunchSpec {
                 &format!("tenant-{name}"),
                 &binaries.path(name),
                 args,
-                &[],
+                &env,
                 &log(name),
             )
         };
@@ -75,16 +83,32 @@ impl LaunchSpec {
     }
 }
 
+/// What the control-plane pod says of how its processes run.
+pub(super) struct FromPod {
+    /// `--service-cidr`.
+    pub service_cidr: String,
+    /// The controller manager's `--controllers`.
+    pub controllers: String,
+    /// The API server's flags for its kubelets and admission.
+    pub apiserver_args: Vec<String>,
+    /// Variables every process gets (the Go runtime's).
+    pub env: Vec<(String, String)>,
+}
+
 /// Write the [`LaunchSpec`] of a tenant whose data is `volume` and start its processes.
 pub(super) async fn spawn_processes(
     binaries: &Binaries,
     volume: &Volume,
     config: &ApiServerConfig,
-    service_cidr: &str,
-    controllers: &str,
     admin_kubeconfig: &Path,
-    kubelet_args: Vec<String>,
+    pod: FromPod,
 ) -> Result<Vec<Handle>> {
+    let FromPod {
+        service_cidr,
+        controllers,
+        apiserver_args: kubelet_args,
+        env,
+    } = pod;
     let dir = &volume.dir;
     let kine_socket = datastore::socket(volume);
     let kine = datastore::kine_args(volume, &kine_socket);
@@ -134,6 +158,7 @@ pub(super) async fn spawn_processes(
         apiserver,
         controller_manager,
         logs,
+        env,
     };
     std::fs::write(
         dir.join(LAUNCH_FILE),
