@@ -244,18 +244,20 @@ impl<K: HostObject> HostStore<K> {
             *next += 1;
             *next
         };
-        let failing = self
-            .failing
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone();
+        // Told the watch's state and listed as one step, under the lock `set_failing` changes it
+        // under: a recovery between the two would otherwise reach everyone but the newcomer,
+        // which would then report a watch failing long after it recovered (a syncer restarted
+        // while the host's API server came back kept `Synced` False for minutes).
+        let failing = self.failing.lock().unwrap_or_else(|e| e.into_inner());
+        let subscriber = Arc::new(subscriber);
         if failing.is_some() {
-            (subscriber.failing)(failing);
+            (subscriber.failing)(failing.clone());
         }
         self.subscribers
             .write()
             .unwrap_or_else(|e| e.into_inner())
-            .insert(id, Arc::new(subscriber));
+            .insert(id, subscriber);
+        drop(failing);
         let me = Arc::downgrade(self);
         Subscription {
             cancel: Some(Box::new(move || {

@@ -69,7 +69,10 @@ pub struct ControlPlane {
     server: String,
     kubeconfig: PathBuf,
     binaries: Binaries,
-    processes: Vec<Handle>,
+    /// Every component, in the order started (a restarted one keeps its place).
+    processes: std::sync::Mutex<Vec<Handle>>,
+    /// kube-apiserver's flags, to start it again ([`ControlPlane::restart_apiserver`]).
+    apiserver_args: Vec<String>,
     keep_dir: bool,
     /// Where kwok sends every port-forward of its pods (a test listens there).
     forward_port: u16,
@@ -160,7 +163,8 @@ impl ControlPlane {
             server: server.clone(),
             kubeconfig: kubeconfig_path.clone(),
             binaries,
-            processes: Vec::new(),
+            processes: Default::default(),
+            apiserver_args: Vec::new(),
             keep_dir,
             forward_port: free_port()?,
             real_node: None,
@@ -242,6 +246,7 @@ impl ControlPlane {
         // As on hardened clusters: an owner reference that blocks its owner's deletion needs
         // update on the owner's finalizers, so the operator's RBAC is tested for it too.
         apiserver.push("--enable-admission-plugins=OwnerReferencesPermissionEnforcement".into());
+        plane.apiserver_args = apiserver.clone();
         plane.spawn("kube-apiserver", apiserver, &[])?;
         plane.wait_for_api_server()?;
         say("kube-apiserver is ready");
@@ -316,8 +321,35 @@ impl ControlPlane {
         let log = self.log_path(name);
         let handle = process::spawn(name, &program, &args, env, &log)
             .map_err(|e| Error::Io(format!("starting {}: {e}", program.display())))?;
-        self.processes.push(handle);
+        self.handles().push(handle);
         Ok(())
+    }
+
+    fn handles(&self) -> std::sync::MutexGuard<'_, Vec<Handle>> {
+        // A poisoned lock still holds the handles: a panic elsewhere must not leak processes.
+        self.processes.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Kill kube-apiserver (SIGKILL, as a crashed or rebooted node's would go) and start it again
+    /// with the same flags, its log kept beside the new one; returns once `/readyz` says ok. Its
+    /// clients see their connections drop and their watches end, as in a host control plane's
+    /// restart.
+    pub fn restart_apiserver(&self) -> Result<()> {
+        let name = "kube-apiserver";
+        let program = self.binaries.path(name);
+        let log = self.log_path(name);
+        {
+            let mut handles = self.handles();
+            let slot = handles
+                .iter_mut()
+                .find(|h| h.name == name)
+                .ok_or_else(|| Error::Io("no kube-apiserver runs in this world".into()))?;
+            process::kill(slot);
+            let _ = std::fs::rename(&log, self.log_path("kube-apiserver.previous"));
+            *slot = process::spawn(name, &program, &self.apiserver_args, &[], &log)
+                .map_err(|e| Error::Io(format!("starting {}: {e}", program.display())))?;
+        }
+        self.wait_for_api_server()
     }
 
     fn log_path(&self, name: &str) -> PathBuf {
@@ -331,7 +363,7 @@ impl ControlPlane {
             if check()? {
                 return Ok(());
             }
-            for handle in &self.processes {
+            for handle in self.handles().iter() {
                 if let Some(status) = process::exited(handle) {
                     return Err(Error::Component {
                         name: handle.name.clone(),
@@ -471,7 +503,7 @@ impl ControlPlane {
 
     /// The last `lines` lines of every component's log.
     pub fn logs_tail(&self, lines: usize) -> String {
-        self.processes
+        self.handles()
             .iter()
             .map(|h| {
                 format!(
@@ -488,12 +520,13 @@ impl ControlPlane {
     pub fn stop(&mut self) {
         // The volumes the provisioner made live outside the world's folder, in a folder every
         // world shares: read which are this world's while its API server still answers.
-        let volumes = if self.keep_dir || self.processes.is_empty() {
+        let volumes = if self.keep_dir || self.handles().is_empty() {
             Vec::new()
         } else {
             self.host_path_volumes()
         };
-        for handle in self.processes.drain(..).rev() {
+        let handles: Vec<Handle> = self.handles().drain(..).collect();
+        for handle in handles.into_iter().rev() {
             process::stop(&handle);
         }
         if let Some(node) = self.real_node.take() {

@@ -267,6 +267,18 @@ pub fn stop(handle: &Handle) {
     }
 }
 
+/// Kill a process at once (SIGKILL), as a crash would end it, and reap it.
+pub fn kill(handle: &Handle) {
+    let Ok(mut children) = CHILDREN.lock() else {
+        return;
+    };
+    if let Some(pos) = children.iter().position(|c| c.id() == handle.pid) {
+        let mut child = children.remove(pos);
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+}
+
 /// Stop every process started here, newest first: clients before the API server, the API server
 /// before etcd (an API server whose etcd went first hangs in shutdown).
 pub fn stop_all() {
