@@ -25,9 +25,7 @@ use tenantplane_api::isolation_profile::QuantityString;
 use tenantplane_api::{IsolationProfile, TenantCluster};
 use tenantplane_controller::telemetry::Role;
 use tenantplane_testenv::kubeconfig::{RequestCounter, counting_client};
-use tenantplane_testenv::local_runtime::ControlPlaneMemory;
-use tenantplane_testenv::metrics::{StageSummary, synced_watches};
-use tenantplane_testenv::process::ProcessMemory;
+use tenantplane_testenv::metrics::synced_watches;
 use tenantplane_testenv::{
     TestNamespace, install_crds_and_policies, local_runtime, namespace, repo_path, shared, tenant,
 };
@@ -44,6 +42,8 @@ mod sync_tenants;
 use sync_tenants::*;
 mod sync_watches;
 use sync_watches::*;
+mod sync_report;
+use sync_report::{memory_lines, stage_lines};
 mod sync_idle;
 use sync_idle::{idle_hop_lines, idle_hops};
 
@@ -561,75 +561,3 @@ async fn main() -> anyhow::Result<()> {
 /// How long idle control planes run before their memory is read: their start-up's garbage is
 /// collected by then.
 const SETTLE: Duration = Duration::from_secs(20);
-
-/// The tenant control planes' memory: per tenant, all its processes (`rss` is the goal's
-/// figure), then each process's.
-fn memory_lines(when: &str, planes: &[ControlPlaneMemory]) -> Vec<String> {
-    let summary = |field: fn(&ProcessMemory) -> u64, all: &[ProcessMemory]| {
-        let mut kib: Vec<u64> = all.iter().map(field).collect();
-        kib.sort_unstable();
-        let p50 = kib
-            .get(kib.len().saturating_sub(1) / 2)
-            .copied()
-            .unwrap_or(0);
-        let max = kib.last().copied().unwrap_or(0);
-        format!("p50 {} MiB, max {} MiB", p50 / 1024, max / 1024)
-    };
-    let all = |m: &[ProcessMemory]| {
-        format!(
-            "RSS {}; own {}; PSS {}",
-            summary(|m| m.rss, m),
-            summary(|m| m.private, m),
-            summary(|m| m.pss, m)
-        )
-    };
-    let totals: Vec<ProcessMemory> = planes.iter().map(ControlPlaneMemory::total).collect();
-    let mut lines = vec![
-        format!(
-            "  tenant control plane memory per tenant: {} ({when}; RSS of its processes, {} tenants)",
-            summary(|m| m.rss, &totals),
-            planes.len(),
-        ),
-        format!(
-            "    all processes of a tenant: {} (own: pages no other process shares; PSS: shared pages split among their sharers, such as the binaries' text, shared by every tenant and the host's own components)",
-            all(&totals)
-        ),
-    ];
-    let mut names: Vec<&str> = planes
-        .iter()
-        .flat_map(|p| p.processes.iter().map(|(n, _)| n.as_str()))
-        .collect();
-    names.sort_unstable();
-    names.dedup();
-    for name in names {
-        let of: Vec<ProcessMemory> = planes
-            .iter()
-            .flat_map(|p| p.processes.iter().filter(|(n, _)| n == name))
-            .map(|(_, m)| *m)
-            .collect();
-        lines.push(format!("    {name:<30} {}", all(&of)));
-    }
-    lines
-}
-
-/// One line per stage of the pod's path through the syncers: count, mean, p50 and p99 bounds.
-fn stage_lines(metrics: &tenantplane_controller::metrics::Metrics) -> Vec<String> {
-    let text = metrics.encode();
-    tenantplane_syncer::stages::Stage::ALL
-        .iter()
-        .map(|stage| {
-            let name = stage.name();
-            match StageSummary::parse(&text, name, "Pod") {
-                Some(h) => format!(
-                    "stage {name:<12} {:>6} times: mean {:>8.1} ms  p50 <= {:>8.1} ms  p99 <= {:>8.1} ms  total {:>7.2} s",
-                    h.count,
-                    h.mean() * 1e3,
-                    h.quantile_bound(0.5) * 1e3,
-                    h.quantile_bound(0.99) * 1e3,
-                    h.sum
-                ),
-                None => format!("stage {name:<12} never"),
-            }
-        })
-        .collect()
-}

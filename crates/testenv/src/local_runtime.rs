@@ -18,6 +18,7 @@ mod datastore;
 mod dns_pods;
 mod health;
 mod inspect;
+pub use inspect::ControlPlaneMemory;
 mod launch;
 mod pod_address;
 
@@ -103,44 +104,6 @@ impl LocalRuntime {
     /// How many tenant control planes are running.
     pub fn running(&self) -> usize {
         self.tenants.lock().map(|t| t.len()).unwrap_or(0)
-    }
-
-    /// The memory of each running tenant control plane's processes, read from `/proc` now (a
-    /// process that is gone counts 0).
-    pub fn memory(&self) -> Vec<ControlPlaneMemory> {
-        let Ok(tenants) = self.tenants.lock() else {
-            return Vec::new();
-        };
-        tenants
-            .values()
-            .map(|t| ControlPlaneMemory {
-                namespace: t.namespace.clone(),
-                tenant: t.tenant.clone(),
-                processes: t
-                    .processes
-                    .iter()
-                    .map(|h| (h.name.clone(), process::memory(h.pid).unwrap_or_default()))
-                    .collect(),
-            })
-            .collect()
-    }
-}
-
-/// One tenant control plane's processes and their resident memory.
-#[derive(Debug, Clone)]
-pub struct ControlPlaneMemory {
-    pub namespace: String,
-    pub tenant: String,
-    /// Each process's name (`tenant-kine`, `tenant-kube-apiserver`, …) and memory.
-    pub processes: Vec<(String, process::ProcessMemory)>,
-}
-
-impl ControlPlaneMemory {
-    /// All its processes' memory.
-    pub fn total(&self) -> process::ProcessMemory {
-        self.processes
-            .iter()
-            .fold(Default::default(), |sum, (_, m)| sum + *m)
     }
 }
 

@@ -6,6 +6,47 @@ use std::path::PathBuf;
 use super::{LocalRuntime, datastore};
 use crate::process;
 
+/// What its processes hold.
+impl LocalRuntime {
+    /// The memory of each running tenant control plane's processes, read from `/proc` now (a
+    /// process that is gone counts 0).
+    pub fn memory(&self) -> Vec<ControlPlaneMemory> {
+        let Ok(tenants) = self.tenants.lock() else {
+            return Vec::new();
+        };
+        tenants
+            .values()
+            .map(|t| ControlPlaneMemory {
+                namespace: t.namespace.clone(),
+                tenant: t.tenant.clone(),
+                processes: t
+                    .processes
+                    .iter()
+                    .map(|h| (h.name.clone(), process::memory(h.pid).unwrap_or_default()))
+                    .collect(),
+            })
+            .collect()
+    }
+}
+
+/// One tenant control plane's processes and their resident memory.
+#[derive(Debug, Clone)]
+pub struct ControlPlaneMemory {
+    pub namespace: String,
+    pub tenant: String,
+    /// Each process's name (`tenant-kine`, `tenant-kube-apiserver`, …) and memory.
+    pub processes: Vec<(String, process::ProcessMemory)>,
+}
+
+impl ControlPlaneMemory {
+    /// All its processes' memory.
+    pub fn total(&self) -> process::ProcessMemory {
+        self.processes
+            .iter()
+            .fold(Default::default(), |sum, (_, m)| sum + *m)
+    }
+}
+
 /// Faults, as a crash or a wedge would bring them.
 impl LocalRuntime {
     /// Kill the kube-apiserver of the tenant pod `namespace/pod`, as a crash would. The runtime
