@@ -468,7 +468,7 @@ impl LocalRuntime {
             }
             None => tls.join(tenant_pki::SERVER_CA_CRT),
         };
-        let kubelet_args = vec![
+        let mut apiserver_args = vec![
             format!("--kubelet-certificate-authority={}", kubelet_ca.display()),
             format!(
                 "--kubelet-client-certificate={}",
@@ -487,12 +487,11 @@ impl LocalRuntime {
             ),
         ];
         // As k3s: the admission configuration the pod names, from the ConfigMap it mounts there.
-        let mut kubelet_args = kubelet_args;
         if let Some(path) =
             args_value(pod, "--kube-apiserver-arg=admission-control-config-file=").first()
         {
             let text = mounted_config_map_file(client, pod, path).await?;
-            kubelet_args.push(format!(
+            apiserver_args.push(format!(
                 "--admission-control-config-file={}",
                 write("admission.yaml", &text)?.display()
             ));
@@ -536,7 +535,7 @@ impl LocalRuntime {
             FromPod {
                 service_cidr,
                 controllers,
-                apiserver_args: kubelet_args,
+                apiserver_args,
                 env: go_runtime_env(pod),
             },
         )

@@ -106,7 +106,7 @@ pub(super) async fn spawn_processes(
     let FromPod {
         service_cidr,
         controllers,
-        apiserver_args: kubelet_args,
+        apiserver_args: pod_apiserver_args,
         env,
     } = pod;
     let dir = &volume.dir;
@@ -118,7 +118,7 @@ pub(super) async fn spawn_processes(
     let mut apiserver = apiserver_args(&config);
     apiserver.retain(|a| !a.starts_with("--service-cluster-ip-range="));
     apiserver.push(format!("--service-cluster-ip-range={service_cidr}"));
-    apiserver.extend(kubelet_args);
+    apiserver.extend(pod_apiserver_args);
     let kc = admin_kubeconfig.display().to_string();
     let tls = dir.join("tls");
     let controller_manager = vec![
