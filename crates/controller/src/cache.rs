@@ -16,7 +16,7 @@ use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource};
 use serde::de::DeserializeOwned;
-use tenantplane_api::{IsolationProfile, SyncPolicy};
+use tenantplane_api::{IsolationProfile, SyncPolicy, TenantCluster};
 
 use crate::names;
 
@@ -32,6 +32,39 @@ where
         .default_backoff()
         .reflect(writer)
         .touched_objects();
+    (reader, Box::pin(stream))
+}
+
+/// The pause of the controller's merged trigger stream after an error from any one watch.
+///
+/// kube's controller merges every trigger into one stream behind one exponential back-off, so
+/// when a restarted API server answers each of a dozen watches with a 410 (its watch cache starts
+/// afresh), the errors count as failures in a row of one stream: the pauses grew to 45 s, and
+/// meanwhile no watch, not even the TenantClusters' own, was read, so status was computed
+/// against a stale object for minutes. Each watch here backs off on its own errors
+/// ([`cached`], [`tenants`]), so the merged stream only pauses briefly and never compounds.
+#[derive(Clone, Copy, Debug)]
+pub struct TriggerPause(pub std::time::Duration);
+
+impl Iterator for TriggerPause {
+    type Item = std::time::Duration;
+    fn next(&mut self) -> Option<Self::Item> {
+        Some(self.0)
+    }
+}
+
+impl kube::runtime::utils::Backoff for TriggerPause {
+    fn reset(&mut self) {}
+}
+
+/// The TenantClusters' own watch: their cache, and a trigger per object applied (a deleted one
+/// has nothing left to reconcile; its finalizer's work ran while it was still there).
+pub fn tenants(api: Api<TenantCluster>) -> (Store<TenantCluster>, Trigger<TenantCluster>) {
+    let (reader, writer) = reflector::store();
+    let stream = watcher(api, watcher::Config::default())
+        .default_backoff()
+        .reflect(writer)
+        .applied_objects();
     (reader, Box::pin(stream))
 }
 

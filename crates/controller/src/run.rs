@@ -8,9 +8,9 @@ use std::time::Duration;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use kube::api::Api;
+use kube::runtime::Controller;
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::{ObjectRef, Store};
-use kube::runtime::{Controller, watcher};
 use kube::{Client, ResourceExt};
 use tenantplane_api::{IsolationProfile, SyncPolicy, TenantCluster};
 use tenantplane_syncer::Syncers;
@@ -25,6 +25,9 @@ use crate::reconcile::{error_policy, reconcile};
 /// How long the syncers may take to finish what they are converging at shutdown.
 const SYNCER_GRACE: Duration = Duration::from_secs(10);
 
+/// The merged trigger stream's pause after any one watch's error.
+const TRIGGER_PAUSE: Duration = Duration::from_millis(200);
+
 /// Run the controller until `shutdown` resolves.
 pub async fn run(
     client: Client,
@@ -38,8 +41,11 @@ pub async fn run(
     let (caches, triggers) = cache::watch(&client, options.namespace.as_deref());
     // Syncers ask for a reconcile when their verdict changes.
     let (sync_tx, sync_rx) = futures::channel::mpsc::unbounded();
-    let controller = Controller::new(tenants, watcher::Config::default());
-    let store = controller.store();
+    // The tenants' own watch backs off on its own errors, like every cache's (see
+    // `cache::TriggerPause`).
+    let (store, tenant_trigger) = cache::tenants(tenants);
+    let controller = Controller::for_stream(tenant_trigger, store.clone())
+        .trigger_backoff(cache::TriggerPause(TRIGGER_PAUSE));
     let store_for_namespaces = store.clone();
     // A policy change reconciles every tenant that references it.
     let tenants_using = |store: Store<TenantCluster>, uses: fn(&TenantCluster, &str) -> bool| {

@@ -371,7 +371,7 @@ impl HostWatches {
             Scope::Copies => watcher::Config::default().labels(LABEL_SYNCED_FROM),
             Scope::Namespaced | Scope::Cluster => watcher::Config::default(),
         };
-        let stream = watcher(api(), config).default_backoff().reflect(writer);
+        let stream = crate::relist::watch(api(), config).reflect(writer);
         let weak = Arc::downgrade(&shared);
         let what = format!("watch of {} on the host", K::kind(&()));
         let task = tokio::spawn(async move {
@@ -380,11 +380,13 @@ impl HostWatches {
                 let Some(shared) = weak.upgrade() else { return };
                 match item {
                     Ok(event) => {
-                        shared.set_failing(None);
+                        if crate::relist::answered(&event) {
+                            shared.set_failing(None);
+                        }
                         shared.on_event(event);
                     }
                     Err(e) => {
-                        debug!(error = %e, watch = %what, "host watch error; the watcher retries");
+                        debug!(error = %e, watch = %what, "host watch error; it lists again");
                         shared.set_failing(Some(format!("the {what} fails (retrying): {e}")));
                     }
                 }

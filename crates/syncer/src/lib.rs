@@ -13,7 +13,8 @@
 //!   engine; [`copy`] drives the kinds whose copy is "translate, then converge"; [`tell`] and
 //!   [`tenant_terms`] speak to the tenant;
 //! - [`tenant`]: what a kind reads and writes through (caches, clients, queue, verdicts);
-//! - below: [`translate`], [`key`], [`host`] (the host watches every tenant shares), [`queue`],
+//! - below: [`translate`], [`key`], [`host`] (the host watches every tenant shares), [`relist`]
+//!   (a watch that lists again after an error), [`queue`],
 //!   [`backoff`], [`converge`] (the one way an object is converged, shared with the controller),
 //!   [`allow`], [`naming`], [`health`], [`spec`].
 
@@ -31,6 +32,7 @@ pub mod kind_trait;
 pub mod kinds;
 pub mod naming;
 pub mod queue;
+pub mod relist;
 pub mod retired;
 mod run;
 pub mod spec;

@@ -75,8 +75,7 @@ impl Setup<'_> {
 
     fn tenant_watch<S: Kind>(&mut self, config: watcher::Config) {
         let (reader, writer) = reflector::store();
-        let stream = watcher(Api::<S::Object>::all(self.tenant.clone()), config)
-            .default_backoff()
+        let stream = crate::relist::watch(Api::<S::Object>::all(self.tenant.clone()), config)
             .reflect(writer);
         let queue = self.queue.clone();
         let fingerprints = self.fingerprints.clone();
@@ -89,7 +88,7 @@ impl Setup<'_> {
                 let (obj, deleted) = match item {
                     Ok(event) => {
                         // Any answer, even an empty list after a reconnect, means it works again.
-                        if failing {
+                        if failing && crate::relist::answered(&event) {
                             failing = false;
                             reporter.watch_failing(&what, None);
                         }
@@ -100,7 +99,7 @@ impl Setup<'_> {
                         }
                     }
                     Err(e) => {
-                        debug!(error = %e, watch = %what, "sync watch error; the watcher retries");
+                        debug!(error = %e, watch = %what, "sync watch error; it lists again");
                         failing = true;
                         reporter.watch_failing(
                             &what,
