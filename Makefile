@@ -29,12 +29,20 @@ bench-controller: testenv
 ## pods (default 1000) spread over TENANTS tenants (default 1, one operator for all) through their
 ## syncers, then straight on the host; prints both times and their ratio, p50/p99 of the syncers'
 ## hops, their stages, the tenant control planes' memory, the host's open WATCH requests per tenant,
-## requests, the process's memory and CPU
+## requests, the process's memory and CPU. FAULTS=1 instead runs the fault drills (tests/sync_faults.rs)
+## with N pods through one tenant: the host API server restarted, the operator killed (a standby
+## leads), the tenant API server restarted, kine killed; prints each drill's duplicates, orphans,
+## lost copies, status mismatches and time to settle
 bench-sync: N ?= 1000
 bench-sync: TENANTS ?= 1
 bench-sync: IDLE ?= 50
+bench-sync: FAULTS ?= 0
 bench-sync: testenv
+ifeq ($(FAULTS),1)
+	FAULT_BURST=$(N) bash testenv/bench-faults.sh $(CARGO)
+else
 	N=$(N) TENANTS=$(TENANTS) IDLE=$(IDLE) $(CARGO) bench -p tenantplane --locked --bench sync
+endif
 
 ## conformance: the upstream [Conformance] tests on the dev cluster's host (a real node) and in a
 ## tenant at once, in namespaces of their own with no way out; prints the table, the host's passes

@@ -18,6 +18,8 @@ use tenantplane_testenv::{
     tenant,
 };
 
+pub mod replica;
+
 pub const WAIT: Duration = Duration::from_secs(90);
 
 /// The operator and the local runtime for one namespace; both stop when this is dropped.
