@@ -8,17 +8,24 @@
 set -euo pipefail
 cargo=${1:-cargo}
 here=$(cd "$(dirname "$0")" && pwd)
-log=$(mktemp -t tenantplane-faults.XXXXXX)
-trap 'rm -f "$log"' EXIT
+# The whole output is kept for a look afterwards, beside the other caches.
+out=${TENANTPLANE_CACHE:-$HOME/.cache/tenantplane}/bench-faults
+mkdir -p "$out"
+log=$out/output.log
+lines=$out/drills.txt
+: >"$lines"
 echo "fault drills: building the test binary (release)"
 $cargo test -p tenantplane --locked --release --test sync_faults --no-run
 echo "fault drills: ${FAULT_BURST:-300} pods through one tenant, four faults, one at a time"
 bash "$here/isolated.sh" $cargo test -p tenantplane --locked --offline --release --test sync_faults \
-  -- --nocapture 2>&1 | tee "$log" | grep --line-buffered -E '^(fault drill|settling after|the leader killed|host API server ready|[0-9]+ copies after|test )' || true
+  -- --nocapture 2>&1 | tee "$log" \
+  | grep --line-buffered -E '^(fault drill|settling after|the leader killed|host API server ready|the tenant.s control plane is Ready|[0-9]+ copies after|test )' \
+  | tee -a "$lines" || true
 echo
 echo "fault drills, ${FAULT_BURST:-300} pods each:"
-grep '^fault drill' "$log" | sed 's/^fault drill | /  /' || true
-if ! grep -q '^test result: ok' "$log"; then
+grep '^fault drill' "$lines" | sed 's/^fault drill | /  /' || true
+echo "(the whole output: $log)"
+if ! grep -q '^test result: ok' "$lines"; then
   echo "a drill failed; its output:" >&2
   grep -E -A30 'panicked|FAILED|failures:' "$log" | head -120 >&2
   exit 1
