@@ -29,7 +29,7 @@ bench-controller: testenv
 ## pods (default 1000) spread over TENANTS tenants (default 1, one operator for all) through their
 ## syncers, then straight on the host; prints both times and their ratio, p50/p99 of the syncers'
 ## hops, their stages, the tenant control planes' memory, the host's open WATCH requests per tenant,
-## requests, the process's memory and CPU. FAULTS=1 instead runs the fault drills (tests/sync_faults.rs)
+## requests, the process's memory and CPU, and every process's CPU idle and in each run. FAULTS=1 instead runs the fault drills (tests/sync_faults.rs)
 ## with N pods through one tenant: the host API server restarted, the operator killed (a standby
 ## leads), the tenant API server restarted, kine killed; prints each drill's duplicates, orphans,
 ## lost copies, status mismatches and time to settle

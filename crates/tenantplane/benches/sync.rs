@@ -9,8 +9,8 @@
 //! the syncers' two hops, the operator's host API requests, the host API server's open WATCH
 //! requests on the synced kinds before the tenants, with them, and with their pods (and so per
 //! tenant), where the syncers' time went by stage (`tenantplane_sync_stage_seconds`), the tenant
-//! control planes' memory (idle, and at the end of the tenant run), and the process's peak memory
-//! and CPU.
+//! control planes' memory (idle, and at the end of the tenant run), the process's peak memory
+//! and CPU, and every process's CPU (from `/proc`) over 10 s of idleness and in each run.
 //! A benchmark prints figures; it asserts only that the work was done.
 
 use std::sync::Arc;
@@ -35,7 +35,7 @@ use tenantplane_syncer::naming::{
 };
 
 mod common;
-use common::{cpu_time, memory_kib, percentile};
+use common::{CpuSnapshot, cpu_time, memory_kib, percentile};
 mod sync_pods;
 use sync_pods::*;
 mod sync_tenants;
@@ -186,6 +186,17 @@ async fn main() -> anyhow::Result<()> {
     );
     tokio::time::sleep(SETTLE).await;
     let memory_idle = memory_lines("idle, empty", &runtime.memory());
+    // What idle control planes cost in CPU, settled: what limits how many fit.
+    say(
+        start,
+        &format!("measuring idle CPU for {}s", IDLE_CPU.as_secs()),
+    );
+    let idle_pids: std::collections::HashSet<u32> = runtime.pids().into_iter().collect();
+    let idle_start = CpuSnapshot::take(&idle_pids);
+    tokio::time::sleep(IDLE_CPU).await;
+    let cpu_idle = CpuSnapshot::take(&idle_pids)
+        .since(&idle_start)
+        .idle_line(IDLE_CPU.as_secs_f64(), t);
 
     // Idle hops: one pod at a time in the first tenant, while nothing else happens.
     let rounds: usize = std::env::var("IDLE")
@@ -273,6 +284,8 @@ async fn main() -> anyhow::Result<()> {
         .collect();
     counter.reset();
     let cpu_tenant_start = cpu_time();
+    let tenant_pids: std::collections::HashSet<u32> = runtime.pids().into_iter().collect();
+    let machine_tenant_start = CpuSnapshot::take(&tenant_pids);
     let tenant_t0 = Instant::now();
     let mut creating = tokio::spawn(create_pods("tenant run", spread, synced.clone()));
     let progress = || {
@@ -321,6 +334,7 @@ async fn main() -> anyhow::Result<()> {
         .unwrap_or(tenant_t0)
         .saturating_duration_since(tenant_t0);
     let cpu_tenant_run = cpu_time().saturating_sub(cpu_tenant_start);
+    let machine_tenant_run = CpuSnapshot::take(&tenant_pids).since(&machine_tenant_start);
     let (tenant_reads, tenant_writes) = counter.get();
     let stages = stage_lines(&metrics);
     let memory_loaded = memory_lines(
@@ -370,6 +384,7 @@ async fn main() -> anyhow::Result<()> {
     );
     counter.reset();
     let cpu_direct_start = cpu_time();
+    let machine_direct_start = CpuSnapshot::take(&tenant_pids);
     let direct_t0 = Instant::now();
     let mut creating = tokio::spawn(create_pods(
         "direct run",
@@ -407,6 +422,7 @@ async fn main() -> anyhow::Result<()> {
         .unwrap_or(direct_t0)
         .saturating_duration_since(direct_t0);
     let cpu_direct_run = cpu_time().saturating_sub(cpu_direct_start);
+    let machine_direct_run = CpuSnapshot::take(&tenant_pids).since(&machine_direct_start);
     let (idle_reads, idle_writes) = counter.get();
     direct_watch.abort();
     say(
@@ -487,6 +503,10 @@ async fn main() -> anyhow::Result<()> {
         secs(cpu_direct_run),
         secs(cpu_total)
     );
+    // Runs end at their last pod's Running; the snapshots after the waits' last poll.
+    println!("  {cpu_idle}");
+    println!("  {}", machine_tenant_run.line("tenant run", n));
+    println!("  {}", machine_direct_run.line("direct run", n));
     println!(
         "  memory: peak RSS {} MiB for the process (operator + syncers + this harness), {} MiB before the operator started",
         peak_rss / 1024,
@@ -561,3 +581,6 @@ async fn main() -> anyhow::Result<()> {
 /// How long idle control planes run before their memory is read: their start-up's garbage is
 /// collected by then.
 const SETTLE: Duration = Duration::from_secs(20);
+
+/// How long idle CPU is measured, after [`SETTLE`].
+const IDLE_CPU: Duration = Duration::from_secs(10);

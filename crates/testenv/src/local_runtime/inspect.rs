@@ -29,6 +29,20 @@ impl LocalRuntime {
     }
 }
 
+/// Who runs a tenant control plane.
+impl LocalRuntime {
+    /// The process IDs of every running tenant control plane's processes.
+    pub fn pids(&self) -> Vec<u32> {
+        let Ok(tenants) = self.tenants.lock() else {
+            return Vec::new();
+        };
+        tenants
+            .values()
+            .flat_map(|t| t.processes.iter().map(|h| h.pid))
+            .collect()
+    }
+}
+
 /// One tenant control plane's processes and their resident memory.
 #[derive(Debug, Clone)]
 pub struct ControlPlaneMemory {
