@@ -70,6 +70,8 @@ struct Tenant {
     died_at: Option<std::time::Instant>,
     /// The pod's probe windows, and what the liveness probe saw of this run.
     windows: probes::Windows,
+    /// When `/readyz` was last asked.
+    probed_at: Option<std::time::Instant>,
     liveness: probes::Liveness,
     /// The pod's IP, served when a real node shares the namespace.
     _address: Option<pod_address::PodAddress>,
@@ -85,6 +87,8 @@ struct HealthView {
     ready: bool,
     dead: bool,
     restarts: i32,
+    /// A Ready server asked within its readiness probe's period is not asked again yet.
+    probe_due: bool,
 }
 
 /// Handle to a running local runtime.
@@ -520,6 +524,7 @@ impl LocalRuntime {
             restarts: 0,
             died_at: None,
             windows: probes::windows(pod),
+            probed_at: None,
             liveness: probes::Liveness::started(std::time::Instant::now()),
             _address: if crate::host_cluster::real_node::running() {
                 Some(pod_address::serve(&probes::pod_ip(port), port).await?)

@@ -28,6 +28,9 @@ pub struct Windows {
     pub startup: Duration,
     /// How long a started server may go unanswered; `None`: no liveness probe, never killed.
     pub liveness: Option<Duration>,
+    /// How often a Ready server is asked again (the readiness probe's period; Kubernetes's
+    /// default, 10 s, without one).
+    pub readiness_period: Duration,
 }
 
 fn window(probe: &Probe) -> Duration {
@@ -48,6 +51,13 @@ pub fn windows(pod: &Pod) -> Windows {
         liveness: container
             .and_then(|c| c.liveness_probe.as_ref())
             .map(window),
+        readiness_period: Duration::from_secs(
+            container
+                .and_then(|c| c.readiness_probe.as_ref())
+                .and_then(|p| p.period_seconds)
+                .unwrap_or(10)
+                .max(1) as u64,
+        ),
     }
 }
 
@@ -180,16 +190,21 @@ mod tests {
     const PROD: Windows = Windows {
         startup: Duration::from_secs(300),
         liveness: Some(Duration::from_secs(60)),
+        readiness_period: Duration::from_secs(10),
     };
 
     #[test]
     fn the_windows_are_the_pods_own() {
         let p = pod(json!({"name": "k3s",
             "startupProbe": {"periodSeconds": 5, "failureThreshold": 60},
-            "livenessProbe": {"periodSeconds": 10, "failureThreshold": 6}}));
+            "livenessProbe": {"periodSeconds": 10, "failureThreshold": 6},
+            "readinessProbe": {"periodSeconds": 10, "failureThreshold": 3}}));
         assert_eq!(windows(&p), PROD);
         let none = pod(json!({"name": "k3s"}));
         assert_eq!(windows(&none).liveness, None);
+        assert_eq!(windows(&none).readiness_period, Duration::from_secs(10));
+        let often = pod(json!({"name": "k3s", "readinessProbe": {"periodSeconds": 2}}));
+        assert_eq!(windows(&often).readiness_period, Duration::from_secs(2));
     }
 
     #[test]
