@@ -87,8 +87,6 @@ struct HealthView {
     ready: bool,
     dead: bool,
     restarts: i32,
-    /// A Ready server asked within its readiness probe's period is not asked again yet.
-    probe_due: bool,
 }
 
 /// Handle to a running local runtime.

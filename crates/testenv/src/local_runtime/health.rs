@@ -15,39 +15,39 @@ impl LocalRuntime {
     /// As a kubelet's probes would: Ready when /readyz answers, not Ready when it does not; dead
     /// processes are restarted after a back-off.
     pub(super) async fn check_health(&self, client: &Client, binaries: &Binaries) {
+        let now = std::time::Instant::now();
+        // A Ready server is asked at its readiness probe's period, as a kubelet asks it (every
+        // second cost an idle API server a fifth of its CPU: a TLS handshake and a datastore read
+        // each time); one starting, not Ready or dead is looked at every tick, so tests need not
+        // wait a period for it.
         let snapshot: Vec<HealthView> = match self.tenants.lock() {
-            Ok(t) => t
-                .values()
-                .map(|t| HealthView {
-                    uid: t.uid.clone(),
-                    namespace: t.namespace.clone(),
-                    pod: t.pod.clone(),
-                    port: t.port,
-                    dir: t.dir.clone(),
-                    ready: t.ready,
-                    dead: t.processes.is_empty()
-                        || t.processes.iter().any(|h| process::exited(h).is_some()),
-                    restarts: t.restarts,
-                    probe_due: t
+            Ok(mut t) => t
+                .values_mut()
+                .filter_map(|t| {
+                    let dead = t.processes.is_empty()
+                        || t.processes.iter().any(|h| process::exited(h).is_some());
+                    let due = t
                         .probed_at
-                        .is_none_or(|at| at.elapsed() >= t.windows.readiness_period),
+                        .is_none_or(|at| now.duration_since(at) >= t.windows.readiness_period);
+                    if t.ready && !dead && !due {
+                        return None;
+                    }
+                    t.probed_at = Some(now);
+                    Some(HealthView {
+                        uid: t.uid.clone(),
+                        namespace: t.namespace.clone(),
+                        pod: t.pod.clone(),
+                        port: t.port,
+                        dir: t.dir.clone(),
+                        ready: t.ready,
+                        dead,
+                        restarts: t.restarts,
+                    })
                 })
                 .collect(),
             Err(_) => return,
         };
         for t in snapshot {
-            // A Ready server is asked at its readiness probe's period, as a kubelet asks it (every
-            // second cost an idle API server a fifth of its CPU: a TLS handshake and a datastore
-            // read each time); one starting or not Ready is asked every tick, so tests need not
-            // wait a period for it.
-            if t.ready && !t.dead && !t.probe_due {
-                continue;
-            }
-            if let Ok(mut all) = self.tenants.lock()
-                && let Some(entry) = all.get_mut(&t.uid)
-            {
-                entry.probed_at = Some(std::time::Instant::now());
-            }
             let ready = !t.dead && probes::answers(&t.dir, "/readyz").await;
             let alive = ready || (!t.dead && probes::answers(&t.dir, "/livez").await);
             if !t.dead && self.failed_liveness(&t.uid, alive) {
