@@ -20,18 +20,22 @@ pub fn memory_kib(field: &str) -> u64 {
         .unwrap_or(0)
 }
 
+/// A `/proc/<pid>/stat` line's command name and its user plus system CPU seconds.
+fn stat_cpu(stat: &str) -> Option<(&str, f64)> {
+    // The command name is in parentheses (and may hold spaces); after it, state is field 3,
+    // utime 14, stime 15.
+    let (open, close) = (stat.find('(')?, stat.rfind(')')?);
+    let fields: Vec<&str> = stat[close + 1..].split_whitespace().collect();
+    let utime: u64 = fields.get(11)?.parse().ok()?;
+    let stime: u64 = fields.get(12)?.parse().ok()?;
+    Some((&stat[open + 1..close], (utime + stime) as f64 / USER_HZ))
+}
+
 /// User plus system CPU time of this process so far (all threads; not its child processes).
 pub fn cpu_time() -> Duration {
     let seconds = std::fs::read_to_string("/proc/self/stat")
         .ok()
-        .and_then(|s| {
-            // After the command name in parentheses: state is field 3, utime 14, stime 15.
-            let rest = &s[s.rfind(')')? + 1..];
-            let fields: Vec<&str> = rest.split_whitespace().collect();
-            let utime: u64 = fields.get(11)?.parse().ok()?;
-            let stime: u64 = fields.get(12)?.parse().ok()?;
-            Some((utime + stime) as f64 / USER_HZ)
-        })
+        .and_then(|s| stat_cpu(&s).map(|(_, seconds)| seconds))
         .unwrap_or(0.0);
     Duration::from_secs_f64(seconds)
 }
@@ -77,18 +81,9 @@ impl CpuSnapshot {
             let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
                 continue;
             };
-            let (Some(open), Some(close)) = (stat.find('('), stat.rfind(')')) else {
+            let Some((comm, seconds)) = stat_cpu(&stat) else {
                 continue;
             };
-            let comm = &stat[open + 1..close];
-            let fields: Vec<&str> = stat[close + 1..].split_whitespace().collect();
-            let ticks = |i: usize| {
-                fields
-                    .get(i)
-                    .and_then(|f| f.parse::<u64>().ok())
-                    .unwrap_or(0)
-            };
-            let seconds = (ticks(11) + ticks(12)) as f64 / USER_HZ;
             let name = if pid == me {
                 "this process".to_string()
             } else if tenant.contains(&pid) {
