@@ -17,22 +17,10 @@ use serde_json::{Value, json};
 use tenantplane_api::{Phase, TenantCluster};
 use tenantplane_controller::build::kubeconfig;
 use tenantplane_controller::names;
-use tenantplane_testenv::local_runtime::{self, LocalRuntime};
-use tenantplane_testenv::{
-    TestNamespace, eventually, install_crds_and_policies, namespace, shared,
-};
+use tenantplane_testenv::{eventually, install_crds_and_policies, namespace, shared};
 
 use common::replica::{LEASE, LEASE_NAMESPACE, Replica, holder, leader_args, wait_for_holder};
-use common::{WAIT, tenant_client, tenant_named, wait_for_phase};
-
-fn local_runtime_for(ns: &TestNamespace) -> (LocalRuntime, tokio::task::JoinHandle<()>) {
-    local_runtime::start(
-        ns.client.clone(),
-        shared().binaries().clone(),
-        shared().dir().join("runtime"),
-        Some(ns.name.clone()),
-    )
-}
+use common::{WAIT, local_runtime_for, tenant_client, tenant_named, wait_for_phase};
 
 /// Write requests in the audit log made by the replica named `identity`: (verb, resource, name).
 fn writes_by(identity: &str) -> Vec<(String, String, String)> {

@@ -29,13 +29,6 @@ fn controller(client: Client, options: ControllerOptions) -> tokio::task::JoinHa
     ))
 }
 
-struct Abort(tokio::task::JoinHandle<()>);
-impl Drop for Abort {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}
-
 #[tokio::test]
 async fn an_object_the_api_server_refuses_is_named_in_ready_with_its_words() {
     let world = TestHost::start("rp-refused").await;
@@ -149,7 +142,7 @@ async fn a_right_the_operator_lacks_is_named_in_ready() {
     install_crds_and_policies();
     let ns = namespace("rp-rbac").await;
     let client = limited_operator(&ns);
-    let _controller = Abort(controller(client, options(&ns.name, None)));
+    let _controller = AbortOnDrop(controller(client, options(&ns.name, None)));
     Api::<TenantCluster>::namespaced(ns.client.clone(), &ns.name)
         .create(&PostParams::default(), &example(&ns.name))
         .await
@@ -192,7 +185,7 @@ async fn the_host_names_its_service_range_and_a_wrong_flag_is_a_mismatch_not_a_l
 
     let mut opts = options(&ns.name, None);
     opts.build.service_cidr = Some("10.200.0.0/16".into());
-    let _controller = Abort(controller(tenantplane_testenv::operator::client(), opts));
+    let _controller = AbortOnDrop(controller(tenantplane_testenv::operator::client(), opts));
     Api::<TenantCluster>::namespaced(ns.client.clone(), &ns.name)
         .create(&PostParams::default(), &example(&ns.name))
         .await
@@ -242,7 +235,7 @@ async fn a_control_plane_pod_that_cannot_start_says_why() {
     install_crds_and_policies();
     let ns = namespace("rp-pod").await;
     // The controller without the local runtime: this test plays the kubelet.
-    let _controller = Abort(controller(
+    let _controller = AbortOnDrop(controller(
         tenantplane_testenv::operator::client(),
         options(&ns.name, None),
     ));

@@ -23,7 +23,7 @@ use serde_json::json;
 use tenantplane_api::TenantCluster;
 use tenantplane_api::conditions::{self, SYNCED};
 use tenantplane_syncer::naming;
-use tenantplane_testenv::{install_crds_and_policies, local_runtime, namespace, shared};
+use tenantplane_testenv::{install_crds_and_policies, namespace, shared};
 
 /// Simulated nodes added so far (besides the first).
 static NODES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
@@ -348,12 +348,7 @@ async fn copies_stay_exact_when_the_operator_is_killed_and_a_standby_takes_over(
     let host = ns.client.clone();
     // The operator as a cluster runs it: two replicas electing a leader, separate processes,
     // so a kill is a kill (no release of the Lease, no syncer finishing its keys).
-    let (_runtime, runtime_task) = local_runtime::start(
-        ns.client.clone(),
-        shared().binaries().clone(),
-        shared().dir().join("runtime"),
-        Some(ns.name.clone()),
-    );
+    let (_runtime, runtime_task) = local_runtime_for(&ns);
     let _runtime_task = AbortOnDrop(runtime_task);
     let args = leader_args();
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
@@ -455,13 +450,4 @@ async fn control_plane_back(host: &Client, ns: &str, before: &Pod) {
         "the tenant's control plane is Ready again {:.1} s after the fault",
         started.elapsed().as_secs_f64()
     );
-}
-
-/// Aborts a task when the test ends.
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
 }

@@ -100,17 +100,32 @@ fn start_operator_using(
         options(&ns.name, kubelet.clone()),
         futures::future::pending(),
     ));
-    let (runtime, task) = local_runtime::start(
-        ns.client.clone(),
-        shared().binaries().clone(),
-        shared().dir().join("runtime"),
-        Some(ns.name.clone()),
-    );
+    let (runtime, task) = local_runtime_for(ns);
     Operator {
         tasks: vec![controller, task],
         runtime,
         client,
         kubelet,
+    }
+}
+
+/// The local runtime for the control planes of `ns`, run by the test (the operator may run
+/// elsewhere: in this process, or as separate processes).
+pub fn local_runtime_for(ns: &TestNamespace) -> (LocalRuntime, tokio::task::JoinHandle<()>) {
+    local_runtime::start(
+        ns.client.clone(),
+        shared().binaries().clone(),
+        shared().dir().join("runtime"),
+        Some(ns.name.clone()),
+    )
+}
+
+/// Aborts a task when the test ends.
+pub struct AbortOnDrop(pub tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 
