@@ -6,6 +6,7 @@ pub mod allowances;
 pub mod cidr;
 pub mod closed_addresses;
 pub mod conditions;
+pub mod duration;
 pub mod isolation_profile;
 pub mod quantity;
 pub mod rules;
@@ -21,8 +22,8 @@ pub use isolation_profile::{
 };
 pub use sync_policy::{SyncPolicy, SyncPolicySpec};
 pub use tenant_cluster::{
-    DatastoreType, Distribution, EgressPolicy, Phase, PolicyRef, TenantCluster, TenantClusterSpec,
-    TenantClusterStatus, TenantMode,
+    DatastoreType, Distribution, EgressPolicy, Phase, PolicyRef, Sleep, SleepCause, SleepStatus,
+    TenantCluster, TenantClusterSpec, TenantClusterStatus, TenantMode,
 };
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;

@@ -185,6 +185,26 @@ pub fn quantity() -> Rule {
     )
 }
 
+/// A duration in Go's format, as CEL's `duration()` reads it: numbers with units h, m, s or ms.
+pub fn go_duration(field: &str) -> Rule {
+    rule(
+        r"self.matches('^([0-9]+(\\.[0-9]+)?(h|m|s|ms))+$')",
+        format!(
+            "'{field} must be a duration such as 30m, 2h or 1h30m (units h, m, s); got ' + self"
+        ),
+    )
+}
+
+/// A duration of at least `min`; a malformed one is left to [`go_duration`]'s message.
+pub fn duration_at_least(field: &str, min: &str) -> Rule {
+    rule(
+        format!(
+            r"!self.matches('^([0-9]+(\\.[0-9]+)?(h|m|s|ms))+$') || duration(self) >= duration('{min}')"
+        ),
+        format!("'{field} must be at least {min}; got ' + self"),
+    )
+}
+
 pub fn cidrs(field: &str) -> Rule {
     Rule::new("self.all(c, isCIDR(c))").message(
         format!("{field} must hold only CIDRs, such as 10.0.0.0/8 or 203.0.113.7/32").as_str(),

@@ -1,6 +1,6 @@
 //! `TenantCluster`: one team's virtual cluster, the user-facing contract of TenantPlane.
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::{CustomResource, KubeSchema};
 use serde::{Deserialize, Serialize};
 
@@ -48,6 +48,15 @@ string_enum! {
         Provisioning = "Provisioning",
         Ready = "Ready",
         Degraded = "Degraded",
+        Sleeping = "Sleeping",
+    }
+}
+
+string_enum! {
+    /// Why a tenant sleeps: `spec.sleep.asleep` asks it, or nobody used it for `afterIdle`.
+    pub enum SleepCause ("status.sleep.cause", default = Requested) {
+        Requested = "Requested",
+        Idle = "Idle",
     }
 }
 
@@ -114,6 +123,45 @@ pub struct TenantClusterSpec {
     /// ResourceQuota.
     #[serde(default)]
     pub resources: TenantResources,
+
+    /// Sleep: the control plane scaled to zero and the workloads' host copies removed, keeping
+    /// the tenant's objects, claims, Services and Secrets; a request to the tenant wakes it.
+    #[serde(default, skip_serializing_if = "Sleep::is_default")]
+    pub sleep: Sleep,
+}
+
+/// When the tenant sleeps (`tenantplane sleep` and `tenantplane wake` write this).
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct Sleep {
+    /// Sleep now. `tenantplane wake`, `tenantplane connect` and a request to the tenant's API
+    /// Service set it back to false.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub asleep: bool,
+
+    /// Sleep after this long without a request from a person or a client outside the tenant
+    /// (its own control plane, DNS and workloads, and the operator, do not count), such as
+    /// `30m` or `1h30m`; at least `1m`. Unset, the tenant never sleeps by itself.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 32))]
+    #[x_kube(validation = crate::rules::go_duration("sleep.afterIdle"))]
+    #[x_kube(validation = crate::rules::duration_at_least("sleep.afterIdle", MIN_AFTER_IDLE))]
+    pub after_idle: Option<String>,
+}
+
+/// The least `spec.sleep.afterIdle`: shorter would put a tenant to sleep between a person's
+/// commands.
+pub const MIN_AFTER_IDLE: &str = "1m";
+
+impl Sleep {
+    fn is_default(&self) -> bool {
+        *self == Sleep::default()
+    }
+
+    /// `afterIdle`, read; `None` when unset (or unreadable, which admission refuses).
+    pub fn after_idle(&self) -> Option<std::time::Duration> {
+        crate::duration::parse(self.after_idle.as_deref()?).ok()
+    }
 }
 
 /// A reference by name to a cluster-scoped policy object.
@@ -249,7 +297,7 @@ pub struct TenantResources {
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
 #[serde(rename_all = "camelCase")]
 pub struct TenantClusterStatus {
-    /// Pending, Provisioning, Ready or Degraded.
+    /// Pending, Provisioning, Ready, Degraded or Sleeping.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub phase: Option<Phase>,
 
@@ -265,4 +313,21 @@ pub struct TenantClusterStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(schema_with = "conditions_schema")]
     pub conditions: Vec<Condition>,
+
+    /// While the tenant sleeps: since when, and why.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sleep: Option<SleepStatus>,
+}
+
+/// A sleeping tenant's record, kept until it wakes.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct SleepStatus {
+    /// When it went to sleep.
+    pub since: Time,
+    /// `Requested` (spec.sleep.asleep) or `Idle` (no request for spec.sleep.afterIdle).
+    pub cause: SleepCause,
+    /// When it began to wake (its control plane starting again); unset while it sleeps.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub waking_since: Option<Time>,
 }

@@ -35,6 +35,8 @@ pub struct Context {
     pub failures: Mutex<BTreeMap<TenantKey, u32>>,
     /// When each tenant's status was last written: sync churn is coalesced.
     pub status_writes: StatusWrites,
+    /// When each awake tenant was last used, for sleep after idleness.
+    pub activity: crate::sleep::Activity,
 }
 
 impl Context {

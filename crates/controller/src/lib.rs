@@ -26,6 +26,7 @@ mod phases;
 pub mod reconcile;
 mod run;
 pub mod service_range;
+pub mod sleep;
 pub mod status;
 pub mod telemetry;
 pub mod tenant_pki;

@@ -23,6 +23,9 @@ pub const SIMULATED_NODE_TAINT: &str = "tenantplane.io/simulated";
 /// Set on a TenantCluster (any value), it makes the operator issue a new admin certificate and
 /// rewrite the kubeconfig Secret now; the operator removes it when done.
 pub const ROTATE_CERTIFICATES: &str = "tenantplane.io/rotate-certificates";
+/// A wake request (its value the time it was made): wakes a tenant asleep for idleness; the
+/// operator removes it once the tenant is awake. `tenantplane wake` and `connect` write it.
+pub const WAKE: &str = "tenantplane.io/wake";
 /// Where the local runtime says a tenant's API server answers on this machine.
 pub const ANNOTATION_LOCAL_ENDPOINT: &str = "tenantplane.io/local-endpoint";
 
@@ -72,6 +75,8 @@ pub fn kubeconfig_secret(tenant: &str) -> String {
     format!("{tenant}-kubeconfig")
 }
 pub const KUBECONFIG_KEY: &str = "value";
+/// The key of the operator's own kubeconfig in the same Secret.
+pub const OPERATOR_KUBECONFIG_KEY: &str = "operator";
 pub fn isolation_policy(tenant: &str) -> String {
     format!("{tenant}-isolation")
 }

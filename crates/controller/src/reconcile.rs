@@ -17,9 +17,17 @@ use crate::Error;
 use crate::build;
 use crate::context::{Context, tenant_key};
 use crate::names::FINALIZER;
+use crate::names::WAKE;
 use crate::namespace::{Occupant, occupants, releases_namespace};
-use crate::phases::report::{accept, finish, finish_by, report_failure};
+use crate::phases::report::{accept, finish, finish_by, publish, report_failure};
 use crate::phases::{Halt, credentials, isolate, provision, resolve, sync};
+use crate::sleep;
+use crate::status::Progress;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Patch, PatchParams};
+use kube::runtime::events::EventType;
+use tenantplane_api::{Phase, SleepStatus};
 
 /// The first retry after a failed reconcile, doubled each failure in a row up to the last.
 const RETRY_FIRST: Duration = Duration::from_secs(5);
@@ -90,7 +98,32 @@ pub async fn reconcile(tc: Arc<TenantCluster>, ctx: Arc<Context>) -> Result<Acti
 /// A tenant that is there, in the lifecycle's five steps; each may stop with where the tenant
 /// got to, which goes into status.
 async fn apply_tenant(tc: &TenantCluster, ctx: &Context) -> Result<Action, Error> {
-    let tc = accept(ctx, tc).await?;
+    let mut tc = accept(ctx, tc).await?;
+    let key = tenant_key(&tc);
+    let now = Timestamp::now();
+    if let Some(sleep) = sleep::wanted(&tc, now, ctx.activity.last_used(&key)) {
+        return asleep(&tc, ctx, sleep).await;
+    }
+    if let Some(sleep) = tc.status.as_mut().and_then(|s| s.sleep.as_mut())
+        && sleep.waking_since.is_none()
+    {
+        // It wakes: the first status written from here on says since when.
+        sleep.waking_since = Some(Time(now));
+        let why = if sleep::has_wake_request(&tc) {
+            format!("a wake request (annotation {WAKE})")
+        } else {
+            "spec.sleep.asleep is false".to_string()
+        };
+        publish(
+            ctx,
+            &tc,
+            EventType::Normal,
+            "Waking",
+            format!("waking up: {why}; starting the control plane"),
+        )
+        .await;
+    }
+    let tc = tc;
     let phases = async {
         // 1. Resolve the IsolationProfile and SyncPolicy.
         let policies = resolve::policies(&tc, ctx).await?;
@@ -110,10 +143,66 @@ async fn apply_tenant(tc: &TenantCluster, ctx: &Context) -> Result<Action, Error
         Ok::<_, Halt>((progress, renew_in))
     };
     match phases.await {
-        Ok((progress, renew_in)) => finish_by(ctx, &tc, progress, Some(renew_in)).await,
+        Ok((progress, renew_in)) => {
+            let awake = matches!(progress, Progress::Synced { .. });
+            let mut look_again = renew_in;
+            if awake && let Some(after_idle) = tc.spec.sleep.after_idle() {
+                look_again = look_again.min(sleep::poll_interval(after_idle));
+            }
+            let action = finish_by(ctx, &tc, progress, Some(look_again)).await?;
+            if awake && sleep::has_wake_request(&tc) {
+                // Awake, and said so: the request is answered.
+                forget_wake_request(ctx, &tc).await?;
+            }
+            Ok(action)
+        }
         Err(Halt::Stop(progress)) => finish(ctx, &tc, progress).await,
         Err(Halt::Failed(e)) => Err(e),
     }
+}
+
+/// A tenant that should sleep: its syncer stopped and its pods' host copies deleted first (so
+/// nothing runs on, and nothing is copied again), then every object as an awake tenant has it
+/// but the control plane scaled to zero. Its credentials are still renewed when due.
+async fn asleep(tc: &TenantCluster, ctx: &Context, sleep: SleepStatus) -> Result<Action, Error> {
+    let (tenant, ns) = build::identity(tc)?;
+    let already = tc.status.as_ref().and_then(|s| s.phase) == Some(Phase::Sleeping);
+    if !already || ctx.syncers.is_running(&ns, &tenant) {
+        ctx.syncers
+            .sleep(&ns, &tenant)
+            .await
+            .map_err(|error| Error::Write {
+                object: format!("deleting the host copies of tenant {tenant}'s pods in {ns}"),
+                error,
+            })?;
+    }
+    ctx.activity.forget(&tenant_key(tc));
+    let phases = async {
+        let policies = resolve::policies(tc, ctx).await?;
+        isolate::namespace(tc, &policies.profile, ctx).await?;
+        let pki = credentials::pki(tc, ctx).await?;
+        provision::apply(tc, ctx, &policies.profile, &pki, provision::Running::Asleep).await?;
+        let kubeconfig = credentials::kubeconfig(tc, ctx, &pki).await?;
+        Ok::<_, Halt>(kubeconfig.renew_in)
+    };
+    match phases.await {
+        Ok(renew_in) => finish_by(ctx, tc, Progress::Sleeping(sleep), Some(renew_in)).await,
+        Err(Halt::Stop(progress)) => finish(ctx, tc, progress).await,
+        Err(Halt::Failed(e)) => Err(e),
+    }
+}
+
+/// The wake request is done: remove its annotation, so the next idle sleep is not undone by it.
+async fn forget_wake_request(ctx: &Context, tc: &TenantCluster) -> Result<(), Error> {
+    let (tenant, ns) = build::identity(tc)?;
+    let api: Api<TenantCluster> = Api::namespaced(ctx.client.clone(), &ns);
+    api.patch(
+        &tenant,
+        &PatchParams::default(),
+        &Patch::Merge(serde_json::json!({"metadata": {"annotations": {WAKE: null}}})),
+    )
+    .await?;
+    Ok(())
 }
 
 /// Deletion: owned objects go with the garbage collector; the namespace labels are ours to

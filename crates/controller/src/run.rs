@@ -110,6 +110,7 @@ pub async fn run(
         service_ranges: Default::default(),
         failures: Default::default(),
         status_writes: Default::default(),
+        activity: Default::default(),
     });
     let syncers = context.syncers.clone();
     controller

@@ -2,7 +2,9 @@
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use tenantplane_api::conditions::{self, ConditionSpec, MODE_SUPPORTED, READY, SYNCED};
-use tenantplane_api::{Phase, TenantCluster, TenantClusterStatus, TenantMode};
+use tenantplane_api::{
+    Phase, SleepCause, SleepStatus, TenantCluster, TenantClusterStatus, TenantMode,
+};
 
 /// Where a reconcile got to, and why it stopped there.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -44,6 +46,8 @@ pub enum Progress {
     },
     /// Everything is up and the sync pass succeeded.
     Synced { version: String, summary: String },
+    /// Asleep: the control plane scaled to zero, the syncer stopped, the pods' copies removed.
+    Sleeping(SleepStatus),
 }
 
 fn mode_condition(tc: &TenantCluster) -> ConditionSpec {
@@ -171,6 +175,39 @@ pub fn desired_status(
             ),
             ConditionSpec::new(SYNCED, true, "SyncSucceeded", summary.clone()),
         ),
+        Progress::Sleeping(sleep) => {
+            let name = tc.metadata.name.as_deref().unwrap_or_default();
+            let ns = tc.metadata.namespace.as_deref().unwrap_or_default();
+            let why = match sleep.cause {
+                SleepCause::Requested => "as spec.sleep.asleep asks".to_string(),
+                SleepCause::Idle => format!(
+                    "after {} without a request",
+                    tc.spec
+                        .sleep
+                        .after_idle
+                        .as_deref()
+                        .unwrap_or("spec.sleep.afterIdle")
+                ),
+            };
+            (
+                Phase::Sleeping,
+                ConditionSpec::new(
+                    READY,
+                    false,
+                    "Sleeping",
+                    format!(
+                        "asleep since {} {why}; wake it with `tenantplane wake {name} -n {ns}`, `tenantplane connect {name} -n {ns}` or any request to its API Service",
+                        sleep.since.0
+                    ),
+                ),
+                ConditionSpec::new(
+                    SYNCED,
+                    false,
+                    "SyncPaused",
+                    "the syncer is paused while the tenant sleeps: its pods' host copies are removed and come back when it wakes",
+                ),
+            )
+        }
     };
     let mut list = previous.conditions.clone();
     for condition in [&ready, &synced, &mode_condition(tc)] {
@@ -180,12 +217,22 @@ pub fn desired_status(
         progress,
         Progress::Synced { .. } | Progress::SyncFailed { .. }
     );
+    let sleep = match progress {
+        Progress::Sleeping(sleep) => Some(sleep.clone()),
+        // Awake again once it answers; until then it is waking, since the first such status.
+        _ if reached_ready => None,
+        _ => previous.sleep.map(|s| SleepStatus {
+            waking_since: s.waking_since.or_else(|| Some(now.clone())),
+            ..s
+        }),
+    };
     TenantClusterStatus {
         phase: Some(phase),
         // The address is there while the tenant API server answers, and only then.
         endpoint: reached_ready.then(|| endpoint.to_string()),
         observed_generation: generation,
         conditions: list,
+        sleep,
     }
 }
 

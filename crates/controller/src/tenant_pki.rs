@@ -20,6 +20,9 @@ pub const SERVICE_KEY: &str = "service.key";
 /// The user the operator's kubeconfig authenticates as: a cluster admin of the tenant.
 pub const ADMIN_USER: &str = "tenantplane-admin";
 pub const ADMIN_GROUP: &str = "system:masters";
+/// The operator's own user in the tenant (an admin too): its requests, and the syncer's, are
+/// not a person's, so they do not keep a tenant awake.
+pub const OPERATOR_USER: &str = "tenantplane:operator";
 
 #[derive(Debug, thiserror::Error)]
 pub enum PkiError {
@@ -102,9 +105,14 @@ impl TenantPki {
 
     /// A fresh admin client certificate for the operator's kubeconfig, valid for `validity`.
     pub fn issue_admin(&self, validity: Duration) -> Result<KeyAndCert, PkiError> {
+        self.issue_admin_as(ADMIN_USER, validity)
+    }
+
+    /// An admin certificate for `user` ([`ADMIN_USER`] or [`OPERATOR_USER`]).
+    pub fn issue_admin_as(&self, user: &str, validity: Duration) -> Result<KeyAndCert, PkiError> {
         Ok(self
             .client_ca
-            .issue(&Leaf::client(ADMIN_USER, &[ADMIN_GROUP]).valid_for(validity))?)
+            .issue(&Leaf::client(user, &[ADMIN_GROUP]).valid_for(validity))?)
     }
 
     /// The CAs by the name the metrics give them, with when each expires.

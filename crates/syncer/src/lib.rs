@@ -226,6 +226,20 @@ impl Syncers {
             .is_some_and(|r| !r.task.is_finished())
     }
 
+    /// Put the tenant's sync to sleep: stop its syncer and delete the host copies of its pods,
+    /// so nothing of it runs or counts against quota. Every other copy stays (Services keep
+    /// their cluster IPs, claims their data); the syncer started again on wake converges them.
+    pub async fn sleep(&self, namespace: &str, tenant: &str) -> Result<(), kube::Error> {
+        drop(
+            self.lock()
+                .remove(&(namespace.to_string(), tenant.to_string())),
+        );
+        let lp = ListParams::default().labels(&naming::synced_selector(tenant));
+        delete_all::<Pod>(&self.host, namespace, &DeleteParams::background(), &lp).await?;
+        info!(tenant = %tenant, namespace = %namespace, "syncer stopped for sleep; the pods' host copies deleted");
+        Ok(())
+    }
+
     /// Stop the tenant's syncer and remove every host object synced from it.
     pub async fn remove(&self, namespace: &str, tenant: &str) -> Result<(), kube::Error> {
         drop(

@@ -76,6 +76,7 @@ struct Ready {
 /// Find the pod, take the port, write the kubeconfig: the last step, after every await.
 async fn prepare(client: &kube::Client, o: &ConnectOptions) -> anyhow::Result<Ready> {
     let (ns, name) = (o.namespace.as_str(), o.name.as_str());
+    crate::tenants::wake_if_asleep(client, ns, name).await?;
     let tc = crate::tenants::get(client, ns, name).await?;
     println!("Finding the API server pod of TenantCluster {name} in namespace {ns}");
     let target = Arc::new(Target::new(client, ns, name));

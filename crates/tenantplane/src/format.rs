@@ -54,48 +54,8 @@ pub fn age(time: Option<&Time>) -> String {
 /// kubectl's `duration.HumanDuration`; one for the operator's messages and the CLI.
 pub use tenantplane_controller::names::human_duration;
 
-/// A duration as kubectl's `--timeout` takes it: `90s`, `5m`, `1h30m`, `1.5m`; a bare `0` is
-/// zero.
-pub fn parse_duration(text: &str) -> Result<Duration, String> {
-    let bad = || {
-        format!(
-            "invalid duration {text:?}: use a number with a unit (ms, s, m, h, d), such as 90s, 5m, 1h30m or 30d"
-        )
-    };
-    let text = text.trim();
-    if text == "0" {
-        return Ok(Duration::ZERO);
-    }
-    if text.is_empty() {
-        return Err(bad());
-    }
-    let mut total = 0f64;
-    let mut rest = text;
-    while !rest.is_empty() {
-        let number_len = rest
-            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-            .ok_or_else(bad)?;
-        if number_len == 0 {
-            return Err(bad());
-        }
-        let number: f64 = rest[..number_len].parse().map_err(|_| bad())?;
-        rest = &rest[number_len..];
-        let unit_len = rest
-            .find(|c: char| c.is_ascii_digit() || c == '.')
-            .unwrap_or(rest.len());
-        let scale = match &rest[..unit_len] {
-            "ms" => 0.001,
-            "s" => 1.0,
-            "m" => 60.0,
-            "h" => 3600.0,
-            "d" => 86400.0,
-            _ => return Err(bad()),
-        };
-        total += number * scale;
-        rest = &rest[unit_len..];
-    }
-    Ok(Duration::from_secs_f64(total))
-}
+/// A duration as kubectl's `--timeout` takes it (one parser with `spec.sleep.afterIdle`).
+pub use tenantplane_api::duration::parse as parse_duration;
 
 /// A `--timeout` as people write it back: `5m`, `90s`, `1h30m`.
 pub fn show_duration(duration: Duration) -> String {

@@ -23,6 +23,10 @@ const DRAIN: Duration = Duration::from_secs(10);
 
 /// Where connections go: the tenant's API Service's pods in the host namespace.
 pub struct Target {
+    client: Client,
+    /// Held while a sleeping tenant is woken: connections that find it asleep together wait
+    /// for one wake.
+    waking: tokio::sync::Mutex<()>,
     pods: Api<Pod>,
     services: Api<Service>,
     namespace: String,
@@ -34,6 +38,8 @@ pub struct Target {
 impl Target {
     pub fn new(client: &Client, namespace: &str, tenant: &str) -> Self {
         Target {
+            client: client.clone(),
+            waking: tokio::sync::Mutex::new(()),
             pods: Api::namespaced(client.clone(), namespace),
             services: Api::namespaced(client.clone(), namespace),
             namespace: namespace.to_string(),
@@ -78,17 +84,24 @@ impl Target {
         }
     }
 
-    /// The pod to forward to: the last good one, else a fresh look.
+    /// The pod to forward to: the last good one, else a fresh look; a tenant that fell asleep
+    /// is woken first (the connection waits, up to the wake bound).
     async fn pod(&self) -> anyhow::Result<String> {
         let known = self.pod.lock().ok().and_then(|p| p.clone());
-        match known {
-            Some(pod) => Ok(pod),
-            None => {
-                let pod = self.resolve().await?;
-                self.remember(Some(pod.clone()));
-                Ok(pod)
-            }
+        if let Some(pod) = known {
+            return Ok(pod);
         }
+        let pod = match self.resolve().await {
+            Ok(pod) => pod,
+            Err(_) => {
+                // Asleep? Wake it (once for every connection waiting here), then look again.
+                let _one_wake = self.waking.lock().await;
+                crate::tenants::wake_if_asleep(&self.client, &self.namespace, &self.tenant).await?;
+                self.resolve().await?
+            }
+        };
+        self.remember(Some(pod.clone()));
+        Ok(pod)
     }
 
     pub fn remember(&self, pod: Option<String>) {
@@ -111,15 +124,33 @@ impl Target {
                 return;
             }
         };
-        let mut forwarder = match self.pods.portforward(&pod, &[port]).await {
-            Ok(f) => f,
-            Err(e) => {
-                eprintln!(
-                    "connection from {peer}: port-forward to pod {pod} failed: {}; the next connection looks for the pod again",
-                    explain(e, &format!("pods/portforward of pod {pod}"))
-                );
+        let (pod, mut forwarder) = match self.pods.portforward(&pod, &[port]).await {
+            Ok(f) => (pod, f),
+            // The pod we knew is gone (the tenant went to sleep, or the pod was replaced): look
+            // again, once, waking the tenant if it sleeps.
+            Err(_) => {
                 self.remember(None);
-                return;
+                let again = match self.pod().await {
+                    Ok(pod) => pod,
+                    Err(e) => {
+                        eprintln!(
+                            "connection from {peer}: cannot find the tenant's API server: {}",
+                            tenantplane_controller::error_chain(e.as_ref())
+                        );
+                        return;
+                    }
+                };
+                match self.pods.portforward(&again, &[port]).await {
+                    Ok(f) => (again, f),
+                    Err(e) => {
+                        eprintln!(
+                            "connection from {peer}: port-forward to pod {again} failed: {}; the next connection looks for the pod again",
+                            explain(e, &format!("pods/portforward of pod {again}"))
+                        );
+                        self.remember(None);
+                        return;
+                    }
+                }
             }
         };
         let (Some(stream), Some(error)) = (forwarder.take_stream(port), forwarder.take_error(port))

@@ -41,7 +41,7 @@ struct Cli {
     name = "kubectl-tenant",
     bin_name = "kubectl tenant",
     version,
-    about = "Virtual Kubernetes clusters (TenantClusters) for your team: create, list, inspect, connect, delete"
+    about = "Virtual Kubernetes clusters (TenantClusters) for your team: create, list, inspect, connect, sleep, wake, delete"
 )]
 struct PluginCli {
     #[command(flatten)]
@@ -157,6 +157,32 @@ enum UserCommand {
         /// Name of the kubeconfig's cluster, user and context [default: tenantplane-<ns>-<name>].
         #[arg(long, value_name = "NAME", value_parser = clap::builder::NonEmptyStringValueParser::new())]
         context_name: Option<String>,
+    },
+    /// Put a TenantCluster to sleep: its control plane stops and its pods leave the host; its
+    /// objects, volume claims, Services and Secrets stay. Sets spec.sleep.asleep.
+    #[command(
+        after_help = "With --wait: a line each time the phase or the Ready/Synced reason changes; exit 0 once Sleeping. Wake it with `wake`, `connect`, or any request to its API Service."
+    )]
+    Sleep {
+        /// The TenantCluster's name.
+        name: String,
+        #[command(flatten)]
+        namespace: NamespaceArg,
+        #[command(flatten)]
+        wait: WaitArgs,
+    },
+    /// Wake a sleeping TenantCluster: its control plane starts and its pods come back to the
+    /// host. Sets spec.sleep.asleep to false and writes the tenantplane.io/wake annotation.
+    #[command(
+        after_help = "With --wait: a line each time the phase or the Ready/Synced reason changes; exit 0 once Ready."
+    )]
+    Wake {
+        /// The TenantCluster's name.
+        name: String,
+        #[command(flatten)]
+        namespace: NamespaceArg,
+        #[command(flatten)]
+        wait: WaitArgs,
     },
     /// Delete a TenantCluster; its control plane, kubeconfig and isolation objects go with it.
     Delete {
@@ -313,6 +339,16 @@ async fn run_user(host: &HostArgs, command: UserCommand) -> anyhow::Result<()> {
             };
             connect::run(&client, &options).await
         }
+        UserCommand::Sleep {
+            name,
+            namespace,
+            wait,
+        } => tenants::sleep(&client, &ns(namespace), &name, wait.wait()).await,
+        UserCommand::Wake {
+            name,
+            namespace,
+            wait,
+        } => tenants::wake(&client, &ns(namespace), &name, wait.wait()).await,
         UserCommand::Delete {
             name,
             namespace,

@@ -1,14 +1,16 @@
 //! The tenant user's verbs on TenantClusters: `create` (and `--wait` until Ready), `list`,
-//! `status` and `delete`. Output follows kubectl: aligned tables, `-o yaml|json`, exit code 1 on
+//! `status`, `sleep`, `wake` and `delete`. Output follows kubectl: aligned tables, `-o yaml|json`, exit code 1 on
 //! any error.
 //!
-//! One module per concern: `create` (and its wait), `show` (`list` and `status`), `delete`, and
+//! One module per concern: `create` (and its wait), `show` (`list` and `status`), `sleep` (and
+//! `wake`), `delete`, and
 //! `progress`, how a tenant's phase and conditions read and the watch that follows one.
 
 mod create;
 mod delete;
 mod progress;
 mod show;
+mod sleep;
 
 use kube::Client;
 use kube::api::Api;
@@ -19,6 +21,7 @@ use crate::host::{explain, tenant_not_found};
 pub use create::{CreateOptions, create};
 pub use delete::delete;
 pub use show::{list, status};
+pub use sleep::{sleep, wake, wake_if_asleep};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum ListOutput {

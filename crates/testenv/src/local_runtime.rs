@@ -403,24 +403,30 @@ impl LocalRuntime {
         );
         let san_refs: Vec<&str> = sans.iter().map(String::as_str).collect();
         let serving = pki.server_ca.issue(&Leaf::server("k3s", &san_refs))?;
-        let admin = pki
-            .issue_admin(tenantplane_pki::LEAF_VALIDITY)
-            .map_err(|e| Error::Io(e.to_string()))?;
+        // As k3s: the controller manager is user system:kube-controller-manager, so the
+        // tenant's audit tells its requests from a person's. Unlike k3s, which starts it once
+        // the API server answers, this runtime starts every process at once; a fresh API server
+        // may not have bound that user's roles yet (the controller manager then exits), so it is
+        // an admin here as well.
+        let controller_manager = pki.client_ca.issue(
+            &Leaf::client("system:kube-controller-manager", &["system:masters"])
+                .valid_for(tenantplane_pki::LEAF_VALIDITY),
+        )?;
         let front_proxy = pki
             .request_header_ca
             .issue(&Leaf::client("front-proxy-client", &[]))?;
         let port = free_port()?;
         crate::local_forward::publish(client, pod, port).await?;
         let server = format!("https://127.0.0.1:{port}");
-        let admin_kubeconfig = tenant_dir.join("admin.kubeconfig");
+        let controller_manager_kubeconfig = tenant_dir.join(probes::CLIENT_KUBECONFIG);
         std::fs::write(
-            &admin_kubeconfig,
+            &controller_manager_kubeconfig,
             kubeconfig::render(
                 "tenant",
                 &server,
                 pki.server_ca.cert_pem(),
-                &admin.cert_pem,
-                &admin.key_pem,
+                &controller_manager.cert_pem,
+                &controller_manager.key_pem,
             )?,
         )?;
         let config = ApiServerConfig {
@@ -498,6 +504,20 @@ impl LocalRuntime {
                 write("admission.yaml", &text)?.display()
             ));
         }
+        // As k3s: the audit flags the pod gives, its policy from the mounted ConfigMap and its
+        // log in the tenant's folder (the pod's `/tmp`).
+        for flag in args_value(pod, "--kube-apiserver-arg=audit-") {
+            let (name, value) = flag.split_once('=').unwrap_or((flag, ""));
+            let value = match name {
+                "policy-file" => {
+                    let text = mounted_config_map_file(client, pod, value).await?;
+                    write("audit-policy.yaml", &text)?.display().to_string()
+                }
+                "log-path" => tenant_dir.join("audit.log").display().to_string(),
+                _ => value.to_string(),
+            };
+            apiserver_args.push(format!("--audit-{name}={value}"));
+        }
         let service_cidr = args_value(pod, "--service-cidr=")
             .first()
             .map(|s| s.to_string())
@@ -534,7 +554,7 @@ impl LocalRuntime {
             binaries,
             &volume,
             &config,
-            &admin_kubeconfig,
+            &controller_manager_kubeconfig,
             FromPod {
                 service_cidr,
                 controllers,

@@ -100,10 +100,14 @@ impl Liveness {
     }
 }
 
+/// The kubeconfig the probes ask with, in a tenant's folder: the controller manager's (a
+/// kubelet's probes send no credentials; the health paths answer anyone).
+pub const CLIENT_KUBECONFIG: &str = "controller-manager.kubeconfig";
+
 /// Does the tenant API server in data folder `dir` answer `path` (`/readyz`, `/livez`) with
-/// `ok`, as the admin, as k3s's kubectl would?
+/// `ok`?
 pub async fn answers(dir: &Path, path: &str) -> bool {
-    let Ok(client) = kubeconfig::client(&dir.join("admin.kubeconfig")).await else {
+    let Ok(client) = kubeconfig::client(&dir.join(CLIENT_KUBECONFIG)).await else {
         return false;
     };
     let Ok(request) = http::Request::get(path).body(Vec::new()) else {

@@ -55,15 +55,16 @@ pub fn admission_configuration(level: PodSecurityLevel) -> String {
     serde_yaml::to_string(&config).unwrap_or_default()
 }
 
-/// The ConfigMap the control-plane pod mounts at [`CONFIG_MOUNT`].
+/// The ConfigMap the control-plane pod mounts at [`CONFIG_MOUNT`]: the admission configuration
+/// and the audit policy ([`super::audit`]).
 pub fn config_map(tc: &TenantCluster, level: PodSecurityLevel) -> Result<ConfigMap, Error> {
     let (tenant, _) = identity(tc)?;
     Ok(ConfigMap {
         metadata: owned_metadata(tc, names::control_plane_config(&tenant))?,
-        data: Some(BTreeMap::from([(
-            ADMISSION_KEY.to_string(),
-            admission_configuration(level),
-        )])),
+        data: Some(BTreeMap::from([
+            (ADMISSION_KEY.to_string(), admission_configuration(level)),
+            (super::audit::POLICY_KEY.to_string(), super::audit::policy()),
+        ])),
         ..Default::default()
     })
 }

@@ -1,5 +1,8 @@
 //! The tenant's admin kubeconfig, kept in Secret `<name>-kubeconfig` under key `value` (the Cluster
-//! API convention), and the check that a stored one is still sound.
+//! API convention), the operator's own beside it under key `operator`, and the check that a
+//! stored one is still sound. The operator reaches the tenant as a user of its own
+//! ([`OPERATOR_USER`]), so the tenant's audit tells its requests from a person's: only those
+//! keep a tenant awake (see [`super::audit`]).
 
 use std::collections::BTreeMap;
 
@@ -9,7 +12,7 @@ use tenantplane_api::TenantCluster;
 use tenantplane_pki::KeyAndCert;
 
 use super::{identity, owned_metadata};
-use crate::tenant_pki::{ADMIN_GROUP, TenantPki};
+use crate::tenant_pki::{ADMIN_GROUP, ADMIN_USER, OPERATOR_USER, TenantPki};
 use crate::{Error, kubeconfig, names};
 
 /// A kubeconfig for `server` with the tenant's server CA and a client certificate.
@@ -26,6 +29,7 @@ pub fn kubeconfig_secret(
     tc: &TenantCluster,
     pki: &TenantPki,
     client: &KeyAndCert,
+    operator: &KeyAndCert,
 ) -> Result<Secret, Error> {
     let (tenant, ns) = identity(tc)?;
     let mut secret = Secret {
@@ -45,10 +49,22 @@ pub fn kubeconfig_secret(
         .labels
         .get_or_insert_with(Default::default)
         .insert("cluster.x-k8s.io/cluster-name".into(), tenant.clone());
-    secret.data = Some(BTreeMap::from([(
-        names::KUBECONFIG_KEY.to_string(),
-        ByteString(value.into_bytes()),
-    )]));
+    let operator = render(
+        &tenant,
+        &names::endpoint(&tenant, &ns),
+        pki.server_ca.cert_pem(),
+        operator,
+    );
+    secret.data = Some(BTreeMap::from([
+        (
+            names::KUBECONFIG_KEY.to_string(),
+            ByteString(value.into_bytes()),
+        ),
+        (
+            names::OPERATOR_KUBECONFIG_KEY.to_string(),
+            ByteString(operator.into_bytes()),
+        ),
+    ]));
     Ok(secret)
 }
 
@@ -62,7 +78,16 @@ pub fn parse(text: &str) -> Result<ParsedKubeconfig, String> {
 
 /// The kubeconfig text stored in a Secret under key `value`.
 pub fn stored_text(secret: &Secret) -> Option<&str> {
-    let value = secret.data.as_ref()?.get(names::KUBECONFIG_KEY)?;
+    stored_key(secret, names::KUBECONFIG_KEY)
+}
+
+/// The operator's kubeconfig text, under key `operator`.
+pub fn operator_text(secret: &Secret) -> Option<&str> {
+    stored_key(secret, names::OPERATOR_KUBECONFIG_KEY)
+}
+
+fn stored_key<'a>(secret: &'a Secret, key: &str) -> Option<&'a str> {
+    let value = secret.data.as_ref()?.get(key)?;
     std::str::from_utf8(&value.0).ok()
 }
 
@@ -77,45 +102,73 @@ pub fn needs_rewrite(
     renew_before: i64,
 ) -> Option<String> {
     let (tenant, ns) = identity(tc).ok()?;
-    let Some(text) = stored_text(secret) else {
-        return Some(format!(
-            "key {} is missing or not text",
-            names::KUBECONFIG_KEY
-        ));
+    let endpoint = names::endpoint(&tenant, &ns);
+    [
+        (names::KUBECONFIG_KEY, ADMIN_USER),
+        (names::OPERATOR_KUBECONFIG_KEY, OPERATOR_USER),
+    ]
+    .into_iter()
+    .find_map(|(key, user)| {
+        let text = stored_key(secret, key);
+        unsound(text, key, user, &endpoint, pki, now, renew_before)
+    })
+}
+
+/// Why the kubeconfig under `key` (for `user`) is not sound, or `None`.
+fn unsound(
+    text: Option<&str>,
+    key: &str,
+    user: &str,
+    endpoint: &str,
+    pki: &TenantPki,
+    now: i64,
+    renew_before: i64,
+) -> Option<String> {
+    let Some(text) = text else {
+        return Some(format!("key {key} is missing or not text"));
     };
     let parsed = match parse(text) {
         Ok(p) => p,
-        Err(e) => return Some(format!("the kubeconfig does not parse: {e}")),
+        Err(e) => return Some(format!("the kubeconfig under {key} does not parse: {e}")),
     };
-    let endpoint = names::endpoint(&tenant, &ns);
     if parsed.server != endpoint {
         return Some(format!(
-            "its server is {} instead of {endpoint}",
+            "the server under {key} is {} instead of {endpoint}",
             parsed.server
         ));
     }
     if parsed.ca_pem.trim() != pki.server_ca.cert_pem().trim() {
-        return Some("its certificate authority is not the tenant's server CA".into());
+        return Some(format!(
+            "the certificate authority under {key} is not the tenant's server CA"
+        ));
     }
     let info = match tenantplane_pki::verify_signed_by(
         &parsed.client.cert_pem,
         pki.client_ca.cert_pem(),
     ) {
         Ok(info) => info,
-        Err(e) => return Some(format!("its client certificate is not usable: {e}")),
+        Err(e) => {
+            return Some(format!(
+                "the client certificate under {key} is not usable: {e}"
+            ));
+        }
     };
-    if !info.organizations.iter().any(|o| o == ADMIN_GROUP) {
-        return Some("its client certificate is not an admin certificate".into());
+    if !info.organizations.iter().any(|o| o == ADMIN_GROUP) || info.common_name != user {
+        return Some(format!(
+            "the client certificate under {key} is not {user}'s admin certificate"
+        ));
     }
     if !tenantplane_pki::key_matches_certificate(&parsed.client.key_pem, &parsed.client.cert_pem) {
-        return Some("its client key does not match its certificate".into());
+        return Some(format!(
+            "the client key under {key} does not match its certificate"
+        ));
     }
     if info.not_after - now < renew_before {
         let at = k8s_openapi::jiff::Timestamp::from_second(info.not_after)
             .map(|t| t.to_string())
             .unwrap_or_else(|_| info.not_after.to_string());
         return Some(format!(
-            "its client certificate expires at {at}, within the renewal window of {}",
+            "the client certificate under {key} expires at {at}, within the renewal window of {}",
             crate::names::human_duration(renew_before)
         ));
     }
@@ -131,6 +184,10 @@ mod tests {
     const MONTH: i64 = 30 * 24 * 3600;
     const YEAR: Duration = Duration::from_secs(365 * 24 * 3600);
 
+    fn operator(pki: &TenantPki) -> KeyAndCert {
+        pki.issue_admin_as(OPERATOR_USER, YEAR).unwrap()
+    }
+
     fn now() -> i64 {
         std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -143,13 +200,40 @@ mod tests {
         let tc = tenant();
         let pki = TenantPki::generate("dev").unwrap();
         let admin = pki.issue_admin(YEAR).unwrap();
-        let secret = kubeconfig_secret(&tc, &pki, &admin).unwrap();
+        let ours = operator(&pki);
+        let secret = kubeconfig_secret(&tc, &pki, &admin, &ours).unwrap();
         assert_eq!(secret.metadata.name.as_deref(), Some("dev-kubeconfig"));
         assert_eq!(needs_rewrite(&secret, &tc, &pki, now(), MONTH), None);
-        let text = String::from_utf8(secret.data.unwrap()["value"].0.clone()).unwrap();
-        let parsed = parse(&text).unwrap();
+        let text = stored_text(&secret).unwrap();
+        let parsed = parse(text).unwrap();
         assert_eq!(parsed.server, "https://dev.team-dev.svc:6443");
         assert_eq!(parsed.client, admin);
+        let parsed = parse(operator_text(&secret).unwrap()).unwrap();
+        assert_eq!(parsed.client, ours, "the operator's own user beside it");
+    }
+
+    #[test]
+    fn the_operator_kubeconfig_must_be_there_and_be_the_operator() {
+        let tc = tenant();
+        let pki = TenantPki::generate("dev").unwrap();
+        let admin = pki.issue_admin(YEAR).unwrap();
+        let mut missing = kubeconfig_secret(&tc, &pki, &admin, &operator(&pki)).unwrap();
+        missing
+            .data
+            .as_mut()
+            .unwrap()
+            .remove(names::OPERATOR_KUBECONFIG_KEY);
+        assert_eq!(
+            needs_rewrite(&missing, &tc, &pki, now(), MONTH).unwrap(),
+            "key operator is missing or not text",
+            "a Secret from before the operator's own user is rewritten"
+        );
+        let swapped = kubeconfig_secret(&tc, &pki, &admin, &admin).unwrap();
+        assert!(
+            needs_rewrite(&swapped, &tc, &pki, now(), MONTH)
+                .unwrap()
+                .contains("is not tenantplane:operator's admin certificate")
+        );
     }
 
     #[test]
@@ -157,9 +241,16 @@ mod tests {
         let tc = tenant();
         let pki = TenantPki::generate("dev").unwrap();
         let other = TenantPki::generate("other").unwrap();
-        let good = kubeconfig_secret(&tc, &pki, &pki.issue_admin(YEAR).unwrap()).unwrap();
+        let good =
+            kubeconfig_secret(&tc, &pki, &pki.issue_admin(YEAR).unwrap(), &operator(&pki)).unwrap();
 
-        let foreign = kubeconfig_secret(&tc, &pki, &other.issue_admin(YEAR).unwrap()).unwrap();
+        let foreign = kubeconfig_secret(
+            &tc,
+            &pki,
+            &other.issue_admin(YEAR).unwrap(),
+            &operator(&pki),
+        )
+        .unwrap();
         assert!(
             needs_rewrite(&foreign, &tc, &pki, now(), MONTH)
                 .unwrap()

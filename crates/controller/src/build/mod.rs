@@ -2,6 +2,7 @@
 //! Nothing here does I/O, so every decision is unit-tested.
 
 pub mod admission;
+pub mod audit;
 pub mod control_plane;
 pub mod isolation;
 pub mod k3s;

@@ -112,9 +112,10 @@ async fn ensure_pki(
     }
 }
 
-/// Make sure `<name>-kubeconfig` holds a sound admin kubeconfig whose certificate is not due for
-/// renewal (or a new one when `rotate`); returns its text and when its certificate is due for
-/// renewal (Unix seconds). The CAs are never touched here.
+/// Make sure `<name>-kubeconfig` holds sound admin and operator kubeconfigs whose certificates
+/// are not due for renewal (or new ones when `rotate`); returns the operator's text, which the
+/// operator and syncer reach the tenant with, and when the certificates are due for renewal
+/// (Unix seconds). The CAs are never touched here.
 async fn ensure_kubeconfig(
     ctx: &Context,
     tc: &TenantCluster,
@@ -145,18 +146,18 @@ async fn ensure_kubeconfig(
         Some(secret) => {
             match build::kubeconfig::needs_rewrite(secret, tc, pki, now_secs, renew_before) {
                 None => {
-                    let text = build::kubeconfig::stored_text(secret)
-                        .unwrap_or_default()
-                        .to_string();
-                    let expires = record_expiry(ctx, &ns, &tenant, pki, &text);
-                    return Ok((text, expires.unwrap_or(now_secs) - renew_before));
+                    let text = build::kubeconfig::stored_text(secret).unwrap_or_default();
+                    let expires = record_expiry(ctx, &ns, &tenant, pki, text);
+                    let operator = build::kubeconfig::operator_text(secret).unwrap_or_default();
+                    return Ok((operator.into(), expires.unwrap_or(now_secs) - renew_before));
                 }
                 Some(why) => Some(why),
             }
         }
     };
     let admin = pki.issue_admin(certificates.validity)?;
-    let secret = build::kubeconfig::kubeconfig_secret(tc, pki, &admin)?;
+    let operator = pki.issue_admin_as(crate::tenant_pki::OPERATOR_USER, certificates.validity)?;
+    let secret = build::kubeconfig::kubeconfig_secret(tc, pki, &admin, &operator)?;
     secrets
         .patch(
             &name,
@@ -176,11 +177,10 @@ async fn ensure_kubeconfig(
     };
     info!(secret = %name, reason, "{note}");
     publish(ctx, tc, EventType::Normal, reason, note).await;
-    let text = build::kubeconfig::stored_text(&secret)
-        .unwrap_or_default()
-        .to_string();
-    let expires = record_expiry(ctx, &ns, &tenant, pki, &text);
-    Ok((text, expires.unwrap_or(now_secs) - renew_before))
+    let text = build::kubeconfig::stored_text(&secret).unwrap_or_default();
+    let expires = record_expiry(ctx, &ns, &tenant, pki, text);
+    let operator = build::kubeconfig::operator_text(&secret).unwrap_or_default();
+    Ok((operator.into(), expires.unwrap_or(now_secs) - renew_before))
 }
 
 /// The `kubernetes` distribution's component certificates, in `<name>-control-plane-certs`:

@@ -52,6 +52,93 @@ pub(crate) async fn control_plane(
     pki: &TenantPki,
 ) -> Phase<ControlPlane> {
     let (tenant, ns) = build::identity(tc)?;
+    let Applied {
+        addressing,
+        certificates_due_in,
+        live,
+        outcome,
+    } = apply(tc, ctx, profile, pki, Running::Up).await?;
+    let caches = &ctx.caches;
+    let image = build::control_plane::images(tc, &ctx.options.build).join(", ");
+    // Observe the control-plane pod.
+    let pod_name = names::control_plane_pod(&tenant);
+    let pod = crate::cache::get(&caches.pods, Some(&ns), &pod_name);
+    // A new version rolling out is Provisioning, however long the tenant has been up.
+    let rolling = outcome == Outcome::Updated || live.as_deref().is_none_or(observe::rolling_out);
+    if let Some(pod) = pod.as_ref().filter(|p| observe::pod_is_ready(p)) {
+        return Ok(ControlPlane {
+            pod: (**pod).clone(),
+            addressing,
+            rolling,
+            certificates_due_in,
+        });
+    }
+    if let Some((reason, detail)) = pod.as_ref().and_then(|p| {
+        let advice = observe::pull_advice(tc.spec.control_plane.distribution);
+        observe::failing(p, &image, &tc.spec.kubernetes_version, advice)
+    }) {
+        return stop(Progress::ControlPlaneFailing { reason, detail });
+    }
+    let detail = match &pod {
+        Some(p) => format!(
+            "waiting for pod {pod_name} to become Ready ({})",
+            observe::pod_summary(p)
+        ),
+        None => format!("waiting for the StatefulSet to create pod {pod_name}"),
+    };
+    // A tenant waking up starts again: as long as a first start may take, from the wake.
+    if let Some(since) = waking_since(tc) {
+        let woke = k8s_openapi::jiff::Timestamp::now()
+            .duration_since(since)
+            .as_secs();
+        if woke <= PROVISION_TIMEOUT.as_secs() as i64 {
+            return stop(waiting(format!("waking up: {detail}")));
+        }
+    }
+    // ... for as long as a first start may take, counted from when Ready last changed.
+    if rolling && !for_too_long(tc) {
+        return stop(waiting(detail));
+    }
+    let age = tc
+        .metadata
+        .creation_timestamp
+        .as_ref()
+        .map(|t| {
+            k8s_openapi::jiff::Timestamp::now()
+                .duration_since(t.0)
+                .as_secs()
+        })
+        .unwrap_or(0);
+    let stuck = was_up(tc) || age > PROVISION_TIMEOUT.as_secs() as i64;
+    stop(Progress::ControlPlaneNotReady { detail, stuck })
+}
+
+/// Whether the control plane should run, or sleep (scaled to zero, everything else kept).
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Running {
+    Up,
+    Asleep,
+}
+
+/// What [`apply`] made of the control plane's objects.
+pub(crate) struct Applied {
+    pub addressing: Addressing,
+    pub certificates_due_in: Option<Duration>,
+    live: Option<std::sync::Arc<StatefulSet>>,
+    outcome: Outcome,
+}
+
+/// The control plane's objects as they should be: Services, configuration, certificates and
+/// the StatefulSet, at one replica or, asleep, none (a new version or certificate still lands
+/// in its template, and runs on wake).
+pub(crate) async fn apply(
+    tc: &TenantCluster,
+    ctx: &Context,
+    profile: &IsolationProfile,
+    pki: &TenantPki,
+    running: Running,
+) -> Phase<Applied> {
+    let (tenant, ns) = build::identity(tc)?;
     let client = &ctx.client;
     let caches = &ctx.caches;
     let options = &ctx.options.build;
@@ -118,12 +205,17 @@ pub(crate) async fn control_plane(
     };
 
     let statefulsets = Api::<StatefulSet>::namespaced(client.clone(), &ns);
-    let desired = build::control_plane::desired_statefulset(
+    let mut desired = build::control_plane::desired_statefulset(
         tc,
         &addressing,
         options,
         &build::admission::digest(&config),
     )?;
+    if running == Running::Asleep
+        && let Some(spec) = desired.spec.as_mut()
+    {
+        spec.replicas = Some(0);
+    }
     let live = crate::cache::get(
         &caches.statefulsets,
         Some(&ns),
@@ -194,48 +286,12 @@ pub(crate) async fn control_plane(
         .await;
     }
 
-    // Observe the control-plane pod.
-    let pod_name = names::control_plane_pod(&tenant);
-    let pod = crate::cache::get(&caches.pods, Some(&ns), &pod_name);
-    // A new version rolling out is Provisioning, however long the tenant has been up.
-    let rolling = outcome == Outcome::Updated || live.as_deref().is_none_or(observe::rolling_out);
-    if let Some(pod) = pod.as_ref().filter(|p| observe::pod_is_ready(p)) {
-        return Ok(ControlPlane {
-            pod: (**pod).clone(),
-            addressing,
-            rolling,
-            certificates_due_in,
-        });
-    }
-    if let Some((reason, detail)) = pod.as_ref().and_then(|p| {
-        let advice = observe::pull_advice(tc.spec.control_plane.distribution);
-        observe::failing(p, &image, &tc.spec.kubernetes_version, advice)
-    }) {
-        return stop(Progress::ControlPlaneFailing { reason, detail });
-    }
-    let detail = match &pod {
-        Some(p) => format!(
-            "waiting for pod {pod_name} to become Ready ({})",
-            observe::pod_summary(p)
-        ),
-        None => format!("waiting for the StatefulSet to create pod {pod_name}"),
-    };
-    // ... for as long as a first start may take, counted from when Ready last changed.
-    if rolling && !for_too_long(tc) {
-        return stop(waiting(detail));
-    }
-    let age = tc
-        .metadata
-        .creation_timestamp
-        .as_ref()
-        .map(|t| {
-            k8s_openapi::jiff::Timestamp::now()
-                .duration_since(t.0)
-                .as_secs()
-        })
-        .unwrap_or(0);
-    let stuck = was_up(tc) || age > PROVISION_TIMEOUT.as_secs() as i64;
-    stop(Progress::ControlPlaneNotReady { detail, stuck })
+    Ok(Applied {
+        addressing,
+        certificates_due_in,
+        live,
+        outcome,
+    })
 }
 
 /// The host's range that holds `api_ip`, checked against the operator's flag; the reason and
@@ -251,6 +307,11 @@ async fn service_cidr(
             .map_err(|detail| ("ServiceCIDRMismatch", detail)),
         Err(detail) => Err(("ServiceCIDRUnknown", detail)),
     }
+}
+
+/// When the tenant began to wake, while it does.
+fn waking_since(tc: &TenantCluster) -> Option<k8s_openapi::jiff::Timestamp> {
+    Some(tc.status.as_ref()?.sleep.as_ref()?.waking_since.as_ref()?.0)
 }
 
 /// Whether Ready has kept its status for longer than a control plane may take to come up.

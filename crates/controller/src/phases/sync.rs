@@ -63,6 +63,9 @@ pub(crate) async fn tenant(
         }
     };
     tracing::debug!(%version, "the tenant answered");
+    if tc.spec.sleep.after_idle().is_some() {
+        read_activity(tc, ctx, &tenant_client).await;
+    }
     // Sync: the tenant's syncer runs continuously; its verdict is the Synced condition.
     let watch_client = match connector
         .watch_client(kubeconfig, &tenant, &ns, &server)
@@ -108,5 +111,43 @@ fn unreachable(replacing: bool, detail: String) -> Progress {
         waiting(format!("{ROLLING_OUT}; the tenant API server: {detail}"))
     } else {
         Progress::Unreachable(detail)
+    }
+}
+
+/// Read how many requests the tenant audited (its use, see [`crate::sleep`]) into the activity
+/// record. When it cannot be read, the tenant counts as used now: it never sleeps on a guess.
+async fn read_activity(tc: &TenantCluster, ctx: &Context, tenant: &kube::Client) {
+    let key = crate::context::tenant_key(tc);
+    let now = k8s_openapi::jiff::Timestamp::now();
+    let request = http::Request::get("/metrics").body(Vec::new());
+    let asked = async {
+        let request = request.map_err(|e| e.to_string())?;
+        tenant
+            .request_text(request)
+            .await
+            .map_err(|e| e.to_string())
+    };
+    match tokio::time::timeout(TENANT_ANSWER_WITHIN, asked).await {
+        Ok(Ok(text)) => ctx
+            .activity
+            .observe(&key, crate::sleep::audit_events(&text), now),
+        failed => {
+            let why = match failed {
+                Ok(Err(e)) => e,
+                _ => format!("no answer within {}s", TENANT_ANSWER_WITHIN.as_secs()),
+            };
+            ctx.activity.forget(&key);
+            ctx.activity.observe(&key, 0, now);
+            super::report::publish(
+                ctx,
+                tc,
+                kube::runtime::events::EventType::Warning,
+                "ActivityUnknown",
+                format!(
+                    "could not read the tenant's request count from its /metrics ({why}); it counts as used now, so spec.sleep.afterIdle starts again"
+                ),
+            )
+            .await;
+        }
     }
 }

@@ -106,14 +106,41 @@ pub async fn create(
     }
 }
 
-/// Follow the tenant with a watch, a line per change of phase or of the Ready/Synced reasons,
-/// until it is Ready; an error when it stays Degraded past the grace or the time runs out.
+/// Follow the tenant until it is Ready, then say how to use it.
 async fn wait_ready(
     api: Api<TenantCluster>,
     created: &TenantCluster,
     timeout: Duration,
     started: tokio::time::Instant,
 ) -> anyhow::Result<()> {
+    let latest = wait_for_phase(api, created, Phase::Ready, timeout, started).await?;
+    let (name, namespace) = (latest.name_any(), latest.namespace().unwrap_or_default());
+    let endpoint = latest
+        .status
+        .as_ref()
+        .and_then(|s| s.endpoint.clone())
+        .unwrap_or_default();
+    println!(
+        "TenantCluster {name} in namespace {namespace} is Ready after {}s at {endpoint}",
+        started.elapsed().as_secs()
+    );
+    println!(
+        "Use it: `{} kubeconfig {name} -n {namespace} --merge`",
+        program()
+    );
+    Ok(())
+}
+
+/// Follow the tenant with a watch, a line per change of phase or of the Ready/Synced reasons,
+/// until its phase is `want`; an error when it stays Degraded past the grace or the time runs
+/// out. `create`, `sleep` and `wake` wait with it.
+pub(super) async fn wait_for_phase(
+    api: Api<TenantCluster>,
+    created: &TenantCluster,
+    want: Phase,
+    timeout: Duration,
+    started: tokio::time::Instant,
+) -> anyhow::Result<TenantCluster> {
     let name = created.name_any();
     let namespace = created.namespace().unwrap_or_default();
     let uid = created.uid();
@@ -142,7 +169,7 @@ async fn wait_ready(
                     );
                 }
                 let mut message = format!(
-                    "TenantCluster {name} in namespace {namespace} is not Ready after {}: {}",
+                    "TenantCluster {name} in namespace {namespace} is not {want} after {}: {}",
                     show_duration(timeout),
                     last_word(&latest)
                 );
@@ -163,7 +190,7 @@ async fn wait_ready(
                 continue;
             }
             Some(Ok(None)) => bail!(
-                "TenantCluster {name} in namespace {namespace} was deleted while waiting for it to become Ready"
+                "TenantCluster {name} in namespace {namespace} was deleted while waiting for it to become {want}"
             ),
             Some(Ok(Some(tc))) if tc.uid() != uid => bail!(
                 "TenantCluster {name} in namespace {namespace} was deleted and created again while waiting for it"
@@ -183,21 +210,8 @@ async fn wait_ready(
             degraded_since = None;
         }
         latest = tc;
-        if phase == Some(Phase::Ready) {
-            let endpoint = latest
-                .status
-                .as_ref()
-                .and_then(|s| s.endpoint.clone())
-                .unwrap_or_default();
-            println!(
-                "TenantCluster {name} in namespace {namespace} is Ready after {}s at {endpoint}",
-                started.elapsed().as_secs()
-            );
-            println!(
-                "Use it: `{} kubeconfig {name} -n {namespace} --merge`",
-                program()
-            );
-            return Ok(());
+        if phase == Some(want) {
+            return Ok(latest);
         }
     }
 }

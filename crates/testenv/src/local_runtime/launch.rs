@@ -100,7 +100,7 @@ pub(super) async fn spawn_processes(
     binaries: &Binaries,
     volume: &Volume,
     config: &ApiServerConfig,
-    admin_kubeconfig: &Path,
+    controller_manager_kubeconfig: &Path,
     pod: FromPod,
 ) -> Result<Vec<Handle>> {
     let FromPod {
@@ -119,7 +119,7 @@ pub(super) async fn spawn_processes(
     apiserver.retain(|a| !a.starts_with("--service-cluster-ip-range="));
     apiserver.push(format!("--service-cluster-ip-range={service_cidr}"));
     apiserver.extend(pod_apiserver_args);
-    let kc = admin_kubeconfig.display().to_string();
+    let kc = controller_manager_kubeconfig.display().to_string();
     let tls = dir.join("tls");
     let controller_manager = vec![
         format!("--kubeconfig={kc}"),

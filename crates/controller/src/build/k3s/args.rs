@@ -70,6 +70,12 @@ pub fn k3s_args(
         format!("--kube-apiserver-arg=admission-control-config-file={ADMISSION_CONFIG}"),
         format!("--kube-controller-manager-arg=controllers={controllers}"),
     ];
+    // What counts as use of the tenant, for sleep after idleness.
+    args.extend(
+        crate::build::audit::apiserver_flags()
+            .into_iter()
+            .map(|f| format!("--kube-apiserver-arg={f}")),
+    );
     if options.kubelet.is_some() {
         // Virtual Nodes' kubelet is the operator's endpoint, whose certificate its own CA signs.
         args.push(format!(

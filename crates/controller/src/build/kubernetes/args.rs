@@ -55,6 +55,12 @@ pub(super) fn apiserver_args(addressing: &Addressing, options: &BuildOptions) ->
         format!("--kubelet-client-key={}", cert(KUBELET_CLIENT_KEY)),
         "--profiling=false".into(),
     ];
+    // What counts as use of the tenant, for sleep after idleness.
+    args.extend(
+        crate::build::audit::apiserver_flags()
+            .into_iter()
+            .map(|f| format!("--{f}")),
+    );
     if options.kubelet.is_some() {
         // As for k3s: virtual Nodes' kubelet is the operator's endpoint, under its own CA, at
         // each Node's Hostname address first.
