@@ -10,6 +10,7 @@ use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{
     ConfigMap, LimitRange, Namespace, Pod, ResourceQuota, Secret, Service,
 };
+use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::api::Api;
 use kube::runtime::reflector::{self, ObjectRef, Store};
@@ -82,6 +83,8 @@ pub struct Caches {
     pub quotas: Store<ResourceQuota>,
     pub limit_ranges: Store<LimitRange>,
     pub pods: Store<Pod>,
+    /// The wake doors' EndpointSlices.
+    pub endpoint_slices: Store<EndpointSlice>,
     /// True once every store above holds its first list (see [`Caches::ready`]).
     ready: tokio::sync::watch::Receiver<bool>,
 }
@@ -99,6 +102,7 @@ pub struct Triggers {
     pub quotas: Trigger<ResourceQuota>,
     pub limit_ranges: Trigger<LimitRange>,
     pub pods: Trigger<Pod>,
+    pub endpoint_slices: Trigger<EndpointSlice>,
 }
 
 /// A watch of the objects the controller made (its `managed-by` label).
@@ -137,6 +141,7 @@ pub fn watch(client: &Client, namespace: Option<&str>) -> (Caches, Triggers) {
     let (quotas, t_quotas) = cached(scoped(client, namespace), owned());
     let (limit_ranges, t_limits) = cached(scoped(client, namespace), owned());
     let (pods, t_pods) = cached(scoped(client, namespace), owned());
+    let (endpoint_slices, t_slices) = cached(scoped(client, namespace), owned());
     let (ready_tx, ready) = tokio::sync::watch::channel(false);
     let caches = Caches {
         namespaces,
@@ -150,6 +155,7 @@ pub fn watch(client: &Client, namespace: Option<&str>) -> (Caches, Triggers) {
         quotas,
         limit_ranges,
         pods,
+        endpoint_slices,
         ready,
     };
     // A store's readiness wakes only the last of several concurrent waiters (its signal is a
@@ -169,6 +175,7 @@ pub fn watch(client: &Client, namespace: Option<&str>) -> (Caches, Triggers) {
             stores.quotas.wait_until_ready(),
             stores.limit_ranges.wait_until_ready(),
             stores.pods.wait_until_ready(),
+            stores.endpoint_slices.wait_until_ready(),
         );
         let _ = ready_tx.send(true);
     });
@@ -186,6 +193,7 @@ pub fn watch(client: &Client, namespace: Option<&str>) -> (Caches, Triggers) {
             quotas: t_quotas,
             limit_ranges: t_limits,
             pods: t_pods,
+            endpoint_slices: t_slices,
         },
     )
 }

@@ -2,7 +2,7 @@
 //! reconcile, importing no phase.
 
 use std::collections::BTreeMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -37,6 +37,8 @@ pub struct Context {
     pub status_writes: StatusWrites,
     /// When each awake tenant was last used, for sleep after idleness.
     pub activity: crate::sleep::Activity,
+    /// The wake doors of sleeping tenants (when the operator has `wake` options).
+    pub doors: Arc<crate::wake::Doors>,
 }
 
 impl Context {

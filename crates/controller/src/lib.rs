@@ -30,6 +30,7 @@ pub mod sleep;
 pub mod status;
 pub mod telemetry;
 pub mod tenant_pki;
+pub mod wake;
 
 pub use build::BuildOptions;
 pub use connector::Connector;

@@ -47,6 +47,10 @@ pub fn statefulset(tenant: &str) -> String {
 pub fn service(tenant: &str) -> String {
     tenant.to_string()
 }
+/// The EndpointSlice that leads a sleeping tenant's API Service to the operator's wake door.
+pub fn wake_endpoint_slice(tenant: &str) -> String {
+    format!("{}-wake", service(tenant))
+}
 /// The StatefulSet's governing Service: headless, so each control-plane pod has a stable DNS name.
 pub fn headless_service(tenant: &str) -> String {
     format!("{tenant}-headless")

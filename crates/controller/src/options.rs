@@ -19,6 +19,9 @@ pub struct ControllerOptions {
     pub certificates: CertificateOptions,
     /// Metrics and readiness.
     pub telemetry: Telemetry,
+    /// Where sleeping tenants' wake doors listen: without it, a request to a sleeping
+    /// tenant's API Service finds nothing (`connect` and `wake` still wake it).
+    pub wake: Option<crate::wake::WakeOptions>,
 }
 
 /// The lifetime of the leaf certificates the operator issues, and how long before they expire

@@ -17,12 +17,14 @@ use crate::Error;
 use crate::build;
 use crate::context::{Context, tenant_key};
 use crate::names::FINALIZER;
-use crate::names::WAKE;
+use crate::names::{self, WAKE};
 use crate::namespace::{Occupant, occupants, releases_namespace};
 use crate::phases::report::{accept, finish, finish_by, publish, report_failure};
 use crate::phases::{Halt, credentials, isolate, provision, resolve, sync};
 use crate::sleep;
 use crate::status::Progress;
+use crate::{apply, wake};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Patch, PatchParams};
@@ -133,6 +135,8 @@ async fn apply_tenant(tc: &TenantCluster, ctx: &Context) -> Result<Action, Error
         let pki = credentials::pki(&tc, ctx).await?;
         let control_plane = provision::control_plane(&tc, ctx, &policies.profile, &pki).await?;
         tracing::debug!("control plane Ready");
+        // Awake: the API Service leads to the pod again (its selector is back); no more door.
+        shut_wake_door(&tc, ctx).await?;
         // 4. The control plane is Ready: its admin kubeconfig into a Secret.
         let kubeconfig = credentials::kubeconfig(&tc, ctx, &pki).await?;
         // 5. Reach the tenant and sync it.
@@ -182,6 +186,7 @@ async fn asleep(tc: &TenantCluster, ctx: &Context, sleep: SleepStatus) -> Result
         isolate::namespace(tc, &policies.profile, ctx).await?;
         let pki = credentials::pki(tc, ctx).await?;
         provision::apply(tc, ctx, &policies.profile, &pki, provision::Running::Asleep).await?;
+        open_wake_door(tc, ctx).await?;
         let kubeconfig = credentials::kubeconfig(tc, ctx, &pki).await?;
         Ok::<_, Halt>(kubeconfig.renew_in)
     };
@@ -190,6 +195,87 @@ async fn asleep(tc: &TenantCluster, ctx: &Context, sleep: SleepStatus) -> Result
         Err(Halt::Stop(progress)) => finish(ctx, tc, progress).await,
         Err(Halt::Failed(e)) => Err(e),
     }
+}
+
+/// A sleeping tenant's wake door open, and its API Service led there by an EndpointSlice
+/// (with wake options; see [`crate::wake`]).
+async fn open_wake_door(tc: &TenantCluster, ctx: &Context) -> Result<(), Error> {
+    let Some(options) = &ctx.options.wake else {
+        return Ok(());
+    };
+    let (tenant, ns) = build::identity(tc)?;
+    let slice_name = names::wake_endpoint_slice(&tenant);
+    let live = crate::cache::get(&ctx.caches.endpoint_slices, Some(&ns), &slice_name);
+    let target = wake::DoorTarget {
+        client: ctx.client.clone(),
+        tenants: ctx.tenants.clone(),
+        pods: ctx.caches.pods.clone(),
+        connector: ctx.options.connector,
+        namespace: ns.clone(),
+        tenant: tenant.clone(),
+    };
+    let preferred = live.as_deref().and_then(build::services::wake_port);
+    let opened = !ctx.doors.is_open(&tenant_key(tc));
+    let port = ctx
+        .doors
+        .open(options, &tenant_key(tc), preferred, target)
+        .await
+        .map_err(|e| Error::Build(format!("opening the wake door of tenant {tenant}: {e}")))?;
+    let slices: Api<EndpointSlice> = Api::namespaced(ctx.client.clone(), &ns);
+    if opened {
+        forget_pod_endpoints(ctx, &ns, &names::service(&tenant)).await?;
+    }
+    let desired = build::services::wake_endpoint_slice(tc, options.advertise, port)?;
+    apply::ensure(&slices, &ctx.caches.endpoint_slices, &desired).await?;
+    Ok(())
+}
+
+/// Kubernetes leaves the endpoints of a Service that lost its selector as they were: the
+/// Endpoints object, the EndpointSlice controller's slices and the mirroring controller's copy
+/// of that Endpoints. The pod that is going would stay an endpoint beside the wake door, and
+/// take half the connections. They go; on wake the controllers make them again.
+async fn forget_pod_endpoints(ctx: &Context, ns: &str, service: &str) -> Result<(), Error> {
+    let failed = |what: &str| {
+        let object = format!("deleting the {what} of Service {ns}/{service} that led to its pod");
+        move |error| Error::Write { object, error }
+    };
+    let endpoints: Api<k8s_openapi::api::core::v1::Endpoints> =
+        Api::namespaced(ctx.client.clone(), ns);
+    match endpoints
+        .delete(service, &kube::api::DeleteParams::background())
+        .await
+    {
+        Ok(_) => {}
+        Err(kube::Error::Api(e)) if e.code == 404 => {}
+        Err(e) => return Err(failed("Endpoints")(e)),
+    }
+    let slices: Api<EndpointSlice> = Api::namespaced(ctx.client.clone(), ns);
+    for manager in [
+        "endpointslice-controller.k8s.io",
+        "endpointslicemirroring-controller.k8s.io",
+    ] {
+        let theirs = format!(
+            "kubernetes.io/service-name={service},endpointslice.kubernetes.io/managed-by={manager}"
+        );
+        slices
+            .delete_collection(
+                &kube::api::DeleteParams::background(),
+                &kube::api::ListParams::default().labels(&theirs),
+            )
+            .await
+            .map_err(failed("EndpointSlices"))?;
+    }
+    Ok(())
+}
+
+/// The wake door closed and its EndpointSlice gone: the tenant is awake.
+async fn shut_wake_door(tc: &TenantCluster, ctx: &Context) -> Result<(), Error> {
+    let (tenant, ns) = build::identity(tc)?;
+    let slices: Api<EndpointSlice> = Api::namespaced(ctx.client.clone(), &ns);
+    let slice_name = names::wake_endpoint_slice(&tenant);
+    apply::ensure_absent(&slices, &ctx.caches.endpoint_slices, &ns, &slice_name).await?;
+    ctx.doors.retire(&tenant_key(tc));
+    Ok(())
 }
 
 /// The wake request is done: remove its annotation, so the next idle sleep is not undone by it.
@@ -214,6 +300,8 @@ async fn cleanup(tc: &TenantCluster, ctx: &Context) -> Result<Action, Error> {
     ctx.syncers.remove(&ns, &tenant).await?;
     ctx.options.telemetry.metrics.forget_tenant(&ns, &tenant);
     ctx.status_writes.forget(&tenant_key(tc));
+    ctx.doors.close(&tenant_key(tc));
+    ctx.activity.forget(&tenant_key(tc));
     // The datastore goes with the tenant: a new TenantCluster of the same name starts empty.
     let claims = provision::delete_data_claims(tc, ctx).await?;
     if claims > 0 {

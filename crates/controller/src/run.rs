@@ -111,6 +111,7 @@ pub async fn run(
         failures: Default::default(),
         status_writes: Default::default(),
         activity: Default::default(),
+        doors: Default::default(),
     });
     let syncers = context.syncers.clone();
     controller
@@ -121,6 +122,7 @@ pub async fn run(
         .owns_stream(triggers.network_policies)
         .owns_stream(triggers.quotas)
         .owns_stream(triggers.limit_ranges)
+        .owns_stream(triggers.endpoint_slices)
         .watches_stream(triggers.pods, pod_mapper)
         .watches_stream(triggers.profiles, profile_mapper)
         .watches_stream(triggers.sync_policies, sync_mapper)

@@ -5,7 +5,7 @@
 //! ([`crate::build::audit`]) leaves out its own components, its workloads' service accounts, the
 //! operator's user and health probes, so what it counts is people and clients outside the
 //! tenant, known by identity. The operator reads that count from the API server's
-//! `apiserver_audit_event_total` (no request waits on it: the audit log is written in batches)
+//! `apiserver_audit_level_total` (no request waits on it: the audit log is written in batches)
 //! each time it looks at an awake tenant with `afterIdle`, at most [`POLL_EVERY`] apart.
 //!
 //! A tenant asleep for idleness wakes on a wake request, the [`WAKE`](crate::names::WAKE)
@@ -127,16 +127,15 @@ impl Activity {
     }
 }
 
-/// The count of audited requests in an API server's `/metrics` text: the sum of
-/// `apiserver_audit_event_total` (one series, or none before the first event).
+/// The count of audited requests in an API server's `/metrics` text: the series of
+/// `apiserver_audit_level_total` whose level is not `None` (one per request, where
+/// `apiserver_audit_event_total` counts a watch twice).
 pub fn audit_events(metrics: &str) -> u64 {
     metrics
         .lines()
-        .filter(|l| {
-            l.strip_prefix("apiserver_audit_event_total")
-                .is_some_and(|rest| rest.starts_with([' ', '{']))
-        })
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .filter_map(|l| l.strip_prefix("apiserver_audit_level_total"))
+        .filter(|rest| rest.starts_with([' ', '{']) && !rest.contains("level=\"None\""))
+        .filter_map(|rest| rest.rsplit(' ').next()?.parse::<f64>().ok())
         .map(|v| v as u64)
         .sum()
 }
@@ -254,10 +253,10 @@ mod tests {
 
     #[test]
     fn the_audit_count_is_read_from_the_metrics_text() {
-        let text = "# HELP apiserver_audit_event_total [ALPHA] Counter of audit events generated and sent to the audit backend.\n# TYPE apiserver_audit_event_total counter\napiserver_audit_event_total 42\napiserver_audit_event_total_other 9\napiserver_audit_requests_rejected_total 0\n";
-        assert_eq!(audit_events(text), 42);
+        let text = "# TYPE apiserver_audit_level_total counter\napiserver_audit_level_total{level=\"Metadata\"} 42\napiserver_audit_level_total{level=\"None\"} 900\napiserver_audit_event_total 50\n";
+        assert_eq!(audit_events(text), 42, "requests at level None are not use");
         assert_eq!(
-            audit_events("apiserver_audit_event_total{x=\"y\"} 3e+00\n"),
+            audit_events("apiserver_audit_level_total{level=\"Metadata\"} 3e+00\n"),
             3
         );
         assert_eq!(audit_events(""), 0);

@@ -445,6 +445,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 health_interval: None,
                 certificates: operator.certificates()?,
                 telemetry: Default::default(),
+                wake: operator.wake(),
             };
             operator::run(&cli.host, &operator, operator_namespace, options).await?;
         }

@@ -79,9 +79,43 @@ pub struct OperatorArgs {
     /// The Service in front of the kubelet endpoint, in the operator's namespace.
     #[arg(long, default_value = "tenantplane-kubelet", value_name = "NAME")]
     pub kubelet_service: String,
+    /// The operator's address that a sleeping tenant's API Service leads to: a request there
+    /// wakes the tenant and passes through once it is Ready. Without it, only `connect` and
+    /// `wake` wake a tenant.
+    #[arg(long, env = "POD_IP", value_name = "IP")]
+    pub wake_address: Option<std::net::IpAddr>,
+    /// The ports the wake doors take, one per sleeping tenant (on every address).
+    #[arg(long, default_value = "7400-7999", value_name = "FIRST-LAST", value_parser = parse_port_range)]
+    pub wake_ports: std::ops::RangeInclusive<u16>,
+}
+
+/// `FIRST-LAST`, such as `7400-7999`.
+fn parse_port_range(text: &str) -> Result<std::ops::RangeInclusive<u16>, String> {
+    let bad = || format!("invalid port range {text:?}: use FIRST-LAST, such as 7400-7999");
+    let (first, last) = text.split_once('-').ok_or_else(bad)?;
+    let first: u16 = first.trim().parse().map_err(|_| bad())?;
+    let last: u16 = last.trim().parse().map_err(|_| bad())?;
+    if first == 0 || first > last {
+        return Err(bad());
+    }
+    Ok(first..=last)
 }
 
 impl OperatorArgs {
+    /// Where the wake doors listen, if the operator knows its address.
+    pub fn wake(&self) -> Option<tenantplane_controller::wake::WakeOptions> {
+        let advertise = self.wake_address?;
+        let listen = match advertise {
+            std::net::IpAddr::V4(_) => std::net::Ipv4Addr::UNSPECIFIED.into(),
+            std::net::IpAddr::V6(_) => std::net::Ipv6Addr::UNSPECIFIED.into(),
+        };
+        Some(tenantplane_controller::wake::WakeOptions {
+            listen,
+            advertise,
+            ports: self.wake_ports.clone(),
+        })
+    }
+
     pub fn certificates(&self) -> anyhow::Result<CertificateOptions> {
         let options = CertificateOptions {
             validity: self.certificate_validity,

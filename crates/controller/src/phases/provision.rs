@@ -155,12 +155,14 @@ pub(crate) async fn apply(
             format!("replacing the headless Service {service_name} with one that has a cluster IP");
         return stop(waiting(detail));
     }
-    apply::ensure(
-        &services,
-        &caches.services,
-        &build::services::desired_service(tc)?,
-    )
-    .await?;
+    // Asleep with a wake door, the Service leads to the door's EndpointSlice, not the pod.
+    let service = match running {
+        Running::Asleep if ctx.options.wake.is_some() => {
+            build::services::desired_sleeping_service(tc)?
+        }
+        _ => build::services::desired_service(tc)?,
+    };
+    apply::ensure(&services, &caches.services, &service).await?;
     apply::ensure(
         &services,
         &caches.services,

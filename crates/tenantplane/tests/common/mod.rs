@@ -54,7 +54,20 @@ impl Operator {
 }
 
 pub fn options(ns: &str, kubelet: Option<KubeletOptions>) -> ControllerOptions {
-    tenant::local_operator_options(Some(ns.to_string()), Some(Duration::from_secs(2)), kubelet)
+    let mut options =
+        tenant::local_operator_options(Some(ns.to_string()), Some(Duration::from_secs(2)), kubelet);
+    // On a real node, pods reach this process at an address of its own, as an operator pod's:
+    // sleeping tenants' API Services lead to wake doors there.
+    if tenantplane_testenv::host_cluster::real_node::running() {
+        let advertise = tenantplane_testenv::host_cluster::real_node::operator_address()
+            .unwrap_or_else(|e| panic!("the operator's address on the node: {e}"));
+        options.wake = Some(tenantplane_controller::wake::WakeOptions {
+            listen: advertise,
+            advertise,
+            ports: 7400..=7999,
+        });
+    }
+    options
 }
 
 /// [`start_operator`] serving the kubelet endpoint of the virtual nodes too, as a deployed

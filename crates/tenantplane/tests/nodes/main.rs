@@ -4,7 +4,8 @@
 //! test` runs it in a network namespace of its own. One module per part of a kubelet's work:
 //! `run` (output, identity, how containers end), `exec` (exec, cp, attach, debug,
 //! port-forward), `network_policy` (the isolation policies, enforced by packets), `probes`
-//! (probes, hooks, rollouts), `services` (Services, DNS, identity).
+//! (probes, hooks, rollouts), `services` (Services, DNS, identity), `wake` (a sleeping tenant
+//! woken by requests to its Service).
 
 #[path = "../common/mod.rs"]
 mod common;
@@ -15,6 +16,7 @@ mod network_policy;
 mod probes;
 mod run;
 mod services;
+mod wake;
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;

@@ -37,6 +37,22 @@ pub fn running() -> bool {
     RUNNING.load(std::sync::atomic::Ordering::SeqCst)
 }
 
+/// The address the operator of a test has on the real node's network, as a pod IP would be
+/// (on loopback, beside the local runtime's pod IPs, which are `10.245.<port>` for loopback
+/// ports above 1023): sleeping tenants' API Services lead to its wake doors there.
+pub const OPERATOR_IP: &str = "10.245.0.2";
+
+/// Put [`OPERATOR_IP`] on loopback (idempotent); the address.
+pub fn operator_address() -> Result<std::net::IpAddr> {
+    run(
+        "ip",
+        &["addr", "replace", &format!("{OPERATOR_IP}/32"), "dev", "lo"],
+    )?;
+    OPERATOR_IP
+        .parse()
+        .map_err(|e| Error::Io(format!("{OPERATOR_IP}: {e}")))
+}
+
 /// What a running real node leaves to clean up, and where its registry is.
 #[derive(Debug)]
 pub(super) struct RealNodeState {

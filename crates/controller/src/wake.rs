@@ -1,0 +1,396 @@
+//! The wake door: while a tenant sleeps, its API Service leads here, to a port the operator
+//! listens on for that tenant alone (the Service has no selector then, and an EndpointSlice the
+//! operator writes names this address). A connection that arrives is held, the tenant is asked
+//! to wake (once for every connection waiting), and once its control-plane pod is Ready the
+//! bytes pass through to it untouched: the TLS is the tenant's own, so a client keeps checking
+//! the tenant's serving certificate and its client certificate reaches the tenant. A client
+//! sees a slow answer, not an error, for up to [`WAKE_WITHIN`]; past it the connection is
+//! closed, and the tenant's status and an Event say why.
+//!
+//! The leader serves the doors (only it reconciles); a new leader opens them again, on the
+//! ports the EndpointSlices name where it can.
+
+use std::collections::BTreeMap;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::Client;
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::reflector::Store;
+use serde_json::json;
+use tenantplane_api::TenantCluster;
+use tokio::net::{TcpListener, TcpStream};
+use tracing::{info, warn};
+
+use crate::connector::Connector;
+use crate::context::TenantKey;
+use crate::{cache, names, observe};
+
+/// How long a connection waits for a sleeping tenant to be Ready before it is closed.
+pub const WAKE_WITHIN: Duration = Duration::from_secs(120);
+
+/// Where the doors listen and what address the Services are given.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WakeOptions {
+    /// The address the doors listen on (all of the operator's, usually).
+    pub listen: IpAddr,
+    /// The operator's address that the EndpointSlices name: its pod IP in a cluster.
+    pub advertise: IpAddr,
+    /// The ports the doors take, one per sleeping tenant.
+    pub ports: std::ops::RangeInclusive<u16>,
+}
+
+/// The open doors, one per sleeping tenant.
+#[derive(Default)]
+pub struct Doors {
+    open: Mutex<BTreeMap<TenantKey, Door>>,
+}
+
+struct Door {
+    port: u16,
+    accept: tokio::task::JoinHandle<()>,
+    /// Being closed: the tenant is awake, and the door stays open for [`CLOSE_AFTER`] for
+    /// connections that proxies still send here.
+    retiring: bool,
+}
+
+/// How long a door stays open once its tenant is awake and its EndpointSlice gone: kube-proxy
+/// takes a moment to route the Service to the pod again, and a connection it sends to a closed
+/// door is refused. Meanwhile the door passes connections straight through.
+pub const CLOSE_AFTER: Duration = Duration::from_secs(30);
+
+impl Drop for Door {
+    fn drop(&mut self) {
+        // Connections already accepted run on; no new ones are taken.
+        self.accept.abort();
+    }
+}
+
+/// What a door needs to wake its tenant and reach it.
+#[derive(Clone)]
+pub struct DoorTarget {
+    pub client: Client,
+    /// The controller's cache of TenantClusters (the operator may not `get` one).
+    pub tenants: Store<TenantCluster>,
+    pub pods: Store<Pod>,
+    pub connector: Connector,
+    pub namespace: String,
+    pub tenant: String,
+}
+
+impl Doors {
+    /// The port of tenant `key`'s door, opened if it is not: `preferred` (the port its
+    /// EndpointSlice names) when free, else the first free one.
+    pub async fn open(
+        &self,
+        options: &WakeOptions,
+        key: &TenantKey,
+        preferred: Option<u16>,
+        target: DoorTarget,
+    ) -> Result<u16, String> {
+        let taken: Vec<u16> = {
+            let mut open = self
+                .open
+                .lock()
+                .map_err(|_| "the doors' lock is poisoned")?;
+            match open.get(key) {
+                Some(door) if !door.retiring => return Ok(door.port),
+                // Asleep again before its door closed: a new door, which asks for a new wake.
+                Some(_) => drop(open.remove(key)),
+                None => {}
+            }
+            open.values().map(|d| d.port).collect()
+        };
+        let candidates = preferred
+            .filter(|p| options.ports.contains(p))
+            .into_iter()
+            .chain(options.ports.clone())
+            .filter(|p| !taken.contains(p));
+        let mut last_error = None;
+        for port in candidates {
+            match TcpListener::bind(SocketAddr::new(options.listen, port)).await {
+                Ok(listener) => {
+                    let accept = tokio::spawn(serve(listener, Arc::new(target)));
+                    info!(namespace = %key.0, tenant = %key.1, port, "wake door open");
+                    if let Ok(mut open) = self.open.lock() {
+                        open.insert(
+                            key.clone(),
+                            Door {
+                                port,
+                                accept,
+                                retiring: false,
+                            },
+                        );
+                    }
+                    return Ok(port);
+                }
+                Err(e) => last_error = Some(format!("port {port}: {e}")),
+            }
+        }
+        Err(format!(
+            "no free port for its wake door in {}-{} on {} (last: {})",
+            options.ports.start(),
+            options.ports.end(),
+            options.listen,
+            last_error.unwrap_or_else(|| "every port is taken by another tenant".into())
+        ))
+    }
+
+    /// Close tenant `key`'s door after [`CLOSE_AFTER`] (it is awake): connections routed here
+    /// meanwhile still reach it.
+    pub fn retire(self: &Arc<Self>, key: &TenantKey) {
+        let Ok(mut open) = self.open.lock() else {
+            return;
+        };
+        let Some(door) = open.get_mut(key).filter(|d| !d.retiring) else {
+            return;
+        };
+        door.retiring = true;
+        let (doors, key, port) = (Arc::downgrade(self), key.clone(), door.port);
+        tokio::spawn(async move {
+            tokio::time::sleep(CLOSE_AFTER).await;
+            if let Some(doors) = doors.upgrade()
+                && let Ok(mut open) = doors.open.lock()
+                && open.get(&key).is_some_and(|d| d.retiring && d.port == port)
+            {
+                open.remove(&key);
+                info!(namespace = %key.0, tenant = %key.1, "wake door closed");
+            }
+        });
+    }
+
+    /// Close tenant `key`'s door now (it is gone).
+    pub fn close(&self, key: &TenantKey) {
+        if let Ok(mut open) = self.open.lock()
+            && open.remove(key).is_some()
+        {
+            info!(namespace = %key.0, tenant = %key.1, "wake door closed");
+        }
+    }
+
+    /// Is tenant `key`'s door open?
+    pub fn is_open(&self, key: &TenantKey) -> bool {
+        self.open.lock().is_ok_and(|o| o.contains_key(key))
+    }
+}
+
+/// Take connections until the door closes; each waits for the tenant on a task of its own.
+async fn serve(listener: TcpListener, target: Arc<DoorTarget>) {
+    // One wake request for every connection this door holds.
+    let asked = Arc::new(tokio::sync::OnceCell::new());
+    loop {
+        match listener.accept().await {
+            Ok((socket, peer)) => {
+                let _ = socket.set_nodelay(true);
+                tokio::spawn(hold(socket, peer, target.clone(), asked.clone()));
+            }
+            Err(e) => {
+                warn!(error = %e, "wake door: accepting a connection failed");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    }
+}
+
+/// Hold one connection: wake the tenant, wait for it, then pass the bytes through.
+async fn hold(
+    mut socket: TcpStream,
+    peer: SocketAddr,
+    target: Arc<DoorTarget>,
+    asked: Arc<tokio::sync::OnceCell<()>>,
+) {
+    let (ns, tenant) = (&target.namespace, &target.tenant);
+    let woken = asked
+        .get_or_try_init(|| async {
+            info!(namespace = %ns, tenant = %tenant, %peer, "a request to a sleeping tenant: waking it");
+            let asleep_by_spec = cache::get(&target.tenants, Some(ns), tenant)
+                .is_some_and(|tc| tc.spec.sleep.asleep);
+            request_wake(&target.client, ns, tenant, asleep_by_spec).await
+        })
+        .await;
+    if let Err(e) = woken {
+        warn!(namespace = %ns, tenant = %tenant, %peer, error = %e, "wake door: asking for a wake failed; closing the connection");
+        return;
+    }
+    let address = match tokio::time::timeout(WAKE_WITHIN, ready_address(&target)).await {
+        Ok(address) => address,
+        Err(_) => {
+            warn!(namespace = %ns, tenant = %tenant, %peer, "wake door: the tenant was not Ready within {}s; closing the connection", WAKE_WITHIN.as_secs());
+            return;
+        }
+    };
+    match TcpStream::connect(&address).await {
+        Ok(mut upstream) => {
+            let _ = upstream.set_nodelay(true);
+            let _ = tokio::io::copy_bidirectional(&mut socket, &mut upstream).await;
+        }
+        Err(e) => {
+            warn!(namespace = %ns, tenant = %tenant, %peer, %address, error = %e, "wake door: dialling the woken tenant failed");
+        }
+    }
+}
+
+/// Ask for a wake as `tenantplane wake` does: the wake annotation, and `spec.sleep.asleep` back
+/// to false when the spec holds it asleep.
+pub async fn request_wake(
+    client: &Client,
+    namespace: &str,
+    tenant: &str,
+    asleep_by_spec: bool,
+) -> Result<(), String> {
+    let api: Api<TenantCluster> = Api::namespaced(client.clone(), namespace);
+    let mut patch = json!({"metadata": {"annotations": {
+        names::WAKE: k8s_openapi::jiff::Timestamp::now().to_string()
+    }}});
+    if asleep_by_spec {
+        patch["spec"] = json!({"sleep": {"asleep": false}});
+    }
+    api.patch(tenant, &PatchParams::default(), &Patch::Merge(patch))
+        .await
+        .map(drop)
+        .map_err(|e| e.to_string())
+}
+
+/// Wait until the tenant is awake (its status says its API server answers, and no longer that
+/// it sleeps) and its control-plane pod is Ready and staying; the address to dial it at (never
+/// the Service, which leads here while the door is open). A pod that is Ready just after the
+/// tenant went to sleep, before it is deleted, is not taken for a woken one.
+async fn ready_address(target: &DoorTarget) -> String {
+    let pod_name = names::control_plane_pod(&target.tenant);
+    loop {
+        let awake = cache::get(&target.tenants, Some(&target.namespace), &target.tenant)
+            .and_then(|tc| tc.status.clone())
+            .is_some_and(|s| {
+                s.sleep.is_none()
+                    && tenantplane_api::conditions::find(
+                        &s.conditions,
+                        tenantplane_api::conditions::READY,
+                    )
+                    .is_some_and(|c| c.status == "True")
+            });
+        if awake
+            && let Some(pod) = cache::get(&target.pods, Some(&target.namespace), &pod_name)
+            && pod.metadata.deletion_timestamp.is_none()
+            && observe::pod_is_ready(&pod)
+            && let Some(address) = pod_address(target, &pod)
+        {
+            return address;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// `host:port` of the pod's API server.
+fn pod_address(target: &DoorTarget, pod: &Pod) -> Option<String> {
+    match target.connector {
+        Connector::InCluster => {
+            let ip = pod.status.as_ref()?.pod_ip.clone()?;
+            let ip: IpAddr = ip.parse().ok()?;
+            Some(SocketAddr::new(ip, names::API_PORT as u16).to_string())
+        }
+        Connector::Local => {
+            let server = target
+                .connector
+                .server(&target.tenant, &target.namespace, pod)
+                .ok()?;
+            let url: http::Uri = server.parse().ok()?;
+            Some(format!("{}:{}", url.host()?, url.port_u16()?))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn options(ports: std::ops::RangeInclusive<u16>) -> WakeOptions {
+        WakeOptions {
+            listen: "127.0.0.1".parse().unwrap(),
+            advertise: "127.0.0.1".parse().unwrap(),
+            ports,
+        }
+    }
+
+    fn target() -> DoorTarget {
+        let (pods, _writer) = kube::runtime::reflector::store();
+        let (tenants, _writer) = kube::runtime::reflector::store();
+        DoorTarget {
+            client: Client::try_from(kube::Config::new("http://127.0.0.1:9".parse().unwrap()))
+                .unwrap(),
+            tenants,
+            pods,
+            connector: Connector::Local,
+            namespace: "ns".into(),
+            tenant: "dev".into(),
+        }
+    }
+
+    fn free_range(n: u16) -> std::ops::RangeInclusive<u16> {
+        // A range the machine does not use: probe for one.
+        for start in (40_000..60_000).step_by(97) {
+            let all_free =
+                (start..start + n).all(|p| std::net::TcpListener::bind(("127.0.0.1", p)).is_ok());
+            if all_free {
+                return start..=start + n - 1;
+            }
+        }
+        panic!("no free port range");
+    }
+
+    #[tokio::test]
+    async fn each_tenant_gets_a_door_of_its_own_and_keeps_it() {
+        let ports = free_range(2);
+        let o = options(ports.clone());
+        let doors = Doors::default();
+        let a = ("ns".to_string(), "a".to_string());
+        let b = ("ns".to_string(), "b".to_string());
+        let pa = doors.open(&o, &a, None, target()).await.unwrap();
+        assert_eq!(
+            doors.open(&o, &a, None, target()).await.unwrap(),
+            pa,
+            "kept"
+        );
+        let pb = doors.open(&o, &b, Some(pa), target()).await.unwrap();
+        assert_ne!(pa, pb, "a port another door holds is not given again");
+        let c = ("ns".to_string(), "c".to_string());
+        let full = doors.open(&o, &c, None, target()).await.unwrap_err();
+        assert!(full.contains("no free port for its wake door"), "{full}");
+        doors.close(&a);
+        assert!(!doors.is_open(&a));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert_eq!(
+            doors.open(&o, &c, Some(pa), target()).await.unwrap(),
+            pa,
+            "preferred, once free"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_awake_tenants_door_stays_open_a_while_then_closes() {
+        let o = options(free_range(2));
+        let doors = Arc::new(Doors::default());
+        let a = ("ns".to_string(), "a".to_string());
+        let port = doors.open(&o, &a, None, target()).await.unwrap();
+        doors.retire(&a);
+        tokio::time::sleep(CLOSE_AFTER / 2).await;
+        assert!(
+            doors.is_open(&a),
+            "still open for connections already routed here"
+        );
+        tokio::time::sleep(CLOSE_AFTER).await;
+        assert!(!doors.is_open(&a));
+        // Asleep again while retiring: a fresh door.
+        let again = doors.open(&o, &a, Some(port), target()).await.unwrap();
+        doors.retire(&a);
+        let fresh = doors.open(&o, &a, Some(again), target()).await.unwrap();
+        assert!(doors.is_open(&a));
+        tokio::time::sleep(CLOSE_AFTER * 2).await;
+        assert!(
+            doors.is_open(&a),
+            "the new door is not closed by the old timer"
+        );
+        let _ = fresh;
+    }
+}
