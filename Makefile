@@ -7,7 +7,7 @@ export CARGO_TARGET_DIR ?= $(CACHE)/target
 export GOTOOLCHAIN := local
 CARGO ?= cargo
 
-.PHONY: test testenv lint crds build demo bench-controller bench-sync conformance docs
+.PHONY: test testenv lint crds build demo bench-controller bench-sync bench-sleep conformance docs
 
 ## test: every test, unit and against the real control plane (builds the control plane if missing),
 ## built first, then run in network, mount and PID namespaces of their own (testenv/isolated.sh)
@@ -24,6 +24,14 @@ demo: testenv
 bench-controller: N ?= 100
 bench-controller: testenv
 	N=$(N) $(CARGO) bench -p tenantplane --locked --bench controller
+
+## bench-sleep: N tenants (default 10) with PODS pods each (default 3), awake and idle, then put
+## to sleep, then woken one at a time; prints host memory, pods and CPU awake and asleep, the time
+## from a wake request to the tenant's first answer (p50/p99), and how many idle tenants fit
+bench-sleep: N ?= 10
+bench-sleep: PODS ?= 3
+bench-sleep: testenv
+	N=$(N) PODS=$(PODS) bash testenv/isolated.sh $(CARGO) bench -p tenantplane --locked --bench sleep
 
 ## bench-sync: IDLE pods (default 50) one at a time in an idle tenant ("idle hop" p50/p99), then N
 ## pods (default 1000) spread over TENANTS tenants (default 1, one operator for all) through their

@@ -484,3 +484,55 @@ async fn connect_says_what_to_fix_and_exits_1() {
         "nothing is written for a tenant that is not Ready"
     );
 }
+
+#[tokio::test]
+async fn connect_wakes_a_sleeping_tenant_and_a_connection_wakes_it_again() {
+    use kube::api::{Patch, PatchParams};
+    use tenantplane_api::{Phase, TenantCluster};
+    let world = ReadyTenant::start("connect-wake").await;
+    let (ns, host) = (&world.ns.name, &world.host);
+    let tenants: Api<TenantCluster> = Api::namespaced(host.clone(), ns);
+    let asleep = Patch::Merge(serde_json::json!({"spec": {"sleep": {"asleep": true}}}));
+    tenants
+        .patch("dev", &PatchParams::default(), &asleep)
+        .await
+        .unwrap();
+    common::wait_for_phase(host, ns, "dev", Phase::Sleeping).await;
+
+    // `connect` finds it asleep, wakes it with progress lines, then forwards.
+    let out = shared().dir().join(format!("{ns}-wake.kubeconfig"));
+    let out_arg = out.display().to_string();
+    let mut connect = Connect::start(
+        &["connect", "dev", "-n", ns, "--kubeconfig-out", &out_arg],
+        &host_kubeconfig(),
+    );
+    connect
+        .line_starting(&format!(
+            "TenantCluster dev in namespace {ns} is asleep: waking it up"
+        ))
+        .await;
+    let woke = connect
+        .line_starting(&format!("TenantCluster dev in namespace {ns} woke up in "))
+        .await;
+    eprintln!("{woke}");
+    connect.ready().await;
+    assert!(tenant_namespaces(&out).await.contains("namespace/default"));
+
+    // Asleep again while `connect` runs: the next connection wakes it and is answered.
+    tenants
+        .patch("dev", &PatchParams::default(), &asleep)
+        .await
+        .unwrap();
+    common::wait_for_phase(host, ns, "dev", Phase::Sleeping).await;
+    let started = Instant::now();
+    assert!(tenant_namespaces(&out).await.contains("namespace/default"));
+    eprintln!(
+        "a connection to the sleeping tenant was answered after {:.1?}",
+        started.elapsed()
+    );
+    let tc = tenants.get("dev").await.unwrap();
+    assert_eq!(tc.status.unwrap().phase, Some(Phase::Ready));
+    assert!(!tc.spec.sleep.asleep, "the wake set the spec back");
+    let (code, _) = connect.stop("INT").await;
+    assert_eq!(code, 0);
+}

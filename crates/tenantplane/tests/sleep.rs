@@ -495,3 +495,26 @@ async fn after_idle_is_checked_at_admission_with_the_format_in_the_message() {
         .await
         .unwrap();
 }
+
+#[tokio::test]
+async fn the_operator_restarted_while_a_tenant_wakes_finishes_the_wake() {
+    let mut world = ReadyTenant::start("sl-restart").await;
+    let (ns, host, name) = (
+        &world.ns.name.clone(),
+        &world.host.clone(),
+        &world.name.clone(),
+    );
+    patch_spec(host, ns, name, json!({"sleep": {"asleep": true}})).await;
+    wait_for_phase(host, ns, name, Phase::Sleeping).await;
+    request_wake(host, ns, name, true).await;
+    // The first waking status, then the operator goes and comes back.
+    wait_for_status(host, ns, name, "began to wake", |s| {
+        s.sleep.as_ref().is_some_and(|s| s.waking_since.is_some())
+    })
+    .await;
+    world.operator.restart_controller(&world.ns);
+    let awake = wait_for_phase(host, ns, name, Phase::Ready).await;
+    assert_eq!(awake.status.unwrap().sleep, None);
+    wake_request_answered(host, ns, name).await;
+    drop(world);
+}
