@@ -93,18 +93,29 @@ async fn all_in_phase(
             return Ok(());
         }
         if last.elapsed() >= PROGRESS_EVERY {
-            say(start, &format!("{done}/{} tenants {phase}", namespaces.len()));
+            say(
+                start,
+                &format!("{done}/{} tenants {phase}", namespaces.len()),
+            );
             last = Instant::now();
         }
         if Instant::now() > deadline {
-            bail!("{done}/{} tenants {phase} after 5 minutes", namespaces.len());
+            bail!(
+                "{done}/{} tenants {phase} after 5 minutes",
+                namespaces.len()
+            );
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
 }
 
 /// The machine's idle CPU over [`IDLE_CPU`]: busy share, and the tenants' processes' millicores.
-fn idle_cpu_line(what: &str, tenant_pids: &HashSet<u32>, n: usize, before: &CpuSnapshot) -> (String, f64) {
+fn idle_cpu_line(
+    what: &str,
+    tenant_pids: &HashSet<u32>,
+    n: usize,
+    before: &CpuSnapshot,
+) -> (String, f64) {
     let used = CpuSnapshot::take(tenant_pids).since(before);
     let tenant: f64 = used
         .by_name
@@ -112,7 +123,7 @@ fn idle_cpu_line(what: &str, tenant_pids: &HashSet<u32>, n: usize, before: &CpuS
         .filter(|(name, _)| name.starts_with("tenant "))
         .map(|(_, s)| s)
         .sum();
-    let per_tenant = 1000.0 * tenant / IDLE_CPU.as_secs_f64() / n.max(1) as f64;
+    let per_tenant = (1000.0 * tenant / IDLE_CPU.as_secs_f64() / n.max(1) as f64).max(0.0);
     (
         format!(
             "  CPU {what}: the machine {:.0}% busy ({:.1} of {:.1} core-seconds); tenant control planes {:.0} millicores each",
@@ -139,7 +150,10 @@ async fn main() -> anyhow::Result<()> {
         bail!("N must be at least 1");
     }
     let start = Instant::now();
-    say(start, &format!("starting the test control plane for {n} tenants"));
+    say(
+        start,
+        &format!("starting the test control plane for {n} tenants"),
+    );
     let nodes = (n * (pods as usize + 2)).div_ceil(100);
     tokio::task::spawn_blocking(move || {
         shared();
@@ -217,7 +231,13 @@ async fn main() -> anyhow::Result<()> {
         }
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
-    say(start, &format!("{want} pods on the host; settling for {}s", SETTLE.as_secs()));
+    say(
+        start,
+        &format!(
+            "{want} pods on the host; settling for {}s",
+            SETTLE.as_secs()
+        ),
+    );
     tokio::time::sleep(SETTLE).await;
 
     // Awake and idle.
@@ -225,7 +245,10 @@ async fn main() -> anyhow::Result<()> {
     let awake_available = available_mib();
     let awake_pods = host_pods(&admin, &names).await?;
     let tenant_pids: HashSet<u32> = runtime.pids().into_iter().collect();
-    say(start, &format!("measuring idle CPU for {}s, awake", IDLE_CPU.as_secs()));
+    say(
+        start,
+        &format!("measuring idle CPU for {}s, awake", IDLE_CPU.as_secs()),
+    );
     let before = CpuSnapshot::take(&tenant_pids);
     tokio::time::sleep(IDLE_CPU).await;
     let (awake_cpu, mcores_awake) = idle_cpu_line("awake, idle", &tenant_pids, n, &before);
@@ -251,7 +274,12 @@ async fn main() -> anyhow::Result<()> {
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
     let gone = slept.elapsed();
-    say(start, &format!("{n} tenants Sleeping after {to_sleep:.1?}; their processes and pods gone after {gone:.1?}"));
+    say(
+        start,
+        &format!(
+            "{n} tenants Sleeping after {to_sleep:.1?}; their processes and pods gone after {gone:.1?}"
+        ),
+    );
     tokio::time::sleep(Duration::from_secs(5)).await;
     let asleep_available = available_mib();
     let asleep_pods = host_pods(&admin, &names).await?;
@@ -305,13 +333,23 @@ async fn main() -> anyhow::Result<()> {
     let asleep_mib = available_empty.saturating_sub(asleep_available) as f64 / n as f64;
     let cores = std::thread::available_parallelism().map_or(1, |c| c.get()) as f64;
     let fit = |mib: f64, mcores: f64| {
-        let by_memory = if mib > 0.5 { (available_empty as f64 / mib) as u64 } else { u64::MAX };
+        let by_memory = if mib > 0.5 {
+            (available_empty as f64 / mib) as u64
+        } else {
+            u64::MAX
+        };
         // Half the cores for idle tenants: the host's own control plane and the work need the rest.
-        let by_cpu = if mcores > 0.5 { (cores * 500.0 / mcores) as u64 } else { u64::MAX };
+        let by_cpu = if mcores > 0.5 {
+            (cores * 500.0 / mcores) as u64
+        } else {
+            u64::MAX
+        };
         by_memory.min(by_cpu)
     };
     println!();
-    println!("bench-sleep: {n} tenants, {pods} pods each, one operator, {cores:.0} cores, {available_empty} MiB available before the tenants");
+    println!(
+        "bench-sleep: {n} tenants, {pods} pods each, one operator, {cores:.0} cores, {available_empty} MiB available before the tenants"
+    );
     for line in awake_memory {
         println!("{line}");
     }
@@ -335,7 +373,13 @@ async fn main() -> anyhow::Result<()> {
     );
     let awake_fit = fit(awake_mib, mcores_awake);
     let asleep_fit = fit(asleep_mib, 0.0);
-    let shown = |v: u64| if v == u64::MAX { "no limit seen".to_string() } else { v.to_string() };
+    let shown = |v: u64| {
+        if v == u64::MAX {
+            "no limit seen".to_string()
+        } else {
+            v.to_string()
+        }
+    };
     println!(
         "  idle tenants that fit on this machine (memory, and half the cores for idle control planes): awake {}, asleep {} (from {awake_mib:.0} MiB and {mcores_awake:.0} millicores per awake tenant, {asleep_mib:.0} MiB per sleeping one)",
         shown(awake_fit),

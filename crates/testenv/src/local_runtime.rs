@@ -403,13 +403,11 @@ impl LocalRuntime {
         );
         let san_refs: Vec<&str> = sans.iter().map(String::as_str).collect();
         let serving = pki.server_ca.issue(&Leaf::server("k3s", &san_refs))?;
-        // As k3s: the controller manager is user system:kube-controller-manager, so the
-        // tenant's audit tells its requests from a person's. Unlike k3s, which starts it once
-        // the API server answers, this runtime starts every process at once; a fresh API server
-        // may not have bound that user's roles yet (the controller manager then exits), so it is
-        // an admin here as well.
+        // As k3s: the controller manager is user system:kube-controller-manager (with the role
+        // Kubernetes binds to it, not an admin), so the tenant's audit tells its requests from a
+        // person's; it starts once the API server answers, its roles made.
         let controller_manager = pki.client_ca.issue(
-            &Leaf::client("system:kube-controller-manager", &["system:masters"])
+            &Leaf::client("system:kube-controller-manager", &[])
                 .valid_for(tenantplane_pki::LEAF_VALIDITY),
         )?;
         let front_proxy = pki

@@ -112,8 +112,22 @@ pub(crate) fn secs(d: Duration) -> String {
     format!("{:.2}s", d.as_secs_f64())
 }
 
+/// A progress line, named after the benchmark that prints it (`bench-sync`, `bench-sleep`).
 pub(crate) fn say(start: Instant, what: &str) {
-    eprintln!("bench-sync: {what} ({:.1}s)", start.elapsed().as_secs_f64());
+    let bench = std::env::args()
+        .next()
+        .and_then(|path| {
+            let stem = std::path::Path::new(&path)
+                .file_stem()?
+                .to_str()?
+                .to_string();
+            Some(stem.split('-').next()?.to_string())
+        })
+        .unwrap_or_else(|| "sync".into());
+    eprintln!(
+        "bench-{bench}: {what} ({:.1}s)",
+        start.elapsed().as_secs_f64()
+    );
 }
 
 /// A bare pod: no service account token (so only the pod is synced), a restricted-compliant

@@ -29,6 +29,9 @@ pub(super) struct LaunchSpec {
     env: Vec<(String, String)>,
 }
 
+/// How long the controller manager waits for the API server to answer before it starts anyway.
+const APISERVER_ANSWERS_WITHIN: std::time::Duration = std::time::Duration::from_secs(30);
+
 impl LaunchSpec {
     /// The spec written for the tenant whose data folder is `dir`.
     pub(super) fn read(dir: &Path) -> Result<Self> {
@@ -37,8 +40,8 @@ impl LaunchSpec {
         serde_json::from_str(&text).map_err(|e| Error::Io(format!("{}: {e}", path.display())))
     }
 
-    /// Start kine, and once it listens the API server and the controller manager. Nothing is
-    /// left running when this fails.
+    /// Start kine, once it listens the API server, and once that answers the controller
+    /// manager. Nothing is left running when this fails.
     pub(super) async fn spawn(&self, binaries: &Binaries) -> Result<Vec<Handle>> {
         let log = |name: &str| self.logs.join(format!("{name}.log"));
         let env: Vec<(&str, &str)> = self
@@ -67,6 +70,16 @@ impl LaunchSpec {
         let started = async {
             datastore::wait_for_socket(&kine, &self.kine_socket, &log("kine")).await?;
             handles.push(start("kube-apiserver", &self.apiserver)?);
+            // As k3s: the controller manager starts once the API server answers (started at
+            // once, it exits on the refused connection, and the pod restarts after a back-off).
+            if let Some(dir) = self.logs.parent() {
+                let deadline = tokio::time::Instant::now() + APISERVER_ANSWERS_WITHIN;
+                while !crate::probes::answers(dir, "/readyz").await
+                    && tokio::time::Instant::now() < deadline
+                {
+                    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+                }
+            }
             handles.push(start("kube-controller-manager", &self.controller_manager)?);
             Ok::<_, Error>(())
         }
