@@ -208,6 +208,7 @@ async fn open_wake_door(tc: &TenantCluster, ctx: &Context) -> Result<(), Error> 
     let live = crate::cache::get(&ctx.caches.endpoint_slices, Some(&ns), &slice_name);
     let target = wake::DoorTarget {
         client: ctx.client.clone(),
+        secrets: ctx.caches.secrets.clone(),
         tenants: ctx.tenants.clone(),
         pods: ctx.caches.pods.clone(),
         connector: ctx.options.connector,

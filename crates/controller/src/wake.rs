@@ -72,6 +72,8 @@ impl Drop for Door {
 #[derive(Clone)]
 pub struct DoorTarget {
     pub client: Client,
+    /// The tenant's PKI Secret is here: past the bound, the door answers in the tenant's name.
+    pub secrets: Store<k8s_openapi::api::core::v1::Secret>,
     /// The controller's cache of TenantClusters (the operator may not `get` one).
     pub tenants: Store<TenantCluster>,
     pub pods: Store<Pod>,
@@ -211,13 +213,22 @@ async fn hold(
         })
         .await;
     if let Err(e) = woken {
-        warn!(namespace = %ns, tenant = %tenant, %peer, error = %e, "wake door: asking for a wake failed; closing the connection");
+        warn!(namespace = %ns, tenant = %tenant, %peer, error = %e, "wake door: asking for a wake failed");
+        let why = format!(
+            "tenant {tenant} in namespace {ns} is asleep, and asking it to wake failed: {e}"
+        );
+        refuse(socket, &target, &why).await;
         return;
     }
     let address = match tokio::time::timeout(WAKE_WITHIN, ready_address(&target)).await {
         Ok(address) => address,
         Err(_) => {
-            warn!(namespace = %ns, tenant = %tenant, %peer, "wake door: the tenant was not Ready within {}s; closing the connection", WAKE_WITHIN.as_secs());
+            warn!(namespace = %ns, tenant = %tenant, %peer, "wake door: the tenant was not Ready within {}s", WAKE_WITHIN.as_secs());
+            let why = format!(
+                "tenant {tenant} in namespace {ns} was asleep and is not awake {}s after this request woke it; see `tenantplane status {tenant} -n {ns}`",
+                WAKE_WITHIN.as_secs()
+            );
+            refuse(socket, &target, &why).await;
             return;
         }
     };
@@ -230,6 +241,89 @@ async fn hold(
             warn!(namespace = %ns, tenant = %tenant, %peer, %address, error = %e, "wake door: dialling the woken tenant failed");
         }
     }
+}
+
+/// Tell the client why it gets no answer from the tenant, as its API server would: finish the
+/// TLS handshake with a certificate the tenant's server CA signs for the Service's names (the
+/// operator holds that CA, so the client's check passes), and answer its request with 503 and a
+/// Status whose message says why. Without the CA at hand the connection is closed.
+async fn refuse(socket: TcpStream, target: &DoorTarget, why: &str) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let Some(config) = tls_in_the_tenants_name(target) else {
+        return;
+    };
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+    let answered = async {
+        let mut tls = acceptor.accept(socket).await.ok()?;
+        // The request's head; its body, if any, is not read.
+        let mut head = Vec::new();
+        let mut buffer = [0u8; 4096];
+        while !head.windows(4).any(|w| w == b"\r\n\r\n") && head.len() < 64 * 1024 {
+            let n = tls.read(&mut buffer).await.ok()?;
+            if n == 0 {
+                break;
+            }
+            head.extend_from_slice(&buffer[..n]);
+        }
+        let body = status_body(why);
+        let response = format!(
+            "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        );
+        tls.write_all(response.as_bytes()).await.ok()?;
+        tls.shutdown().await.ok()
+    };
+    let _ = tokio::time::timeout(Duration::from_secs(10), answered).await;
+}
+
+/// A `Status` as an API server answers a failed request.
+fn status_body(message: &str) -> String {
+    json!({
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
+        "message": message,
+        "reason": "ServiceUnavailable",
+        "code": 503,
+    })
+    .to_string()
+}
+
+/// A TLS server configuration with a certificate for the tenant's Service names, signed by its
+/// server CA (from its PKI Secret).
+fn tls_in_the_tenants_name(target: &DoorTarget) -> Option<rustls::ServerConfig> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let (ns, tenant) = (&target.namespace, &target.tenant);
+    let secret = cache::get(&target.secrets, Some(ns), &names::pki_secret(tenant))?;
+    let pki = crate::tenant_pki::TenantPki::from_secret_data(secret.data.as_ref()?).ok()?;
+    let names = names::service_dns_names(tenant, ns);
+    let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+    let pair = pki
+        .server_ca
+        .issue(
+            &tenantplane_pki::Leaf::server("tenantplane-wake-door", &refs)
+                .valid_for(Duration::from_secs(3600)),
+        )
+        .ok()?;
+    let chain = [pair.cert_pem.as_str(), pki.server_ca.cert_pem()]
+        .into_iter()
+        .map(|pem| {
+            tenantplane_pki::cert_der(pem)
+                .ok()
+                .map(CertificateDer::from)
+        })
+        .collect::<Option<Vec<_>>>()?;
+    let key = PrivateKeyDer::from_pem_slice(pair.key_pem.as_bytes()).ok()?;
+    let mut config = rustls::ServerConfig::builder_with_provider(crate::kubelet::tls::provider())
+        .with_safe_default_protocol_versions()
+        .ok()?
+        .with_no_client_auth()
+        .with_single_cert(chain, key)
+        .ok()?;
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Some(config)
 }
 
 /// Ask for a wake as `tenantplane wake` does: the wake annotation, and `spec.sleep.asleep` back
@@ -316,7 +410,9 @@ mod tests {
     fn target() -> DoorTarget {
         let (pods, _writer) = kube::runtime::reflector::store();
         let (tenants, _writer) = kube::runtime::reflector::store();
+        let (secrets, _writer) = kube::runtime::reflector::store();
         DoorTarget {
+            secrets,
             client: Client::try_from(kube::Config::new("http://127.0.0.1:9".parse().unwrap()))
                 .unwrap(),
             tenants,
@@ -392,5 +488,61 @@ mod tests {
             "the new door is not closed by the old timer"
         );
         let _ = fresh;
+    }
+
+    #[tokio::test]
+    async fn past_the_bound_the_client_hears_why_over_tls_it_trusts() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let tc = crate::build::fixtures::tenant();
+        let pki = crate::tenant_pki::TenantPki::generate("dev").unwrap();
+        let secret = crate::build::control_plane::pki_secret(&tc, &pki).unwrap();
+        let (secrets, mut writer) = kube::runtime::reflector::store();
+        writer.apply_watcher_event(&kube::runtime::watcher::Event::Apply(secret));
+        let ns = tc.metadata.namespace.clone().unwrap();
+        let target = DoorTarget {
+            secrets,
+            namespace: ns.clone(),
+            ..target()
+        };
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap();
+        let door = tokio::spawn(async move {
+            let (socket, _) = listener.accept().await.unwrap();
+            refuse(socket, &target, "tenant dev did not wake").await;
+        });
+        let mut roots = rustls::RootCertStore::empty();
+        roots
+            .add(rustls::pki_types::CertificateDer::from(
+                tenantplane_pki::cert_der(pki.server_ca.cert_pem()).unwrap(),
+            ))
+            .unwrap();
+        let config = rustls::ClientConfig::builder_with_provider(crate::kubelet::tls::provider())
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
+        let name = rustls::pki_types::ServerName::try_from(format!("dev.{ns}.svc")).unwrap();
+        let tcp = TcpStream::connect(address).await.unwrap();
+        let mut tls = connector
+            .connect(name, tcp)
+            .await
+            .expect("the tenant's CA checks out");
+        tls.write_all(b"GET /version HTTP/1.1\r\nHost: dev\r\n\r\n")
+            .await
+            .unwrap();
+        let mut answer = String::new();
+        tls.read_to_string(&mut answer).await.unwrap();
+        door.await.unwrap();
+        assert!(
+            answer.starts_with("HTTP/1.1 503 Service Unavailable"),
+            "{answer}"
+        );
+        let body: serde_json::Value =
+            serde_json::from_str(answer.split("\r\n\r\n").nth(1).unwrap()).unwrap();
+        assert_eq!(body["kind"], "Status");
+        assert_eq!(body["reason"], "ServiceUnavailable");
+        assert_eq!(body["code"], 503);
+        assert_eq!(body["message"], "tenant dev did not wake");
     }
 }
