@@ -19,7 +19,9 @@ use crate::context::{Context, tenant_key};
 use crate::names::FINALIZER;
 use crate::names::{self, WAKE};
 use crate::namespace::{Occupant, occupants, releases_namespace};
-use crate::phases::report::{accept, finish, finish_by, publish, report_failure};
+use crate::phases::report::{
+    accept, finish, finish_by, publish, remove_annotation, report_failure,
+};
 use crate::phases::{Halt, credentials, isolate, provision, resolve, sync};
 use crate::sleep;
 use crate::status::Progress;
@@ -27,7 +29,6 @@ use crate::{apply, wake};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Patch, PatchParams};
 use kube::runtime::events::EventType;
 use tenantplane_api::{Phase, SleepStatus};
 
@@ -155,8 +156,9 @@ async fn apply_tenant(tc: &TenantCluster, ctx: &Context) -> Result<Action, Error
             }
             let action = finish_by(ctx, &tc, progress, Some(look_again)).await?;
             if awake && sleep::has_wake_request(&tc) {
-                // Awake, and said so: the request is answered.
-                forget_wake_request(ctx, &tc).await?;
+                // Awake, and said so: the request is answered (and the next idle sleep is not
+                // undone by it).
+                remove_annotation(ctx, &tc, WAKE).await?;
             }
             Ok(action)
         }
@@ -276,19 +278,6 @@ async fn shut_wake_door(tc: &TenantCluster, ctx: &Context) -> Result<(), Error> 
     let slice_name = names::wake_endpoint_slice(&tenant);
     apply::ensure_absent(&slices, &ctx.caches.endpoint_slices, &ns, &slice_name).await?;
     ctx.doors.retire(&tenant_key(tc));
-    Ok(())
-}
-
-/// The wake request is done: remove its annotation, so the next idle sleep is not undone by it.
-async fn forget_wake_request(ctx: &Context, tc: &TenantCluster) -> Result<(), Error> {
-    let (tenant, ns) = build::identity(tc)?;
-    let api: Api<TenantCluster> = Api::namespaced(ctx.client.clone(), &ns);
-    api.patch(
-        &tenant,
-        &PatchParams::default(),
-        &Patch::Merge(serde_json::json!({"metadata": {"annotations": {WAKE: null}}})),
-    )
-    .await?;
     Ok(())
 }
 

@@ -117,23 +117,36 @@ fn idle_cpu_line(
     before: &CpuSnapshot,
 ) -> (String, f64) {
     let used = CpuSnapshot::take(tenant_pids).since(before);
-    let tenant: f64 = used
-        .by_name
-        .iter()
-        .filter(|(name, _)| name.starts_with("tenant "))
-        .map(|(_, s)| s)
-        .sum();
-    let per_tenant = (1000.0 * tenant / IDLE_CPU.as_secs_f64() / n.max(1) as f64).max(0.0);
+    let per_tenant = used.tenant_millicores(IDLE_CPU.as_secs_f64(), n);
     (
         format!(
-            "  CPU {what}: the machine {:.0}% busy ({:.1} of {:.1} core-seconds); tenant control planes {:.0} millicores each",
-            100.0 * used.busy / used.total.max(f64::EPSILON),
+            "  CPU {what}: the machine {:.0}% busy ({:.1} of {:.1} core-seconds); tenant control planes {per_tenant:.0} millicores each",
+            used.busy_percent(),
             used.busy,
             used.total,
-            per_tenant
         ),
         per_tenant,
     )
+}
+
+/// Wait until `want` copies of the tenants' pods are on the host (`what` they wait for).
+async fn copies_on_the_host(
+    admin: &Client,
+    namespaces: &[String],
+    want: usize,
+    what: &str,
+) -> anyhow::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(300);
+    loop {
+        let (copies, _) = host_pods(admin, namespaces).await?;
+        if copies >= want {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!("{copies}/{want} pod copies {what} after 5 minutes");
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
 }
 
 #[tokio::main]
@@ -220,17 +233,7 @@ async fn main() -> anyhow::Result<()> {
             .await?;
     }
     let want = n * pods as usize;
-    let deadline = Instant::now() + Duration::from_secs(300);
-    loop {
-        let (copies, _) = host_pods(&admin, &names).await?;
-        if copies >= want {
-            break;
-        }
-        if Instant::now() > deadline {
-            bail!("{copies}/{want} pod copies on the host after 5 minutes");
-        }
-        tokio::time::sleep(Duration::from_secs(1)).await;
-    }
+    copies_on_the_host(&admin, &names, want, "on the host").await?;
     say(
         start,
         &format!(
@@ -316,17 +319,7 @@ async fn main() -> anyhow::Result<()> {
         wakes.push(answered);
     }
     wakes.sort();
-    let deadline = Instant::now() + Duration::from_secs(300);
-    loop {
-        let (copies, _) = host_pods(&admin, &names).await?;
-        if copies >= want {
-            break;
-        }
-        if Instant::now() > deadline {
-            bail!("{copies}/{want} pod copies back on the host after 5 minutes");
-        }
-        tokio::time::sleep(Duration::from_secs(1)).await;
-    }
+    copies_on_the_host(&admin, &names, want, "back on the host").await?;
 
     // What one idle tenant costs awake, and asleep: how many fit.
     let awake_mib = available_empty.saturating_sub(awake_available) as f64 / n as f64;

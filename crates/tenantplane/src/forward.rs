@@ -110,19 +110,26 @@ impl Target {
         }
     }
 
-    /// Carry one accepted connection to the tenant's API port; what goes wrong is printed as a
-    /// line, and a failed forward makes the next connection look for the pod again.
-    pub async fn forward(&self, socket: TcpStream, peer: SocketAddr) {
-        let port = names::API_PORT as u16;
-        let pod = match self.pod().await {
-            Ok(pod) => pod,
+    /// [`Target::pod`] for the connection from `peer`; what went wrong is printed.
+    async fn pod_for(&self, peer: SocketAddr) -> Option<String> {
+        match self.pod().await {
+            Ok(pod) => Some(pod),
             Err(e) => {
                 eprintln!(
                     "connection from {peer}: cannot find the tenant's API server: {}",
                     tenantplane_controller::error_chain(e.as_ref())
                 );
-                return;
+                None
             }
+        }
+    }
+
+    /// Carry one accepted connection to the tenant's API port; what goes wrong is printed as a
+    /// line, and a failed forward makes the next connection look for the pod again.
+    pub async fn forward(&self, socket: TcpStream, peer: SocketAddr) {
+        let port = names::API_PORT as u16;
+        let Some(pod) = self.pod_for(peer).await else {
+            return;
         };
         let (pod, mut forwarder) = match self.pods.portforward(&pod, &[port]).await {
             Ok(f) => (pod, f),
@@ -130,15 +137,8 @@ impl Target {
             // again, once, waking the tenant if it sleeps.
             Err(_) => {
                 self.remember(None);
-                let again = match self.pod().await {
-                    Ok(pod) => pod,
-                    Err(e) => {
-                        eprintln!(
-                            "connection from {peer}: cannot find the tenant's API server: {}",
-                            tenantplane_controller::error_chain(e.as_ref())
-                        );
-                        return;
-                    }
+                let Some(again) = self.pod_for(peer).await else {
+                    return;
                 };
                 match self.pods.portforward(&again, &[port]).await {
                     Ok(f) => (again, f),

@@ -39,18 +39,26 @@ async fn patch_spec(host: &Client, ns: &str, name: &str, spec: serde_json::Value
         .unwrap();
 }
 
-/// What `tenantplane wake` writes.
+/// What `tenantplane wake` writes (the annotation; the spec too when `spec_too`).
 async fn request_wake(host: &Client, ns: &str, name: &str, spec_too: bool) {
-    let mut patch = json!({"metadata": {"annotations": {
-        names::WAKE: k8s_openapi::jiff::Timestamp::now().to_string()
-    }}});
-    if spec_too {
-        patch["spec"] = json!({"sleep": {"asleep": false}});
-    }
-    tenants(host, ns)
-        .patch(name, &PatchParams::default(), &Patch::Merge(patch))
+    tenantplane_controller::wake::request_wake(host, ns, name, spec_too)
         .await
         .unwrap();
+}
+
+/// The reasons of the TenantClusters' Events in `ns`.
+fn event_reasons(ns: &str) -> String {
+    tenantplane_testenv::kubectl(&[
+        "get",
+        "events",
+        "-n",
+        ns,
+        "--field-selector",
+        "involvedObject.kind=TenantCluster",
+        "-o",
+        "jsonpath={.items[*].reason}",
+    ])
+    .unwrap()
 }
 
 /// Once the tenant is Ready, the operator removes the wake request.
@@ -261,17 +269,7 @@ async fn a_tenant_asleep_by_its_spec_gives_back_its_pods_and_keeps_its_data() {
         before,
         "Services, claims and Secrets stay"
     );
-    let events = tenantplane_testenv::kubectl(&[
-        "get",
-        "events",
-        "-n",
-        ns,
-        "--field-selector",
-        "involvedObject.kind=TenantCluster",
-        "-o",
-        "jsonpath={.items[*].reason}",
-    ])
-    .unwrap();
+    let events = event_reasons(ns);
     assert!(
         events.contains("Sleeping"),
         "an Event says it sleeps: {events}"
@@ -305,17 +303,7 @@ async fn a_tenant_asleep_by_its_spec_gives_back_its_pods_and_keeps_its_data() {
         before,
         "Services, claims and Secrets as before"
     );
-    let events = tenantplane_testenv::kubectl(&[
-        "get",
-        "events",
-        "-n",
-        ns,
-        "--field-selector",
-        "involvedObject.kind=TenantCluster",
-        "-o",
-        "jsonpath={.items[*].reason}",
-    ])
-    .unwrap();
+    let events = event_reasons(ns);
     assert!(
         events.contains("Waking"),
         "an Event says it wakes: {events}"

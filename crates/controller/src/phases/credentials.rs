@@ -9,7 +9,6 @@ use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::runtime::events::EventType;
-use serde_json::json;
 use tenantplane_api::TenantCluster;
 use tracing::info;
 
@@ -289,14 +288,7 @@ fn record_expiry(
 /// The rotation the annotation asked for is done: remove it (a JSON merge patch with null), so
 /// the next reconcile does not rotate again.
 async fn forget_rotation_request(ctx: &Context, tc: &TenantCluster) -> Result<(), Error> {
-    let (tenant, ns) = build::identity(tc)?;
-    let api: Api<TenantCluster> = Api::namespaced(ctx.client.clone(), &ns);
-    api.patch(
-        &tenant,
-        &PatchParams::default(),
-        &Patch::Merge(json!({"metadata": {"annotations": {names::ROTATE_CERTIFICATES: null}}})),
-    )
-    .await?;
+    super::report::remove_annotation(ctx, tc, names::ROTATE_CERTIFICATES).await?;
     publish(
         ctx,
         tc,

@@ -54,6 +54,24 @@ pub(crate) async fn report_failure(
     }
 }
 
+/// Remove annotation `key` from the TenantCluster (a JSON merge patch with null): a request it
+/// carried (rotate the certificates, wake) is done.
+pub(crate) async fn remove_annotation(
+    ctx: &Context,
+    tc: &TenantCluster,
+    key: &str,
+) -> Result<(), Error> {
+    let (tenant, ns) = build::identity(tc)?;
+    let api: Api<TenantCluster> = Api::namespaced(ctx.client.clone(), &ns);
+    api.patch(
+        &tenant,
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"annotations": {key: null}}})),
+    )
+    .await?;
+    Ok(())
+}
+
 /// An Event on the TenantCluster. The note is bounded: it often quotes a tenant's object, and
 /// the API refuses a note over 1 KiB (nothing would be said at all).
 pub(crate) async fn publish(

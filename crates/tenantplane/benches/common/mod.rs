@@ -146,10 +146,6 @@ impl CpuUse {
         shown.join(", ")
     }
 
-    fn busy_percent(&self) -> f64 {
-        100.0 * self.busy / self.total.max(f64::EPSILON)
-    }
-
     /// One line for a run of `pods` pods: the machine's use, per pod, and by process.
     pub fn line(&self, what: &str, pods: usize) -> String {
         format!(
@@ -162,21 +158,31 @@ impl CpuUse {
         )
     }
 
-    /// One line for `seconds` of idleness with `tenants` control planes: the machine's use, what
-    /// one idle tenant control plane costs (millicores), and by process.
-    pub fn idle_line(&self, seconds: f64, tenants: usize) -> String {
+    /// What one of `tenants` tenant control planes spent over `seconds`, in millicores.
+    pub fn tenant_millicores(&self, seconds: f64, tenants: usize) -> f64 {
         let tenant: f64 = self
             .by_name
             .iter()
             .filter(|(name, _)| name.starts_with("tenant "))
             .map(|(_, s)| s)
             .sum();
+        (1000.0 * tenant / seconds.max(f64::EPSILON) / tenants.max(1) as f64).max(0.0)
+    }
+
+    /// The machine's busy share, in percent.
+    pub fn busy_percent(&self) -> f64 {
+        100.0 * self.busy / self.total.max(f64::EPSILON)
+    }
+
+    /// One line for `seconds` of idleness with `tenants` control planes: the machine's use, what
+    /// one idle tenant control plane costs (millicores), and by process.
+    pub fn idle_line(&self, seconds: f64, tenants: usize) -> String {
         format!(
             "CPU while idle ({seconds:.0}s, {tenants} tenants, no pods): the machine {:.0}% busy ({:.1} of {:.1} core-seconds); a tenant control plane {:.0} millicores on average; by process (s): {}",
             self.busy_percent(),
             self.busy,
             self.total,
-            1000.0 * tenant / seconds.max(f64::EPSILON) / tenants.max(1) as f64,
+            self.tenant_millicores(seconds, tenants),
             self.processes()
         )
     }

@@ -9,7 +9,6 @@ use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams};
 use serde_json::json;
 use tenantplane_api::{Phase, TenantCluster};
-use tenantplane_controller::names::WAKE;
 
 use super::create::wait_for_phase;
 use super::get;
@@ -129,21 +128,18 @@ pub async fn wake_if_asleep(client: &Client, namespace: &str, name: &str) -> any
     Ok(true)
 }
 
-/// Ask the operator to wake tenant `name`: `spec.sleep.asleep` back to false, and the wake
-/// annotation (the time now), which wakes one asleep for idleness. The object as written.
+/// Ask the operator to wake tenant `name`, as a request at its wake door does (the wake
+/// annotation, and `spec.sleep.asleep` back to false when set). The object as written.
 pub async fn request_wake(
     client: &Client,
     namespace: &str,
     name: &str,
 ) -> anyhow::Result<TenantCluster> {
-    let api: Api<TenantCluster> = Api::namespaced(client.clone(), namespace);
-    let what = format!("TenantCluster {name} in namespace {namespace}");
     let tc = get(client, namespace, name).await?;
-    let mut patch = json!({"metadata": {"annotations": {WAKE: k8s_openapi::jiff::Timestamp::now().to_string()}}});
-    if tc.spec.sleep.asleep {
-        patch["spec"] = json!({"sleep": {"asleep": false}});
-    }
-    api.patch(name, &PatchParams::default(), &Patch::Merge(patch))
+    tenantplane_controller::wake::request_wake(client, namespace, name, tc.spec.sleep.asleep)
         .await
-        .map_err(|e| explain(e, &what))
+        .map_err(|e| {
+            anyhow::anyhow!("waking TenantCluster {name} in namespace {namespace}: {e}")
+        })?;
+    get(client, namespace, name).await
 }
