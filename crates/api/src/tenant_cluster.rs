@@ -141,7 +141,8 @@ pub struct Sleep {
 
     /// Sleep after this long without a request from a person or a client outside the tenant
     /// (its own control plane, DNS and workloads, and the operator, do not count), such as
-    /// `30m` or `1h30m`; at least `1m`. Unset, the tenant never sleeps by itself.
+    /// `30m` or `1h30m`; at least `1m`. Unset, or with the annotation
+    /// `tenantplane.io/keep-awake`, the tenant never sleeps by itself.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 32))]
     #[x_kube(validation = crate::rules::go_duration("sleep.afterIdle"))]

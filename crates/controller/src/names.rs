@@ -26,6 +26,10 @@ pub const ROTATE_CERTIFICATES: &str = "tenantplane.io/rotate-certificates";
 /// A wake request (its value the time it was made): wakes a tenant asleep for idleness; the
 /// operator removes it once the tenant is awake. `tenantplane wake` and `connect` write it.
 pub const WAKE: &str = "tenantplane.io/wake";
+/// Keeps a tenant awake whatever `spec.sleep.afterIdle` says (any value): for a tenant that
+/// must answer at once, or while someone works in it by other means. `spec.sleep.asleep` still
+/// puts it to sleep.
+pub const KEEP_AWAKE: &str = "tenantplane.io/keep-awake";
 /// Where the local runtime says a tenant's API server answers on this machine.
 pub const ANNOTATION_LOCAL_ENDPOINT: &str = "tenantplane.io/local-endpoint";
 

@@ -22,7 +22,7 @@ use kube::ResourceExt;
 use tenantplane_api::{SleepCause, SleepStatus, TenantCluster};
 
 use crate::context::TenantKey;
-use crate::names::WAKE;
+use crate::names::{KEEP_AWAKE, WAKE};
 
 /// How often an awake tenant with `afterIdle` has its activity read, at most: a quarter of
 /// `afterIdle`, between these bounds. Each read is one `GET /metrics` of the tenant's API
@@ -65,6 +65,9 @@ pub fn wanted(
             SleepCause::Idle if wake_requested_since(tc, s.since.0) => None,
             SleepCause::Idle => Some(s),
         };
+    }
+    if tc.annotations().contains_key(KEEP_AWAKE) {
+        return None;
     }
     let after_idle = tc.spec.sleep.after_idle()?;
     let idle_for = now.duration_since(last_used?).as_secs();
@@ -192,6 +195,19 @@ mod tests {
             wanted(&tenant(), at(1_000_000), Some(at(0))),
             None,
             "no afterIdle"
+        );
+        let mut kept = idle_after("10m");
+        kept.annotations_mut()
+            .insert(KEEP_AWAKE.into(), "true".into());
+        assert_eq!(
+            wanted(&kept, at(1_000 + 600), Some(at(1_000))),
+            None,
+            "kept awake"
+        );
+        kept.spec.sleep.asleep = true;
+        assert!(
+            wanted(&kept, at(1_000 + 600), Some(at(1_000))).is_some(),
+            "the spec still rules"
         );
     }
 
