@@ -424,8 +424,11 @@ mod tests {
     }
 
     fn free_range(n: u16) -> std::ops::RangeInclusive<u16> {
-        // A range the machine does not use: probe for one.
-        for start in (40_000..60_000).step_by(97) {
+        // A range the machine does not use: probe for one, each test from a start of its own
+        // (tests run at once, and a range probed free is not bound until the test opens it).
+        static NEXT: std::sync::atomic::AtomicU16 = std::sync::atomic::AtomicU16::new(0);
+        let offset = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed) * 1_009;
+        for start in (40_000 + offset..60_000).step_by(97) {
             let all_free =
                 (start..start + n).all(|p| std::net::TcpListener::bind(("127.0.0.1", p)).is_ok());
             if all_free {
