@@ -7,7 +7,7 @@ export CARGO_TARGET_DIR ?= $(CACHE)/target
 export GOTOOLCHAIN := local
 CARGO ?= cargo
 
-.PHONY: test testenv lint crds build demo bench-controller bench-sync bench-sleep conformance docs
+.PHONY: test testenv lint crds build demo bench-controller bench-sync bench-sleep bench-snapshot conformance docs
 
 ## test: every test, unit and against the real control plane (builds the control plane if missing),
 ## built first, then run in network, mount and PID namespaces of their own (testenv/isolated.sh)
@@ -32,6 +32,13 @@ bench-sleep: N ?= 10
 bench-sleep: PODS ?= 3
 bench-sleep: testenv
 	N=$(N) PODS=$(PODS) bash testenv/isolated.sh $(CARGO) bench -p tenantplane --locked --bench sleep
+
+## bench-snapshot: one snapshot of a SIZE_MIB MiB (default 1024) kine-shaped database while a
+## writer commits, agent → operator → S3 store (SeaweedFS); prints time, throughput and the peak
+## memory of the agent and of the uploading side
+bench-snapshot: SIZE_MIB ?= 1024
+bench-snapshot: testenv
+	SIZE_MIB=$(SIZE_MIB) bash testenv/isolated.sh $(CARGO) bench -p tenantplane --locked --bench snapshot
 
 ## bench-sync: IDLE pods (default 50) one at a time in an idle tenant ("idle hop" p50/p99), then N
 ## pods (default 1000) spread over TENANTS tenants (default 1, one operator for all) through their

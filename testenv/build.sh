@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Build the test binaries (etcd, kine, kube-apiserver, kube-controller-manager,
-# kube-scheduler, kubectl, kwok, helm, coredns, and the previous minor release's
+# kube-scheduler, kubectl, kwok, helm, coredns, SeaweedFS's weed (the S3 store of snapshot
+# tests and the dev cluster), and the previous minor release's
 # kube-apiserver and kube-controller-manager as kube-apiserver-previous and
 # kube-controller-manager-previous) from the Go modules in this directory, with
 # the machine's Go, into a content-addressed cache:
@@ -58,10 +59,11 @@ ALL_COMPONENTS=(
   "portmap|cni|github.com/containernetworking/plugins/plugins/meta/portmap"
   "registry|registry|tenantplane.local/testenv/registry"
   "kube-network-policies|netpol|sigs.k8s.io/kube-network-policies/cmd"
+  "weed|seaweedfs|github.com/seaweedfs/seaweedfs/weed"
   "e2e.test|e2e|k8s.io/kubernetes/test/e2e"
   "ginkgo|e2e|github.com/onsi/ginkgo/v2/ginkgo"
 )
-MODULES=(etcd kine kube kube-previous kwok helm coredns containerd runc cni registry netpol)
+MODULES=(etcd kine kube kube-previous kwok helm coredns containerd runc cni registry netpol seaweedfs)
 KEY_PREFIX=""
 if [[ "${1:-}" == "--conformance" ]]; then
   MODULES=(e2e)

@@ -1,5 +1,5 @@
-//! TenantPlane's resource types (`tenantplane.io/v1alpha1`): `TenantCluster`, `IsolationProfile`
-//! and `SyncPolicy`, with their defaults, admission rules, printer columns and condition helpers.
+//! TenantPlane's resource types (`tenantplane.io/v1alpha1`): `TenantCluster`, `IsolationProfile`,
+//! `SyncPolicy`, `SnapshotStore` and `TenantSnapshot`, with their defaults, admission rules, printer columns and condition helpers.
 //! No I/O lives here; the controller, syncer and CLI all share these types.
 
 pub mod allowances;
@@ -10,6 +10,7 @@ pub mod duration;
 pub mod isolation_profile;
 pub mod quantity;
 pub mod rules;
+pub mod snapshot;
 mod string_enum;
 pub mod sync_policy;
 pub mod tenant_cluster;
@@ -19,6 +20,10 @@ pub mod validation;
 pub use allowances::Allowances;
 pub use isolation_profile::{
     IsolationProfile, IsolationProfileSpec, PodSecurityLevel, QuantityString,
+};
+pub use snapshot::{
+    SnapshotPhase, SnapshotStore, SnapshotStoreSpec, SnapshotStoreStatus, TenantSnapshot,
+    TenantSnapshotSpec, TenantSnapshotStatus,
 };
 pub use sync_policy::{SyncPolicy, SyncPolicySpec};
 pub use tenant_cluster::{
@@ -32,12 +37,14 @@ use kube::CustomResourceExt;
 /// The API group of every TenantPlane resource.
 pub const GROUP: &str = "tenantplane.io";
 
-/// All three CRDs, in the order they are printed and installed.
+/// Every CRD, in the order they are printed and installed.
 pub fn crds() -> Vec<CustomResourceDefinition> {
     vec![
         TenantCluster::crd(),
         IsolationProfile::crd(),
         SyncPolicy::crd(),
+        SnapshotStore::crd(),
+        TenantSnapshot::crd(),
     ]
 }
 
@@ -95,7 +102,7 @@ mod tests {
 
     #[test]
     fn crds_carry_short_names_columns_and_scopes() {
-        let [tc, ip, sp] = <[_; 3]>::try_from(crds()).unwrap();
+        let [tc, ip, sp, store, snap] = <[_; 5]>::try_from(crds()).unwrap();
         assert_eq!(tc.spec.scope, "Namespaced");
         assert_eq!(tc.spec.names.short_names, Some(vec!["tc".to_string()]));
         let columns: Vec<String> = tc.spec.versions[0]
@@ -107,7 +114,9 @@ mod tests {
         assert_eq!(columns, ["Phase", "Mode", "Version", "Endpoint", "Age"]);
         assert_eq!(ip.spec.scope, "Cluster");
         assert_eq!(sp.spec.scope, "Cluster");
-        for crd in [&tc, &ip, &sp] {
+        assert_eq!(store.spec.scope, "Cluster");
+        assert_eq!(snap.spec.scope, "Namespaced");
+        for crd in [&tc, &ip, &sp, &store, &snap] {
             let version = &crd.spec.versions[0];
             assert!(
                 version

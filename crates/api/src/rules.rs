@@ -244,3 +244,19 @@ pub fn one_of(field: &str, allowed: &[&str]) -> Rule {
     )
     .reason(Reason::FieldValueInvalid)
 }
+
+/// A URL with an http or https scheme and a host.
+pub fn http_url(field: &str) -> Rule {
+    rule(
+        r"self.matches('^https?://[^/?#\\s]+(/[^\\s]*)?$')",
+        format!(
+            "'{field} must be an http:// or https:// URL such as https://s3.example.com; got ' + self"
+        ),
+    )
+}
+
+/// An object (or part) that never changes once created.
+pub fn immutable(what: &str) -> Rule {
+    Rule::new("self == oldSelf")
+        .message(format!("{what} is immutable: create a new object instead").as_str())
+}

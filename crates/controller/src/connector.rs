@@ -72,6 +72,32 @@ impl Connector {
         }
     }
 
+    /// Where the control-plane pod's snapshot agent listens (`host:port`), or why there is no
+    /// address yet: its pod address, or the local runtime's announcement.
+    pub fn agent_address(&self, tenant: &str, pod: &Pod) -> Result<String, String> {
+        if self.is_local() && stood_in_for(pod) {
+            return pod
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(names::ANNOTATION_LOCAL_AGENT))
+                .cloned()
+                .ok_or_else(|| {
+                    format!(
+                        "pod {} has no {} annotation: the local runtime runs no snapshot agent for it",
+                        names::control_plane_pod(tenant),
+                        names::ANNOTATION_LOCAL_AGENT
+                    )
+                });
+        }
+        let server = pod_address(tenant, pod)?;
+        let host = server
+            .trim_start_matches("https://")
+            .rsplit_once(':')
+            .map_or(server.as_str(), |(h, _)| h);
+        Ok(format!("{host}:{}", names::AGENT_PORT))
+    }
+
     /// A client for the tenant from its kubeconfig, dialling `server`. The serving certificate
     /// carries the in-cluster names, so TLS checks the Service's name whatever address we dial.
     /// A request that hears nothing for 15 s fails: for reconciles, not for watches.

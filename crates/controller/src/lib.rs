@@ -27,6 +27,7 @@ pub mod reconcile;
 mod run;
 pub mod service_range;
 pub mod sleep;
+pub mod snapshot;
 pub mod status;
 pub mod telemetry;
 pub mod tenant_pki;

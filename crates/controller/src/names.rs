@@ -35,6 +35,15 @@ pub const ANNOTATION_LOCAL_ENDPOINT: &str = "tenantplane.io/local-endpoint";
 
 /// The port of the tenant API server, in the pod and on the Service.
 pub const API_PORT: i32 = 6443;
+/// The snapshot agent's port in the control-plane pod.
+pub const AGENT_PORT: i32 = 7443;
+/// The snapshot agent's program in its image (the operator's).
+pub const AGENT_COMMAND: &str = "/usr/local/bin/tenantplane";
+/// The operator's own image, which holds the snapshot agent.
+pub const DEFAULT_AGENT_IMAGE: &str =
+    concat!("tenantplane/tenantplane:", env!("CARGO_PKG_VERSION"));
+/// Where the local runtime's snapshot agent listens (`host:port`), for a pod it stands in for.
+pub const ANNOTATION_LOCAL_AGENT: &str = "tenantplane.io/local-agent";
 /// The operator container's port that serves the virtual nodes' kubelet endpoint.
 pub const KUBELET_PORT_NAME: &str = "kubelet";
 

@@ -22,6 +22,8 @@ pub struct ControllerOptions {
     /// Where sleeping tenants' wake doors listen: without it, a request to a sleeping
     /// tenant's API Service finds nothing (`connect` and `wake` still wake it).
     pub wake: Option<crate::wake::WakeOptions>,
+    /// Where snapshot stores' credentials are.
+    pub snapshots: crate::snapshot::SnapshotOptions,
 }
 
 /// The lifetime of the leaf certificates the operator issues, and how long before they expire

@@ -34,6 +34,24 @@ pub async fn run(
     options: ControllerOptions,
     shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
 ) {
+    use futures::FutureExt;
+    let shutdown = shutdown.shared();
+    // Snapshot stores and snapshots: controllers of their own beside the tenants'.
+    let snapshot_controllers = [
+        tokio::spawn(crate::snapshot::stores::run(
+            client.clone(),
+            options.snapshots.clone(),
+            options.namespace.is_some(),
+            shutdown.clone(),
+        )),
+        tokio::spawn(crate::snapshot::snapshots::run(
+            client.clone(),
+            options.snapshots.clone(),
+            options.connector,
+            options.namespace.clone(),
+            shutdown.clone(),
+        )),
+    ];
     let tenants: Api<TenantCluster> = match &options.namespace {
         Some(ns) => Api::namespaced(client.clone(), ns),
         None => Api::all(client.clone()),
@@ -150,4 +168,7 @@ pub async fn run(
         .await;
     // Shut down: the reconciles in flight have finished; let the syncers finish theirs.
     syncers.shutdown(SYNCER_GRACE).await;
+    for controller in snapshot_controllers {
+        let _ = controller.await;
+    }
 }

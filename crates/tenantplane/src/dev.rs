@@ -183,11 +183,18 @@ async fn run_here(state_dir: PathBuf, nodes: Nodes) -> anyhow::Result<()> {
         tenantplane_testenv::tenant::start_kubelet(plane.config().await?, OPERATOR_NAMESPACE, None)
             .await
             .map_err(anyhow::Error::msg)?;
-    let options = tenantplane_testenv::tenant::local_operator_options(
+    say(
+        started,
+        "starting the snapshot store (SeaweedFS's S3 gateway on loopback) and SnapshotStore default",
+    );
+    let s3 = snapshot_store(&client, &plane, &state_dir).await?;
+    let mut options = tenantplane_testenv::tenant::local_operator_options(
         None,
         Some(Duration::from_secs(10)),
         Some(kubelet),
     );
+    // As a deployed operator: store credentials in its own namespace.
+    options.snapshots.secrets_namespace = Some(OPERATOR_NAMESPACE.to_string());
     let operator = tokio::spawn(tenantplane_controller::run(
         client.clone(),
         options,
@@ -195,7 +202,11 @@ async fn run_here(state_dir: PathBuf, nodes: Nodes) -> anyhow::Result<()> {
     ));
     let (_runtime, runtime_task) = local_runtime::start(
         client.clone(),
-        plane.binaries().clone(),
+        // This binary is each control plane's snapshot agent.
+        plane
+            .binaries()
+            .clone()
+            .with_agent(std::env::current_exe().context("locating this binary")?),
         state_dir.join("runtime"),
         None,
     );
@@ -247,9 +258,59 @@ async fn run_here(state_dir: PathBuf, nodes: Nodes) -> anyhow::Result<()> {
     operator.abort();
     runtime_task.abort();
     let _ = runtime_task.await;
+    s3.stop();
     drop(plane);
     eprintln!("dev: stopped");
     Ok(())
+}
+
+/// The dev cluster's bucket, and the Secret with the store's keys.
+const SNAPSHOT_BUCKET: &str = "tenantplane-snapshots";
+const SNAPSHOT_SECRET: &str = "snapshot-store";
+
+/// Start the S3 store, make its bucket, and describe it as SnapshotStore `default` (marked the
+/// default) with its keys in a Secret in the operator's namespace.
+async fn snapshot_store(
+    client: &kube::Client,
+    plane: &ControlPlane,
+    state_dir: &Path,
+) -> anyhow::Result<tenantplane_testenv::s3::S3Server> {
+    use tenantplane_controller::snapshot::store::{ACCESS_KEY_ID, SECRET_ACCESS_KEY};
+    let s3 = tenantplane_testenv::s3::S3Server::start(plane.binaries(), &state_dir.join("s3"))
+        .await
+        .context("starting the snapshot store")?;
+    s3.create_bucket(SNAPSHOT_BUCKET)
+        .await
+        .context("making the snapshot bucket")?;
+    ensure_namespace(client, OPERATOR_NAMESPACE).await?;
+    let manifest = format!(
+        r#"apiVersion: v1
+kind: Secret
+metadata:
+  name: {SNAPSHOT_SECRET}
+  namespace: {OPERATOR_NAMESPACE}
+stringData:
+  {ACCESS_KEY_ID}: {access}
+  {SECRET_ACCESS_KEY}: {secret}
+---
+apiVersion: tenantplane.io/v1alpha1
+kind: SnapshotStore
+metadata:
+  name: default
+spec:
+  default: true
+  s3:
+    endpoint: {endpoint}
+    bucket: {SNAPSHOT_BUCKET}
+  credentialsSecretRef:
+    name: {SNAPSHOT_SECRET}
+"#,
+        access = s3.access_key,
+        secret = s3.secret_key,
+        endpoint = s3.endpoint,
+    );
+    manifests::apply(client, &manifest).await?;
+    Ok(s3)
 }
 
 fn init_logging(path: &Path) -> anyhow::Result<()> {

@@ -10,6 +10,7 @@ mod host;
 mod kubeconfig_cmd;
 mod manifests;
 mod operator;
+mod snapshots;
 mod tenants;
 
 use std::path::PathBuf;
@@ -193,6 +194,51 @@ enum UserCommand {
         #[command(flatten)]
         wait: WaitArgs,
     },
+    /// Snapshots of a TenantCluster's datastore in a SnapshotStore: create, list, delete.
+    #[command(subcommand)]
+    Snapshot(SnapshotCommand),
+}
+
+#[derive(Subcommand)]
+enum SnapshotCommand {
+    /// Take a consistent snapshot of a TenantCluster while it runs.
+    #[command(
+        after_help = "With --wait: a line at each change and every 10s; exit 0 once Completed, 1 if it Failed (with the reason) or on --timeout."
+    )]
+    Create {
+        /// The TenantCluster's name.
+        tenant: String,
+        #[command(flatten)]
+        namespace: NamespaceArg,
+        /// The snapshot's name [default: <tenant>-<yyyymmdd-hhmmss>].
+        #[arg(long)]
+        name: Option<String>,
+        /// The SnapshotStore [default: the store marked default].
+        #[arg(long, value_name = "NAME")]
+        store: Option<String>,
+        #[command(flatten)]
+        wait: WaitArgs,
+    },
+    /// List snapshots, of one TenantCluster if named.
+    #[command(visible_alias = "ls")]
+    List {
+        /// Only this TenantCluster's snapshots.
+        tenant: Option<String>,
+        #[command(flatten)]
+        namespace: NamespaceArg,
+        /// Every namespace.
+        #[arg(short = 'A', long, conflicts_with = "namespace")]
+        all_namespaces: bool,
+    },
+    /// Delete a snapshot and its stored copy.
+    Delete {
+        /// The snapshot's name.
+        name: String,
+        #[command(flatten)]
+        namespace: NamespaceArg,
+        #[command(flatten)]
+        wait: WaitArgs,
+    },
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -207,7 +253,8 @@ enum ConnectorArg {
 enum Command {
     #[command(flatten)]
     User(UserCommand),
-    /// Print the CustomResourceDefinitions of TenantCluster, IsolationProfile and SyncPolicy as YAML.
+    /// Print the CustomResourceDefinitions (TenantCluster, IsolationProfile, SyncPolicy,
+    /// SnapshotStore, TenantSnapshot) as YAML.
     Crds {
         /// Write one file per CRD into this folder instead of printing them.
         #[arg(long, value_name = "DIR")]
@@ -234,9 +281,14 @@ enum Command {
         /// ServiceCIDRMismatch when this disagrees. Default: whatever the host says.
         #[arg(long, value_name = "CIDR")]
         service_cidr: Option<String>,
-        /// The namespace the operator runs in; NetworkPolicies let it reach tenant API servers.
+        /// The namespace the operator runs in; NetworkPolicies let it reach tenant API servers,
+        /// and SnapshotStores' credentials Secrets are read from it.
         #[arg(long, env = "POD_NAMESPACE")]
         operator_namespace: Option<String>,
+        /// The image of the snapshot agent in every tenant control-plane pod: the operator's
+        /// own image, which holds this binary.
+        #[arg(long, env = "AGENT_IMAGE", default_value = tenantplane_controller::names::DEFAULT_AGENT_IMAGE)]
+        agent_image: String,
         /// How the operator reaches tenant API servers.
         #[arg(long, value_enum, default_value = "in-cluster")]
         connector: ConnectorArg,
@@ -245,6 +297,27 @@ enum Command {
     },
     /// Run the local dev cluster: a real control plane, the operator, the local runtime and the
     /// example tenant, until Ctrl-C.
+    /// The snapshot agent, in a tenant's control-plane pod (the operator puts it there): serves
+    /// consistent copies of the tenant's datastore to the operator, or, with --restore, waits
+    /// for one restore, puts it in place and exits.
+    #[command(hide = true)]
+    Agent {
+        /// Where to listen.
+        #[arg(long, default_value = "0.0.0.0:7443")]
+        listen: std::net::SocketAddr,
+        /// kine's sqlite database.
+        #[arg(long)]
+        database: PathBuf,
+        /// The folder with the tenant's PKI (server CA and key, client CA).
+        #[arg(long)]
+        pki: PathBuf,
+        /// Where copies are made before they are sent.
+        #[arg(long)]
+        scratch: PathBuf,
+        /// Wait for this restore, put it in place, then exit.
+        #[arg(long)]
+        restore: Option<String>,
+    },
     #[cfg(feature = "dev")]
     Dev {
         /// Where the cluster's data, logs and kubeconfig go.
@@ -354,6 +427,35 @@ async fn run_user(host: &HostArgs, command: UserCommand) -> anyhow::Result<()> {
             namespace,
             wait,
         } => tenants::delete(&client, &ns(namespace), &name, wait.wait()).await,
+        UserCommand::Snapshot(SnapshotCommand::Create {
+            tenant,
+            namespace,
+            name,
+            store,
+            wait,
+        }) => {
+            let options = snapshots::CreateOptions {
+                namespace: ns(namespace),
+                tenant,
+                name,
+                store,
+                wait: wait.wait(),
+            };
+            snapshots::create(&client, options).await
+        }
+        UserCommand::Snapshot(SnapshotCommand::List {
+            tenant,
+            namespace,
+            all_namespaces,
+        }) => {
+            let namespace = (!all_namespaces).then(|| ns(namespace));
+            snapshots::list(&client, namespace.as_deref(), tenant.as_deref()).await
+        }
+        UserCommand::Snapshot(SnapshotCommand::Delete {
+            name,
+            namespace,
+            wait,
+        }) => snapshots::delete(&client, &ns(namespace), &name, wait.wait()).await,
     }
 }
 
@@ -421,6 +523,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             kine_image,
             service_cidr,
             operator_namespace,
+            agent_image,
             connector,
             operator,
         } => {
@@ -439,6 +542,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                     local_runtime: connector.is_local(),
                     // Set once the operator has its kubelet endpoint's CA and address.
                     kubelet: None,
+                    agent_image: Some(agent_image),
                 },
                 connector,
                 namespace: watch_namespace,
@@ -446,8 +550,36 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 certificates: operator.certificates()?,
                 telemetry: Default::default(),
                 wake: operator.wake(),
+                snapshots: tenantplane_controller::snapshot::SnapshotOptions {
+                    secrets_namespace: operator_namespace.clone(),
+                },
             };
             operator::run(&cli.host, &operator, operator_namespace, options).await?;
+        }
+        Command::Agent {
+            listen,
+            database,
+            pki,
+            scratch,
+            restore,
+        } => {
+            tracing_subscriber::fmt()
+                .with_env_filter(
+                    tracing_subscriber::EnvFilter::try_from_default_env()
+                        .unwrap_or_else(|_| "info".into()),
+                )
+                .init();
+            tenantplane_controller::snapshot::agent::run(
+                tenantplane_controller::snapshot::agent::AgentOptions {
+                    listen,
+                    database,
+                    scratch,
+                    pki,
+                    restore,
+                },
+            )
+            .await
+            .map_err(anyhow::Error::msg)?
         }
         #[cfg(feature = "dev")]
         Command::Dev { state_dir, nodes } => dev::run(state_dir, nodes).await?,

@@ -25,6 +25,9 @@ pub const HELM: &str = "helm";
 #[derive(Clone, Debug)]
 pub struct Binaries {
     dir: PathBuf,
+    /// The `tenantplane` binary, which the local runtime runs as each control plane's snapshot
+    /// agent; none, it runs no agent (snapshots of its tenants fail, saying so).
+    agent: Option<PathBuf>,
 }
 
 fn workspace_root() -> PathBuf {
@@ -68,7 +71,7 @@ impl Binaries {
                 dir.display()
             )));
         }
-        Ok(Self { dir })
+        Ok(Self { dir, agent: None })
     }
 
     /// The helm binary, or an error saying how to build it.
@@ -82,6 +85,17 @@ impl Binaries {
                 self.dir.display()
             )))
         }
+    }
+
+    /// Run `tenantplane` (this binary) as the control planes' snapshot agent.
+    pub fn with_agent(mut self, tenantplane: impl Into<PathBuf>) -> Self {
+        self.agent = Some(tenantplane.into());
+        self
+    }
+
+    /// The snapshot agent's binary, if the runtime runs one.
+    pub fn agent(&self) -> Option<&Path> {
+        self.agent.as_deref()
     }
 
     /// The path of one binary.

@@ -427,7 +427,7 @@ impl ControlPlane {
         self.kubectl_output(args).map(|_| ())
     }
 
-    /// Wait until the API server serves the three CRDs.
+    /// Wait until the API server serves our CRDs.
     pub fn wait_for_crds(&self) -> Result<()> {
         wait_established(
             |a| self.kubectl_ok(a),
@@ -435,6 +435,8 @@ impl ControlPlane {
                 "crd/tenantclusters.tenantplane.io",
                 "crd/isolationprofiles.tenantplane.io",
                 "crd/syncpolicies.tenantplane.io",
+                "crd/snapshotstores.tenantplane.io",
+                "crd/tenantsnapshots.tenantplane.io",
             ],
         )
     }

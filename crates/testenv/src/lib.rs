@@ -21,6 +21,7 @@ pub mod netns;
 pub mod operator;
 mod probes;
 pub mod process;
+pub mod s3;
 mod shared;
 pub mod tenant;
 

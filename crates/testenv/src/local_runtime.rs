@@ -60,6 +60,8 @@ struct Tenant {
     pod: String,
     uid: String,
     port: u16,
+    /// Where its snapshot agent listens, if it runs one.
+    agent_port: Option<u16>,
     /// The data folder (see [`datastore::volume`]).
     dir: PathBuf,
     /// kine, kube-apiserver, kube-controller-manager (empty while a restart failed).
@@ -83,6 +85,7 @@ struct HealthView {
     namespace: String,
     pod: String,
     port: u16,
+    agent_port: Option<u16>,
     dir: PathBuf,
     ready: bool,
     dead: bool,
@@ -524,7 +527,24 @@ impl LocalRuntime {
             .first()
             .map(|s| s.to_string())
             .unwrap_or_else(|| "*".into());
+        // The pod's snapshot agent, as its container would run: on a loopback port of its own,
+        // with the tenant's database, PKI and a scratch folder in its data folder.
+        let agent_port = match binaries.agent() {
+            Some(_) if tenantplane_controller::build::agent::runs_in(pod) => Some(free_port()?),
+            _ => None,
+        };
+        let agent = binaries.agent().zip(agent_port).map(|(program, port)| {
+            let args = vec![
+                "agent".to_string(),
+                format!("--listen=127.0.0.1:{port}"),
+                format!("--database={}", datastore::database(&tenant_dir).display()),
+                format!("--pki={}", tls.display()),
+                format!("--scratch={}", tenant_dir.join("snapshots").display()),
+            ];
+            (program.to_path_buf(), args)
+        });
         let mut tenant = Tenant {
+            agent_port,
             namespace: ns,
             tenant: pod
                 .labels()
@@ -558,6 +578,7 @@ impl LocalRuntime {
                 controllers,
                 apiserver_args,
                 env: go_runtime_env(pod),
+                agent,
             },
         )
         .await?;

@@ -132,7 +132,7 @@ pub(crate) async fn set_pod_ready(
     client: &Client,
     ns: &str,
     pod: &str,
-    port: u16,
+    (port, agent_port): (u16, Option<u16>),
     ready: bool,
     restarts: i32,
 ) -> Result<()> {
@@ -144,6 +144,7 @@ pub(crate) async fn set_pod_ready(
         &PatchParams::default(),
         &Patch::Merge(json!({"metadata": {"annotations": {
             names::ANNOTATION_LOCAL_ENDPOINT: format!("https://127.0.0.1:{port}"),
+            names::ANNOTATION_LOCAL_AGENT: agent_port.map(|p| format!("127.0.0.1:{p}")),
         }}})),
     )
     .await?;

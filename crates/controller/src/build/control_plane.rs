@@ -117,12 +117,17 @@ pub fn desired_statefulset(
     let distribution = tc.spec.control_plane.distribution;
     let Pod {
         init_containers,
-        containers,
-        volumes,
+        mut containers,
+        mut volumes,
     } = match distribution {
         Distribution::K3s => super::k3s::pod(tc, &tenant, &ns, addressing, options),
         Distribution::Kubernetes => super::kubernetes::pod(tc, &tenant, addressing, options),
     };
+    if let Some(image) = &options.agent_image {
+        let (agent, scratch) = super::agent::container(image);
+        containers.push(agent);
+        volumes.push(scratch);
+    }
     // The local runtime stands in for k3s only; a `kubernetes` pod runs on a real node as written.
     let local = options.local_runtime && distribution == Distribution::K3s;
     let mut pod_labels = names::labels(&tenant);

@@ -29,6 +29,17 @@ pub fn addressing() -> Addressing {
     }
 }
 
+/// The control-plane pod `tc` gets under `options`.
+pub fn pod_spec(tc: &TenantCluster, options: &BuildOptions) -> k8s_openapi::api::core::v1::PodSpec {
+    super::control_plane::desired_statefulset(tc, &addressing(), options, "digest")
+        .unwrap()
+        .spec
+        .unwrap()
+        .template
+        .spec
+        .unwrap()
+}
+
 /// Options of an operator that serves the kubelet endpoint.
 pub fn with_kubelet(options: BuildOptions) -> BuildOptions {
     BuildOptions {

@@ -46,8 +46,8 @@ pub fn namespace_labels(profile: &IsolationProfile) -> BTreeMap<String, String> 
 ///   the profile's CIDRs; never the host API server or node addresses. `allow-all` opens egress.
 ///   Either way, no rule reaches a closed address (link-local, cloud metadata and identity
 ///   endpoints: [`closed_addresses`]), in either address family.
-/// - `<name>-control-plane` (the tenant API server): ingress on 6443 from the operator; egress
-///   to the operator's kubelet endpoint when it serves one.
+/// - `<name>-control-plane` (the tenant API server): ingress on 6443 (and 7443, the snapshot
+///   agent) from the operator; egress to the operator's kubelet endpoint when it serves one.
 pub fn network_policies(
     tc: &TenantCluster,
     profile: &IsolationProfile,
@@ -118,7 +118,12 @@ pub fn network_policies(
         policy_types: Some(vec!["Ingress".into()]),
         ingress: Some(vec![NetworkPolicyIngressRule {
             from: Some(vec![operator_peer.clone()]),
-            ports: Some(vec![port("TCP", IntOrString::Int(names::API_PORT))]),
+            // The API server, and the snapshot agent (which admits only the operator's
+            // certificate).
+            ports: Some(vec![
+                port("TCP", IntOrString::Int(names::API_PORT)),
+                port("TCP", IntOrString::Int(names::AGENT_PORT)),
+            ]),
         }]),
         egress: None,
     };

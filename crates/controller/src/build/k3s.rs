@@ -210,6 +210,7 @@ mod tests {
             .containers
             .iter()
             .chain(spec.init_containers.iter().flatten())
+            .filter(|c| c.name != super::super::agent::CONTAINER)
         {
             assert_eq!(
                 c.image.as_deref(),

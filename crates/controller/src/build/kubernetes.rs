@@ -258,26 +258,20 @@ mod tests {
     use crate::build::fixtures::{addressing, kubernetes_tenant, with_kubelet};
     use k8s_openapi::api::core::v1::PodSpec;
 
-    fn pod_spec(tc: &TenantCluster, options: &BuildOptions) -> PodSpec {
-        desired_statefulset(tc, &addressing(), options, "digest")
-            .unwrap()
-            .spec
-            .unwrap()
-            .template
-            .spec
-            .unwrap()
-    }
+    use super::super::fixtures::pod_spec;
 
     /// Container `name`, of either list (two of the components are sidecars).
     fn container<'a>(spec: &'a PodSpec, name: &str) -> &'a Container {
         all_containers(spec).find(|c| c.name == name).unwrap()
     }
 
+    /// The distribution's containers (the snapshot agent's are tested in `build::agent`).
     fn all_containers(spec: &PodSpec) -> impl Iterator<Item = &Container> {
         spec.init_containers
             .iter()
             .flatten()
             .chain(&spec.containers)
+            .filter(|c| c.name != super::super::agent::CONTAINER)
     }
 
     fn args(c: &Container) -> Vec<&str> {
@@ -338,7 +332,10 @@ mod tests {
             "the folder once, then kine and the API server as sidecars"
         );
         let main: Vec<&str> = spec.containers.iter().map(|c| c.name.as_str()).collect();
-        assert_eq!(main, ["kube-controller-manager"]);
+        assert_eq!(
+            main,
+            ["kube-controller-manager", super::super::agent::CONTAINER]
+        );
         // The controller manager waits for this probe: `/livez` checks the datastore too.
         let startup = container(&spec, "kube-apiserver")
             .startup_probe

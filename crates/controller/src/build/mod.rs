@@ -2,6 +2,7 @@
 //! Nothing here does I/O, so every decision is unit-tested.
 
 pub mod admission;
+pub mod agent;
 pub mod audit;
 pub mod control_plane;
 pub mod isolation;
@@ -36,6 +37,9 @@ pub struct BuildOptions {
     /// The operator's kubelet endpoint, if it serves one: tenant API servers trust its CA for
     /// their kubelets, and virtual Nodes name it.
     pub kubelet: Option<crate::kubelet::KubeletOptions>,
+    /// The snapshot agent's image (the operator's own); none, control planes run no agent and
+    /// their snapshots fail saying so.
+    pub agent_image: Option<String>,
 }
 
 impl Default for BuildOptions {
@@ -48,6 +52,7 @@ impl Default for BuildOptions {
             operator_namespace: None,
             local_runtime: false,
             kubelet: None,
+            agent_image: Some(crate::names::DEFAULT_AGENT_IMAGE.to_string()),
         }
     }
 }

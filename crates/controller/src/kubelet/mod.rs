@@ -156,8 +156,11 @@ pub async fn bind(
         .applied_objects();
     let tenants = Arc::new(tls::Tenants::new(store));
     let provider = serving.provider();
-    let verifier = Arc::new(tls::TenantApiServers {
-        tenants: tenants.clone(),
+    let verifier = Arc::new(tls::CheckedClients {
+        check: Box::new({
+            let tenants = tenants.clone();
+            move |cert, now| tenants.identify(cert, now).map(|_| ())
+        }),
         provider: provider.clone(),
     });
     let mut config = rustls::ServerConfig::builder_with_provider(provider)

@@ -37,6 +37,7 @@ pub fn provider() -> Arc<CryptoProvider> {
 
 /// The serving certificate, swapped for a fresh one by [`Serving::renew`].
 pub struct Serving {
+    common_name: String,
     ca: CertificateAuthority,
     names: Vec<String>,
     provider: Arc<CryptoProvider>,
@@ -54,9 +55,19 @@ impl std::fmt::Debug for Serving {
 impl Serving {
     /// A serving certificate for `names` (IP addresses and DNS names) signed by `ca`.
     pub fn new(ca: CertificateAuthority, names: Vec<String>) -> Result<Self, String> {
+        Self::named("tenantplane-kubelet", ca, names)
+    }
+
+    /// A serving certificate with the common name `common_name`.
+    pub fn named(
+        common_name: &str,
+        ca: CertificateAuthority,
+        names: Vec<String>,
+    ) -> Result<Self, String> {
         let provider = provider();
-        let first = issue(&ca, &names, &provider)?;
+        let first = issue(common_name, &ca, &names, &provider)?;
         Ok(Self {
+            common_name: common_name.to_string(),
             ca,
             names,
             provider,
@@ -66,7 +77,7 @@ impl Serving {
 
     /// Issue a fresh certificate; the old one keeps serving if that fails.
     pub fn renew(&self) -> Result<(), String> {
-        let fresh = issue(&self.ca, &self.names, &self.provider)?;
+        let fresh = issue(&self.common_name, &self.ca, &self.names, &self.provider)?;
         *self.current.write().unwrap_or_else(|e| e.into_inner()) = fresh;
         Ok(())
     }
@@ -77,14 +88,15 @@ impl Serving {
 }
 
 fn issue(
+    common_name: &str,
     ca: &CertificateAuthority,
     names: &[String],
     provider: &CryptoProvider,
 ) -> Result<Arc<CertifiedKey>, String> {
     let refs: Vec<&str> = names.iter().map(String::as_str).collect();
     let pair = ca
-        .issue(&Leaf::server("tenantplane-kubelet", &refs).valid_for(SERVING_VALIDITY))
-        .map_err(|e| format!("issuing the kubelet serving certificate: {e}"))?;
+        .issue(&Leaf::server(common_name, &refs).valid_for(SERVING_VALIDITY))
+        .map_err(|e| format!("issuing the {common_name} serving certificate: {e}"))?;
     let chain = [pair.cert_pem.as_str(), ca.cert_pem()]
         .into_iter()
         .map(|pem| {
@@ -94,11 +106,11 @@ fn issue(
         })
         .collect::<Result<Vec<_>, _>>()?;
     let key = PrivateKeyDer::from_pem_slice(pair.key_pem.as_bytes())
-        .map_err(|e| format!("the kubelet serving key: {e}"))?;
+        .map_err(|e| format!("the {common_name} serving key: {e}"))?;
     let signing = provider
         .key_provider
         .load_private_key(key)
-        .map_err(|e| format!("the kubelet serving key: {e}"))?;
+        .map_err(|e| format!("the {common_name} serving key: {e}"))?;
     Ok(Arc::new(CertifiedKey::new(chain, signing)))
 }
 
@@ -199,14 +211,23 @@ impl Tenants {
     }
 }
 
-/// Admits a client whose certificate [`Tenants::identify`] places.
-#[derive(Debug)]
-pub struct TenantApiServers {
-    pub tenants: Arc<Tenants>,
+/// What a client certificate must be for a connection to go on: `Ok`, or why it is refused.
+pub type CertCheck = dyn Fn(&[u8], i64) -> Result<(), String> + Send + Sync;
+
+/// Admits a client whose certificate passes a check (the kubelet endpoint's: a tenant API server
+/// that [`Tenants::identify`] places; the snapshot agent's: the operator).
+pub struct CheckedClients {
+    pub check: Box<CertCheck>,
     pub provider: Arc<CryptoProvider>,
 }
 
-impl ClientCertVerifier for TenantApiServers {
+impl std::fmt::Debug for CheckedClients {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CheckedClients").finish_non_exhaustive()
+    }
+}
+
+impl ClientCertVerifier for CheckedClients {
     fn root_hint_subjects(&self) -> &[DistinguishedName] {
         // Every tenant's CA is acceptable; a Go client sends its certificate when none is hinted.
         &[]
@@ -218,9 +239,8 @@ impl ClientCertVerifier for TenantApiServers {
         _intermediates: &[CertificateDer<'_>],
         now: UnixTime,
     ) -> Result<ClientCertVerified, rustls::Error> {
-        self.tenants
-            .identify(end_entity.as_ref(), now.as_secs() as i64)
-            .map(|_| ClientCertVerified::assertion())
+        (self.check)(end_entity.as_ref(), now.as_secs() as i64)
+            .map(|()| ClientCertVerified::assertion())
             .map_err(rustls::Error::General)
     }
 

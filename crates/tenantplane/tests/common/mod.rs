@@ -56,6 +56,8 @@ impl Operator {
 pub fn options(ns: &str, kubelet: Option<KubeletOptions>) -> ControllerOptions {
     let mut options =
         tenant::local_operator_options(Some(ns.to_string()), Some(Duration::from_secs(2)), kubelet);
+    // Each test's operator keeps the credentials of its SnapshotStores in the test's namespace.
+    options.snapshots.secrets_namespace = Some(ns.to_string());
     // On a real node, pods reach this process at an address of its own, as an operator pod's:
     // sleeping tenants' API Services lead to wake doors there.
     if tenantplane_testenv::host_cluster::real_node::running() {
@@ -127,7 +129,11 @@ fn start_operator_using(
 pub fn local_runtime_for(ns: &TestNamespace) -> (LocalRuntime, tokio::task::JoinHandle<()>) {
     local_runtime::start(
         ns.client.clone(),
-        shared().binaries().clone(),
+        // This test's build of `tenantplane` is each control plane's snapshot agent.
+        shared()
+            .binaries()
+            .clone()
+            .with_agent(env!("CARGO_BIN_EXE_tenantplane")),
         shared().dir().join("runtime"),
         Some(ns.name.clone()),
     )

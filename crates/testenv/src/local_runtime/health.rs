@@ -38,6 +38,7 @@ impl LocalRuntime {
                         namespace: t.namespace.clone(),
                         pod: t.pod.clone(),
                         port: t.port,
+                        agent_port: t.agent_port,
                         dir: t.dir.clone(),
                         ready: t.ready,
                         dead,
@@ -57,9 +58,15 @@ impl LocalRuntime {
                 );
             }
             if ready != t.ready {
-                if let Err(e) =
-                    probes::set_pod_ready(client, &t.namespace, &t.pod, t.port, ready, t.restarts)
-                        .await
+                if let Err(e) = probes::set_pod_ready(
+                    client,
+                    &t.namespace,
+                    &t.pod,
+                    (t.port, t.agent_port),
+                    ready,
+                    t.restarts,
+                )
+                .await
                 {
                     eprintln!(
                         "local runtime: updating pod {}/{}: {}",

@@ -27,6 +27,9 @@ pub(super) struct LaunchSpec {
     /// Variables every process gets (the Go runtime's, from the pod).
     #[serde(default)]
     env: Vec<(String, String)>,
+    /// The snapshot agent (the `tenantplane` binary) and its flags, when the pod has one.
+    #[serde(default)]
+    agent: Option<(PathBuf, Vec<String>)>,
 }
 
 /// How long the controller manager waits for the API server to answer before it starts anyway.
@@ -49,24 +52,24 @@ impl LaunchSpec {
             .iter()
             .map(|(k, v)| (k.as_str(), v.as_str()))
             .collect();
-        let start = |name: &str, args: &[String]| {
+        let start_program = |name: &str, program: &Path, args: &[String]| {
             // What the last run wrote, kept beside the new log (as `kubectl logs --previous`).
             let _ = std::fs::rename(log(name), self.logs.join(format!("{name}.previous.log")));
-            process::spawn(
-                &format!("tenant-{name}"),
-                &binaries.path(name),
-                args,
-                &env,
-                &log(name),
-            )
+            process::spawn(&format!("tenant-{name}"), program, args, &env, &log(name))
         };
+        let start = |name: &str, args: &[String]| start_program(name, &binaries.path(name), args);
         // A socket left by a kine that was killed.
         match std::fs::remove_file(&self.kine_socket) {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e.into()),
             _ => {}
         }
+        let mut handles = Vec::new();
+        // As a container beside kine: the agent only opens the database when asked for a copy.
+        if let Some((program, args)) = &self.agent {
+            handles.push(start_program("snapshot-agent", program, args)?);
+        }
         let kine = start("kine", &self.kine)?;
-        let mut handles = vec![kine.clone()];
+        handles.push(kine.clone());
         let started = async {
             datastore::wait_for_socket(&kine, &self.kine_socket, &log("kine")).await?;
             handles.push(start("kube-apiserver", &self.apiserver)?);
@@ -106,6 +109,8 @@ pub(super) struct FromPod {
     pub apiserver_args: Vec<String>,
     /// Variables every process gets (the Go runtime's).
     pub env: Vec<(String, String)>,
+    /// The snapshot agent's program and flags, if it runs one.
+    pub agent: Option<(PathBuf, Vec<String>)>,
 }
 
 /// Write the [`LaunchSpec`] of a tenant whose data is `volume` and start its processes.
@@ -121,6 +126,7 @@ pub(super) async fn spawn_processes(
         controllers,
         apiserver_args: pod_apiserver_args,
         env,
+        agent,
     } = pod;
     let dir = &volume.dir;
     let kine_socket = datastore::socket(volume);
@@ -172,6 +178,7 @@ pub(super) async fn spawn_processes(
         controller_manager,
         logs,
         env,
+        agent,
     };
     std::fs::write(
         dir.join(LAUNCH_FILE),

@@ -1,0 +1,372 @@
+//! The snapshot agent: our own binary (`tenantplane agent`) beside kine in the tenant's
+//! control-plane pod, the only thing that touches the datastore's file for snapshots.
+//!
+//! - As a container it serves `GET /snapshot`: a consistent copy of the database ([`copy`]),
+//!   checked and hashed in the pod, streamed to the operator with its size and SHA-256.
+//! - As an init container, when a restore is pending, it waits for the operator's
+//!   `PUT /restore` with the snapshot's bytes and checksum, puts them in place of the database
+//!   before kine starts, leaves a mark that this restore is done, and exits.
+//!
+//! It speaks TLS with a certificate its tenant's server CA signs (from the PKI the pod mounts)
+//! and admits only the operator: a client certificate of the tenant's client CA for
+//! `tenantplane:operator`. It holds no store credentials: the operator moves the bytes between
+//! it and the store, so nothing in the tenant's namespace can reach the store.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use bytes::Bytes;
+use futures::TryStreamExt;
+use http::{Method, Request, Response, StatusCode};
+use http_body_util::combinators::UnsyncBoxBody;
+use http_body_util::{BodyExt, Full, StreamBody};
+use hyper::body::{Frame, Incoming};
+use tokio::sync::{Mutex, watch};
+use tokio_rustls::TlsAcceptor;
+use tracing::{info, warn};
+
+use super::copy;
+use crate::kubelet::tls::{self, CheckedClients, Serving};
+use crate::tenant_pki::{CLIENT_CA_CRT, OPERATOR_USER, SERVER_CA_CRT, SERVER_CA_KEY};
+
+/// The name the agent's serving certificate carries, which the operator checks (it dials the
+/// pod's address, so the name is fixed rather than an address).
+pub const SERVER_NAME: &str = "tenantplane-agent";
+/// The header with the SHA-256 (hex) of a snapshot's bytes, both ways.
+pub const SHA256_HEADER: &str = "x-tenantplane-sha256";
+
+pub type Body = UnsyncBoxBody<Bytes, std::io::Error>;
+
+/// How the agent runs.
+#[derive(Clone, Debug)]
+pub struct AgentOptions {
+    pub listen: SocketAddr,
+    /// kine's sqlite database.
+    pub database: PathBuf,
+    /// Where copies are made before they are sent (not the data claim: a copy would halve it).
+    pub scratch: PathBuf,
+    /// The folder of the tenant's PKI (server CA and key, client CA).
+    pub pki: PathBuf,
+    /// Wait for this restore, put it in place, and exit (the init container).
+    pub restore: Option<String>,
+}
+
+/// The mark a finished restore leaves beside the database, so the init container of a pod that
+/// restarts with the same restore pending does not wait for it again.
+pub fn restored_mark(database: &Path, restore: &str) -> PathBuf {
+    database.with_file_name(format!("restored-{restore}"))
+}
+
+struct Agent {
+    options: AgentOptions,
+    /// One copy at a time: each is a full read of the database.
+    copying: Mutex<()>,
+    /// Set once a restore is in place (restore mode ends).
+    restored: watch::Sender<bool>,
+}
+
+/// Run the agent until it is killed (or, restoring, until the restore is in place).
+pub async fn run(options: AgentOptions) -> Result<(), String> {
+    if let Some(id) = &options.restore
+        && restored_mark(&options.database, id).exists()
+    {
+        info!(restore = %id, "this restore is already in place");
+        return Ok(());
+    }
+    let read = |name: &str| {
+        let path = options.pki.join(name);
+        std::fs::read_to_string(&path).map_err(|e| format!("reading {}: {e}", path.display()))
+    };
+    let server_ca = tenantplane_pki::CertificateAuthority::from_pem(
+        &read(SERVER_CA_CRT)?,
+        &read(SERVER_CA_KEY)?,
+    )
+    .map_err(|e| format!("the tenant's server CA: {e}"))?;
+    let client_ca = tenantplane_pki::cert_der(&read(CLIENT_CA_CRT)?)
+        .map_err(|e| format!("the tenant's client CA: {e}"))?;
+    let serving = Arc::new(Serving::named(
+        SERVER_NAME,
+        server_ca,
+        vec![SERVER_NAME.to_string()],
+    )?);
+    let provider = serving.provider();
+    let verifier = Arc::new(CheckedClients {
+        check: Box::new(move |cert, now| operator_only(cert, &client_ca, now)),
+        provider: provider.clone(),
+    });
+    let mut config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| e.to_string())?
+        .with_client_cert_verifier(verifier)
+        .with_cert_resolver(serving.clone());
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    let acceptor = TlsAcceptor::from(Arc::new(config));
+    let listener = tokio::net::TcpListener::bind(options.listen)
+        .await
+        .map_err(|e| format!("listening on {}: {e}", options.listen))?;
+    // Copies a killed agent left behind.
+    if let Ok(dir) = std::fs::read_dir(&options.scratch) {
+        for entry in dir.flatten() {
+            let _ = std::fs::remove_file(entry.path());
+        }
+    }
+    let (restored, mut done) = watch::channel(false);
+    let agent = Arc::new(Agent {
+        options,
+        copying: Mutex::new(()),
+        restored,
+    });
+    info!(listen = %agent.options.listen, restore = ?agent.options.restore, "snapshot agent serving");
+    tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(tls::SERVING_RENEWAL).await;
+            if let Err(e) = serving.renew() {
+                warn!("{e}; the current certificate keeps serving");
+            }
+        }
+    });
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => {
+                let (tcp, peer) = match accepted {
+                    Ok(c) => c,
+                    Err(e) => {
+                        warn!("accepting a connection: {e}");
+                        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                        continue;
+                    }
+                };
+                let (acceptor, agent) = (acceptor.clone(), agent.clone());
+                tokio::spawn(async move { serve_connection(tcp, peer, acceptor, agent).await });
+            }
+            _ = done.wait_for(|d| *d) => {
+                // Let the answer reach the operator before the process ends.
+                tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+                return Ok(());
+            }
+        }
+    }
+}
+
+/// The operator's own client certificate of this tenant, and nothing else.
+fn operator_only(cert: &[u8], client_ca: &[u8], now: i64) -> Result<(), String> {
+    let info = tenantplane_pki::verify_der_signed_by(cert, client_ca)
+        .map_err(|e| format!("the client certificate is not the tenant client CA's: {e}"))?;
+    if now < info.not_before || now > info.not_after {
+        return Err("the client certificate is not valid now".into());
+    }
+    if info.common_name != OPERATOR_USER {
+        return Err(format!(
+            "only {OPERATOR_USER} may use the snapshot agent, not {:?}",
+            info.common_name
+        ));
+    }
+    Ok(())
+}
+
+async fn serve_connection(
+    tcp: tokio::net::TcpStream,
+    peer: SocketAddr,
+    acceptor: TlsAcceptor,
+    agent: Arc<Agent>,
+) {
+    let stream = match acceptor.accept(tcp).await {
+        Ok(s) => s,
+        Err(e) => {
+            warn!(%peer, "refused a connection: {e}");
+            return;
+        }
+    };
+    let service = hyper::service::service_fn(move |req| {
+        let agent = agent.clone();
+        async move { Ok::<_, std::convert::Infallible>(handle(req, agent).await) }
+    });
+    if let Err(e) = hyper::server::conn::http1::Builder::new()
+        .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+        .await
+    {
+        tracing::debug!(%peer, "connection ended: {e}");
+    }
+}
+
+fn text(status: StatusCode, message: impl Into<String>) -> Response<Body> {
+    let mut body = message.into();
+    body.push('\n');
+    Response::builder()
+        .status(status)
+        .header(http::header::CONTENT_TYPE, "text/plain; charset=utf-8")
+        .body(
+            Full::new(Bytes::from(body))
+                .map_err(|never| match never {})
+                .boxed_unsync(),
+        )
+        .unwrap_or_default()
+}
+
+async fn handle(req: Request<Incoming>, agent: Arc<Agent>) -> Response<Body> {
+    let restoring = agent.options.restore.is_some();
+    match (req.method(), req.uri().path()) {
+        (&Method::GET, "/healthz") => text(StatusCode::OK, "ok"),
+        (&Method::GET, "/snapshot") if restoring => text(
+            StatusCode::CONFLICT,
+            "a restore is pending: the datastore is not running, there is nothing to copy",
+        ),
+        (&Method::GET, "/snapshot") => snapshot(&agent).await,
+        (&Method::PUT, "/restore") if restoring => restore(req, &agent).await,
+        (&Method::PUT, "/restore") => text(
+            StatusCode::CONFLICT,
+            "no restore is pending in this pod: the operator restarts the pod for one",
+        ),
+        _ => text(StatusCode::NOT_FOUND, "no such endpoint"),
+    }
+}
+
+async fn snapshot(agent: &Agent) -> Response<Body> {
+    let Ok(_one) = agent.copying.try_lock() else {
+        return text(
+            StatusCode::CONFLICT,
+            "a snapshot is being taken already; try again when it is done",
+        );
+    };
+    let (database, scratch) = (
+        agent.options.database.clone(),
+        agent.options.scratch.clone(),
+    );
+    let started = std::time::Instant::now();
+    let made = tokio::task::spawn_blocking(move || copy::backup(&database, &scratch)).await;
+    let copy = match made {
+        Ok(Ok(c)) => c,
+        Ok(Err(e)) => return text(StatusCode::INTERNAL_SERVER_ERROR, e),
+        Err(e) => {
+            return text(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!("the copy died: {e}"),
+            );
+        }
+    };
+    let file = match tokio::fs::File::open(&copy.path).await {
+        Ok(f) => f,
+        Err(e) => {
+            let _ = std::fs::remove_file(&copy.path);
+            return text(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!("reading the copy: {e}"),
+            );
+        }
+    };
+    // The open file keeps its bytes; the name goes now, so nothing is left if the stream stops.
+    let _ = std::fs::remove_file(&copy.path);
+    info!(
+        size = copy.size,
+        seconds = started.elapsed().as_secs_f64(),
+        "copied the datastore; sending it"
+    );
+    let stream = tokio_util::io::ReaderStream::with_capacity(file, 256 * 1024).map_ok(Frame::data);
+    Response::builder()
+        .status(StatusCode::OK)
+        .header(http::header::CONTENT_TYPE, "application/vnd.sqlite3")
+        .header(http::header::CONTENT_LENGTH, copy.size)
+        .header(SHA256_HEADER, copy.sha256)
+        .body(StreamBody::new(stream).boxed_unsync())
+        .unwrap_or_default()
+}
+
+async fn restore(req: Request<Incoming>, agent: &Agent) -> Response<Body> {
+    let Some(sha) = req
+        .headers()
+        .get(SHA256_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string)
+    else {
+        return text(
+            StatusCode::BAD_REQUEST,
+            format!("a restore needs the {SHA256_HEADER} header"),
+        );
+    };
+    let Ok(_one) = agent.copying.try_lock() else {
+        return text(StatusCode::CONFLICT, "a restore is being received already");
+    };
+    let database = agent.options.database.clone();
+    let mut incoming = match copy::Incoming::create(&database) {
+        Ok(i) => i,
+        Err(e) => return text(StatusCode::INTERNAL_SERVER_ERROR, e),
+    };
+    let mut body = req.into_body();
+    while let Some(frame) = body.frame().await {
+        let frame = match frame {
+            Ok(f) => f,
+            Err(e) => {
+                let _ = std::fs::remove_file(copy::incoming_path(&database));
+                return text(
+                    StatusCode::BAD_REQUEST,
+                    format!("receiving the snapshot: {e}"),
+                );
+            }
+        };
+        if let Some(data) = frame.data_ref()
+            && let Err(e) = incoming.write(data)
+        {
+            let _ = std::fs::remove_file(copy::incoming_path(&database));
+            return text(StatusCode::INTERNAL_SERVER_ERROR, e);
+        }
+    }
+    let id = agent.options.restore.clone().unwrap_or_default();
+    let installed = tokio::task::spawn_blocking({
+        let database = database.clone();
+        move || {
+            let size = incoming.install(&database, &sha)?;
+            std::fs::write(restored_mark(&database, &id), sha.as_bytes())
+                .map_err(|e| format!("marking the restore done: {e}"))?;
+            Ok::<_, String>(size)
+        }
+    })
+    .await;
+    match installed {
+        Ok(Ok(size)) => {
+            info!(size, "restored the datastore");
+            agent.restored.send_replace(true);
+            text(StatusCode::OK, format!("restored {size} bytes"))
+        }
+        Ok(Err(e)) => text(StatusCode::UNPROCESSABLE_ENTITY, e),
+        Err(e) => text(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("the restore died: {e}"),
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tenant_pki::TenantPki;
+    use tenantplane_pki::Leaf;
+
+    #[test]
+    fn only_the_operators_certificate_of_this_tenant_is_admitted() {
+        let pki = TenantPki::generate("dev").unwrap();
+        let other = TenantPki::generate("other").unwrap();
+        let ca = tenantplane_pki::cert_der(pki.client_ca.cert_pem()).unwrap();
+        let der = |pem: &str| tenantplane_pki::cert_der(pem).unwrap();
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs() as i64;
+        let operator = pki
+            .client_ca
+            .issue(&Leaf::client(OPERATOR_USER, &["system:masters"]))
+            .unwrap();
+        operator_only(&der(&operator.cert_pem), &ca, now).unwrap();
+        let admin = pki
+            .client_ca
+            .issue(&Leaf::client("tenantplane-admin", &["system:masters"]))
+            .unwrap();
+        let e = operator_only(&der(&admin.cert_pem), &ca, now).unwrap_err();
+        assert!(e.contains("only tenantplane:operator"), "{e}");
+        let foreign = other
+            .client_ca
+            .issue(&Leaf::client(OPERATOR_USER, &["system:masters"]))
+            .unwrap();
+        assert!(operator_only(&der(&foreign.cert_pem), &ca, now).is_err());
+    }
+}

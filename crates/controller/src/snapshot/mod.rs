@@ -1,0 +1,125 @@
+//! Snapshots of tenants' datastores: the agent in each control-plane pod ([`agent`]), the copy it
+//! makes ([`copy`]), the operator's client for it ([`agent_client`]), the S3 stores
+//! ([`store`]), and the two controllers: SnapshotStores checked ([`stores`]) and
+//! TenantSnapshots taken and deleted ([`snapshots`]).
+//!
+//! The bytes go agent → operator → store, streamed: the store's credentials stay in the
+//! operator's namespace, and neither side holds a whole snapshot in memory.
+
+pub mod agent;
+pub mod agent_client;
+pub mod copy;
+pub mod snapshots;
+pub mod store;
+pub mod stores;
+
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::Api;
+use kube::{Client, ResourceExt};
+use tenantplane_api::SnapshotStore;
+
+use crate::error_text::api_message;
+
+/// The finalizer that deletes a TenantSnapshot's stored objects before the object goes.
+pub const FINALIZER: &str = "tenantplane.io/snapshot";
+
+/// How the snapshot controllers run.
+#[derive(Clone, Debug, Default)]
+pub struct SnapshotOptions {
+    /// Where the stores' credentials Secrets are: the operator's namespace. Without one, stores
+    /// are reported unusable and snapshots fail, saying so.
+    pub secrets_namespace: Option<String>,
+}
+
+/// Write a snapshot resource's whole status by server-side apply (what this manager no longer
+/// sets goes), or say why it could not.
+pub(crate) async fn apply_status<K>(
+    api: &Api<K>,
+    name: &str,
+    status: &impl serde::Serialize,
+) -> Result<(), String>
+where
+    K: kube::Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let kind = K::kind(&());
+    api.patch_status(
+        name,
+        &kube::api::PatchParams::apply(crate::names::FIELD_MANAGER).force(),
+        &kube::api::Patch::Apply(serde_json::json!({
+            "apiVersion": K::api_version(&()),
+            "kind": kind,
+            "status": status,
+        })),
+    )
+    .await
+    .map(|_| ())
+    .map_err(|e| format!("writing {kind} {name}'s status: {}", api_message(&e)))
+}
+
+/// A store, resolved by name (or the default one) and connected with its Secret; or why not.
+pub async fn open_store(
+    client: &Client,
+    options: &SnapshotOptions,
+    name: Option<&str>,
+) -> Result<(SnapshotStore, store::Store), String> {
+    let stores: Api<SnapshotStore> = Api::all(client.clone());
+    let found = match name {
+        Some(name) => stores
+            .get_opt(name)
+            .await
+            .map_err(|e| format!("reading SnapshotStore {name}: {}", api_message(&e)))?
+            .ok_or_else(|| format!("SnapshotStore {name} does not exist"))?,
+        None => {
+            let all = stores
+                .list(&Default::default())
+                .await
+                .map_err(|e| format!("listing SnapshotStores: {}", api_message(&e)))?;
+            let mut defaults: Vec<SnapshotStore> =
+                all.items.into_iter().filter(|s| s.spec.default).collect();
+            match defaults.len() {
+                0 => {
+                    return Err(
+                        "no SnapshotStore is marked default: name one in spec.storeRef, or set default: true on one".into(),
+                    );
+                }
+                1 => defaults.remove(0),
+                _ => {
+                    let names: Vec<String> = defaults.iter().map(|s| s.name_any()).collect();
+                    return Err(format!(
+                        "SnapshotStores {} are all marked default: keep default: true on one",
+                        names.join(", ")
+                    ));
+                }
+            }
+        }
+    };
+    let secret = credentials(client, options, &found).await?;
+    let connected = store::Store::connect(&found.spec, &secret)
+        .map_err(|e| format!("SnapshotStore {}: {e}", found.name_any()))?;
+    Ok((found, connected))
+}
+
+/// A store's credentials Secret, from the operator's namespace.
+pub async fn credentials(
+    client: &Client,
+    options: &SnapshotOptions,
+    found: &SnapshotStore,
+) -> Result<Secret, String> {
+    let Some(ns) = options.secrets_namespace.as_deref() else {
+        return Err(
+            "the operator does not know its namespace (--operator-namespace, or POD_NAMESPACE), where store credentials are kept".into(),
+        );
+    };
+    let name = &found.spec.credentials_secret_ref.name;
+    Api::<Secret>::namespaced(client.clone(), ns)
+        .get_opt(name)
+        .await
+        .map_err(|e| format!("reading Secret {ns}/{name}: {}", api_message(&e)))?
+        .ok_or_else(|| {
+            format!(
+                "Secret {ns}/{name} does not exist: create it with the keys {} and {}",
+                store::ACCESS_KEY_ID,
+                store::SECRET_ACCESS_KEY
+            )
+        })
+}

@@ -1,0 +1,298 @@
+//! Snapshots against the test control plane and a real S3 store (SeaweedFS on loopback): a
+//! store checked, a snapshot of a running tenant taken by the CLI, found byte for byte in the
+//! bucket, listed, and deleted with its objects; a store that is down, which fails the snapshot
+//! with its error and leaves the tenant as it was.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use futures::TryStreamExt;
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use kube::api::{Api, PostParams};
+use kube::{Client, ResourceExt};
+use serde_json::json;
+use tenantplane_api::conditions;
+use tenantplane_api::snapshot::STORE_AVAILABLE;
+use tenantplane_api::{Phase, SnapshotPhase, SnapshotStore, TenantCluster, TenantSnapshot};
+use tenantplane_controller::snapshot::store::{ACCESS_KEY_ID, SECRET_ACCESS_KEY};
+use tenantplane_testenv::s3::S3Server;
+use tenantplane_testenv::{eventually, shared};
+use tokio::sync::OnceCell;
+
+/// One store for the whole test binary; each test has a bucket of its own.
+static S3: OnceCell<S3Server> = OnceCell::const_new();
+
+async fn s3() -> &'static S3Server {
+    S3.get_or_init(|| async {
+        S3Server::start(shared().binaries(), &shared().dir().join("s3"))
+            .await
+            .unwrap_or_else(|e| panic!("starting the S3 store: {e}"))
+    })
+    .await
+}
+
+/// A SnapshotStore named after the test's namespace, for a bucket of its own at `endpoint`,
+/// with its credentials in the namespace (the test operator's "own" namespace).
+async fn store(host: &Client, ns: &str, endpoint: &str) -> String {
+    let s3 = s3().await;
+    s3.create_bucket(ns).await.unwrap();
+    let secret: Secret = serde_json::from_value(json!({
+        "metadata": {"name": "snapshot-store", "namespace": ns},
+        "stringData": {ACCESS_KEY_ID: s3.access_key, SECRET_ACCESS_KEY: s3.secret_key},
+    }))
+    .unwrap();
+    Api::<Secret>::namespaced(host.clone(), ns)
+        .create(&PostParams::default(), &secret)
+        .await
+        .unwrap();
+    let store: SnapshotStore = serde_json::from_value(json!({
+        "metadata": {"name": ns},
+        "spec": {
+            "s3": {"endpoint": endpoint, "bucket": ns, "prefix": "tenants/"},
+            "credentialsSecretRef": {"name": "snapshot-store"},
+        }
+    }))
+    .unwrap();
+    let stores: Api<SnapshotStore> = Api::all(host.clone());
+    let _ = stores.delete(ns, &Default::default()).await;
+    stores.create(&PostParams::default(), &store).await.unwrap();
+    ns.to_string()
+}
+
+/// The store's Available condition once the operator has checked it: (status, message).
+async fn availability(host: &Client, name: &str) -> (String, String) {
+    let stores: Api<SnapshotStore> = Api::all(host.clone());
+    eventually(WAIT, || async {
+        let s = stores.get(name).await.ok()?;
+        let c = conditions::find(&s.status?.conditions, STORE_AVAILABLE)?.clone();
+        Some((c.status, c.message))
+    })
+    .await
+    .unwrap_or_else(|| panic!("SnapshotStore {name} was never checked"))
+}
+
+async fn snapshot_done(host: &Client, ns: &str, name: &str) -> TenantSnapshot {
+    let api: Api<TenantSnapshot> = Api::namespaced(host.clone(), ns);
+    eventually(Duration::from_secs(180), || async {
+        let s = api.get(name).await.ok()?;
+        matches!(s.phase(), SnapshotPhase::Completed | SnapshotPhase::Failed).then_some(s)
+    })
+    .await
+    .unwrap_or_else(|| panic!("TenantSnapshot {name} never finished"))
+}
+
+async fn still_ready(host: &Client, ns: &str, name: &str) {
+    let tc: TenantCluster = Api::namespaced(host.clone(), ns).get(name).await.unwrap();
+    assert_eq!(tc.status.unwrap().phase, Some(Phase::Ready));
+}
+
+/// `tenantplane args…` against the test control plane: (exit code, stdout, stderr).
+async fn tp(args: &[&str]) -> (i32, String, String) {
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_tenantplane"))
+        .args(args)
+        .env("KUBECONFIG", shared().kubeconfig_path())
+        .output()
+        .await
+        .unwrap();
+    let result = (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    );
+    eprintln!("$ tenantplane {}\n{result:?}", args.join(" "));
+    result
+}
+
+/// An object store client of the test's own, to look at what the operator wrote.
+fn bucket(bucket: &str) -> object_store::aws::AmazonS3 {
+    let s3 = S3.get().unwrap();
+    object_store::aws::AmazonS3Builder::new()
+        .with_endpoint(&s3.endpoint)
+        .with_bucket_name(bucket)
+        .with_region("us-east-1")
+        .with_access_key_id(&s3.access_key)
+        .with_secret_access_key(&s3.secret_key)
+        .with_allow_http(true)
+        .build()
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_running_tenant_is_snapshotted_into_the_store_listed_and_deleted_with_its_objects() {
+    use object_store::{ObjectStore, ObjectStoreExt};
+    let world = ReadyTenant::start("snap").await;
+    let (ns, host, tenant) = (&world.ns.name, &world.host, &world.tenant);
+    // Something of the tenant's own to find in the copy.
+    let proof: ConfigMap = serde_json::from_value(json!({
+        "metadata": {"name": "snapshot-proof", "namespace": "default"},
+        "data": {"written": "before the snapshot"}
+    }))
+    .unwrap();
+    Api::<ConfigMap>::namespaced(tenant.clone(), "default")
+        .create(&PostParams::default(), &proof)
+        .await
+        .unwrap();
+    let endpoint = s3().await.endpoint.clone();
+    let store_name = store(host, ns, &endpoint).await;
+    let (status, message) = availability(host, &store_name).await;
+    assert_eq!(status, "True", "{message}");
+
+    // The CLI takes it and waits, saying what it does.
+    let (code, out, err) = tp(&[
+        "snapshot",
+        "create",
+        &world.name,
+        "-n",
+        ns,
+        "--name",
+        "first",
+        "--store",
+        &store_name,
+        "--wait",
+        "--timeout",
+        "3m",
+    ])
+    .await;
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(
+        out.contains("TenantSnapshot first Completed after"),
+        "{out}"
+    );
+    let snap = snapshot_done(host, ns, "first").await;
+    let status = snap.status.clone().unwrap();
+    assert_eq!(snap.phase(), SnapshotPhase::Completed, "{status:?}");
+    assert_eq!(status.distribution.as_deref(), Some("k3s"));
+    assert!(
+        status
+            .kubernetes_version
+            .as_deref()
+            .is_some_and(|v| v.starts_with('v')),
+        "{status:?}"
+    );
+    let checksum = status.checksum.clone().unwrap();
+    let location = status.location.clone().unwrap();
+    let key = location
+        .strip_prefix(&format!("s3://{ns}/"))
+        .unwrap_or_else(|| panic!("{location} is not in bucket {ns}"));
+    assert!(
+        key.starts_with(&format!("tenants/{ns}/{}/first-", world.name)),
+        "{key}"
+    );
+    // Not owned by the tenant: it outlives it.
+    assert!(snap.owner_references().is_empty());
+
+    // The bytes in the bucket are the checksum's, a sqlite database holding the tenant's object.
+    let objects = bucket(ns);
+    let data = objects
+        .get(&object_store::path::Path::from(key))
+        .await
+        .unwrap()
+        .bytes()
+        .await
+        .unwrap();
+    assert_eq!(data.len() as i64, status.size.unwrap());
+    let mut hasher = tenantplane_controller::snapshot::copy::Hasher::default();
+    hasher.update(&data);
+    assert_eq!(format!("sha256:{}", hasher.finish()), checksum);
+    assert!(data.starts_with(b"SQLite format 3\0"));
+    assert!(
+        data.windows(b"snapshot-proof".len())
+            .any(|w| w == b"snapshot-proof"),
+        "the copy does not hold the tenant's ConfigMap"
+    );
+    let manifest_key = key.replace(".db", ".json");
+    let manifest: serde_json::Value = serde_json::from_slice(
+        &objects
+            .get(&object_store::path::Path::from(manifest_key.clone()))
+            .await
+            .unwrap()
+            .bytes()
+            .await
+            .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(manifest["checksum"], checksum.as_str());
+    assert_eq!(manifest["tenant"], world.name.as_str());
+
+    let (code, out, _) = tp(&["snapshot", "list", "-n", ns]).await;
+    assert_eq!(code, 0);
+    let row = out
+        .lines()
+        .find(|l| l.starts_with("first "))
+        .unwrap_or_else(|| panic!("{out}"));
+    assert!(
+        row.contains("Completed") && row.contains(&store_name),
+        "{row}"
+    );
+
+    // The tenant kept running throughout.
+    still_ready(host, ns, &world.name).await;
+
+    let (code, out, err) = tp(&["snapshot", "delete", "first", "-n", ns, "--wait"]).await;
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("are gone after"), "{out}");
+    let listed: Vec<_> = objects
+        .list(Some(&object_store::path::Path::from(format!(
+            "tenants/{ns}"
+        ))))
+        .try_collect()
+        .await
+        .unwrap();
+    assert!(
+        listed.is_empty(),
+        "objects left after the delete: {listed:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_store_that_is_down_fails_the_snapshot_with_its_error_and_leaves_the_tenant_alone() {
+    let world = ReadyTenant::start("snapdown").await;
+    let (ns, host) = (&world.ns.name, &world.host);
+    // A port nothing listens on.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let endpoint = format!("http://{}", closed.local_addr().unwrap());
+    drop(closed);
+    let store_name = store(host, ns, &endpoint).await;
+    let (status, message) = availability(host, &store_name).await;
+    assert_eq!(status, "False");
+    assert!(
+        message.contains(&endpoint.replace("http://", "")) || message.contains("onnect"),
+        "{message}"
+    );
+
+    let (code, out, err) = tp(&[
+        "snapshot",
+        "create",
+        &world.name,
+        "-n",
+        ns,
+        "--name",
+        "down",
+        "--store",
+        &store_name,
+        "--wait",
+        "--timeout",
+        "3m",
+    ])
+    .await;
+    assert_eq!(code, 1, "{out}{err}");
+    assert!(err.contains("TenantSnapshot down Failed:"), "{err}");
+    let snap = snapshot_done(host, ns, "down").await;
+    let status = snap.status.unwrap();
+    assert_eq!(status.phase, Some(SnapshotPhase::Failed));
+    assert!(
+        status.message.as_deref().unwrap_or("").contains("upload"),
+        "{status:?}"
+    );
+    still_ready(host, ns, &world.name).await;
+    // A failed snapshot deletes at once: nothing was stored.
+    let api: Api<TenantSnapshot> = Api::namespaced(host.clone(), ns);
+    api.delete("down", &Default::default()).await.unwrap();
+    let gone = eventually(WAIT, || async {
+        api.get_opt("down").await.ok()?.is_none().then_some(())
+    })
+    .await;
+    assert!(gone.is_some(), "the failed snapshot was not deleted");
+}
