@@ -20,10 +20,6 @@ pub fn local_operator_options(
         build: BuildOptions {
             local_runtime: true,
             kubelet,
-            // The real node's registry holds no image of the operator yet, so a pod it runs as
-            // written (a `kubernetes` tenant's) gets no snapshot agent there.
-            agent_image: (!crate::host_cluster::real_node::running())
-                .then(|| tenantplane_controller::names::DEFAULT_AGENT_IMAGE.to_string()),
             ..Default::default()
         },
         connector: Connector::Local,

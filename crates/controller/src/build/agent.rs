@@ -149,6 +149,27 @@ mod tests {
     }
 
     #[test]
+    fn in_the_test_world_only_pods_the_local_runtime_stands_in_for_get_the_agent() {
+        let options = BuildOptions {
+            local_runtime: true,
+            ..Default::default()
+        };
+        assert!(
+            pod(&tenant(), &options)
+                .containers
+                .iter()
+                .any(|c| c.name == CONTAINER)
+        );
+        assert!(
+            pod(&kubernetes_tenant(), &options)
+                .containers
+                .iter()
+                .all(|c| c.name != CONTAINER),
+            "the real node has no image of the operator"
+        );
+    }
+
+    #[test]
     fn without_an_agent_image_there_is_no_agent() {
         let options = BuildOptions {
             agent_image: None,

@@ -123,13 +123,20 @@ pub fn desired_statefulset(
         Distribution::K3s => super::k3s::pod(tc, &tenant, &ns, addressing, options),
         Distribution::Kubernetes => super::kubernetes::pod(tc, &tenant, addressing, options),
     };
-    if let Some(image) = &options.agent_image {
+    // The local runtime stands in for k3s only; a `kubernetes` pod runs on a real node as written.
+    let local = options.local_runtime && distribution == Distribution::K3s;
+    // With the local runtime (tests, the dev cluster), a pod it stands in for runs the agent as
+    // a process of this build; a pod a real node runs would need the operator's image, which the
+    // test world's registry does not hold, so it gets none.
+    let agent_image = options
+        .agent_image
+        .as_ref()
+        .filter(|_| local || !options.local_runtime);
+    if let Some(image) = agent_image {
         let (agent, scratch) = super::agent::container(image);
         containers.push(agent);
         volumes.push(scratch);
     }
-    // The local runtime stands in for k3s only; a `kubernetes` pod runs on a real node as written.
-    let local = options.local_runtime && distribution == Distribution::K3s;
     let mut pod_labels = names::labels(&tenant);
     pod_labels.extend(names::control_plane_selector(&tenant));
     if local {
