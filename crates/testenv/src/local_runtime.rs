@@ -21,6 +21,8 @@ mod inspect;
 pub use inspect::ControlPlaneMemory;
 mod launch;
 mod pod_address;
+mod pod_spec;
+use pod_spec::{args_value, go_runtime_env, init_env, mounted_config_map_file};
 
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -225,77 +227,6 @@ impl Drop for StopOnDrop {
             }
         }
     }
-}
-
-/// The value of variable `name` of the pod's init containers.
-fn init_env(pod: &Pod, name: &str) -> Option<String> {
-    pod.spec
-        .iter()
-        .flat_map(|s| s.init_containers.iter().flatten())
-        .flat_map(|c| c.env.iter().flatten())
-        .find(|e| e.name == name)
-        .and_then(|e| e.value.clone())
-}
-
-/// The Go runtime's variables (`GOGC`, `GOMEMLIMIT`) of the pod's container, which k3s's one
-/// process would run under: each of the stand-in's processes runs under them.
-fn go_runtime_env(pod: &Pod) -> Vec<(String, String)> {
-    pod.spec
-        .iter()
-        .flat_map(|s| s.containers.iter())
-        .flat_map(|c| c.env.iter().flatten())
-        .filter(|e| e.name.starts_with("GO"))
-        .filter_map(|e| Some((e.name.clone(), e.value.clone()?)))
-        .collect()
-}
-
-/// The file at `path` in pod `pod`, where a container mounts a ConfigMap (read from the host):
-/// as a kubelet projects it.
-async fn mounted_config_map_file(client: &Client, pod: &Pod, path: &str) -> Result<String> {
-    let ns = pod.namespace().unwrap_or_default();
-    let spec = pod.spec.as_ref();
-    let (volume, key) = spec
-        .iter()
-        .flat_map(|s| s.containers.iter())
-        .flat_map(|c| c.volume_mounts.iter().flatten())
-        .find_map(|m| {
-            let key = path.strip_prefix(&format!("{}/", m.mount_path))?;
-            Some((m.name.clone(), key.to_string()))
-        })
-        .ok_or_else(|| {
-            Error::Io(format!(
-                "pod {ns}/{} mounts nothing at {path}",
-                pod.name_any()
-            ))
-        })?;
-    let config_map = spec
-        .iter()
-        .flat_map(|s| s.volumes.iter().flatten())
-        .find(|v| v.name == volume)
-        .and_then(|v| v.config_map.as_ref())
-        .map(|c| c.name.clone())
-        .ok_or_else(|| {
-            Error::Io(format!(
-                "volume {volume} of pod {ns}/{} is not a ConfigMap",
-                pod.name_any()
-            ))
-        })?;
-    let found = Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(client.clone(), &ns)
-        .get(&config_map)
-        .await?;
-    found
-        .data
-        .and_then(|mut d| d.remove(&key))
-        .ok_or_else(|| Error::Io(format!("ConfigMap {ns}/{config_map} has no {key}")))
-}
-
-fn args_value<'a>(pod: &'a Pod, prefix: &str) -> Vec<&'a str> {
-    pod.spec
-        .iter()
-        .flat_map(|s| s.containers.iter())
-        .flat_map(|c| c.args.iter().flatten())
-        .filter_map(|a| a.strip_prefix(prefix))
-        .collect()
 }
 
 impl LocalRuntime {
