@@ -10,6 +10,8 @@ pub const READY: &str = "Ready";
 pub const SYNCED: &str = "Synced";
 /// The requested `spec.mode` runs as asked (False: it runs as shared).
 pub const MODE_SUPPORTED: &str = "ModeSupported";
+/// Whether the restore `spec.restore` asks is in place (set only while it asks one).
+pub const RESTORED: &str = "Restored";
 
 /// Schema of a conditions list: a list-map keyed by `type`, so server-side apply merges by type.
 pub fn conditions_schema(generator: &mut SchemaGenerator) -> Schema {

@@ -9,6 +9,7 @@ pub mod conditions;
 pub mod duration;
 pub mod isolation_profile;
 pub mod quantity;
+pub mod recovery;
 pub mod rules;
 pub mod snapshot;
 mod string_enum;
@@ -20,6 +21,10 @@ pub mod validation;
 pub use allowances::Allowances;
 pub use isolation_profile::{
     IsolationProfile, IsolationProfileSpec, PodSecurityLevel, QuantityString,
+};
+pub use recovery::{
+    Restore, RestorePhase, RestoreStatus, ScheduleStatus, SnapshotRef, SnapshotSchedule,
+    UpgradeStatus,
 };
 pub use snapshot::{
     SnapshotPhase, SnapshotStore, SnapshotStoreSpec, SnapshotStoreStatus, TenantSnapshot,

@@ -49,17 +49,26 @@ pub fn image_reference(field: &str) -> Rule {
     )
 }
 
+/// The version never goes down, but in the change that also asks a new restore: a rollback puts
+/// back the snapshot taken before the upgrade together with the version it ran (the operator
+/// refuses a snapshot newer than the version).
 pub fn version_no_downgrade() -> Rule {
-    let (n0, n1, n2) = (part("self", 0), part("self", 1), part("self", 2));
-    let (o0, o1, o2) = (part("oldSelf", 0), part("oldSelf", 1), part("oldSelf", 2));
+    let (new, old) = ("self.kubernetesVersion", "oldSelf.kubernetesVersion");
+    let (n0, n1, n2) = (part(new, 0), part(new, 1), part(new, 2));
+    let (o0, o1, o2) = (part(old, 0), part(old, 1), part(old, 2));
+    let valid = format!("{new}.matches('{VERSION}') && {old}.matches('{VERSION}')");
+    let restores =
+        "(has(self.restore) && (!has(oldSelf.restore) || self.restore != oldSelf.restore))";
     rule(
         format!(
-            "!({valid}) || {n0} > {o0} || ({n0} == {o0} && ({n1} > {o1} || ({n1} == {o1} && {n2} >= {o2})))",
-            valid = both_versions_valid()
+            "!({valid}) || {restores} || {n0} > {o0} || ({n0} == {o0} && ({n1} > {o1} || ({n1} == {o1} && {n2} >= {o2})))"
         ),
-        "'kubernetesVersion cannot be downgraded: ' + oldSelf + ' to ' + self + ' is refused; keep ' + oldSelf + ' or move up'",
+        format!(
+            "'kubernetesVersion cannot be downgraded: ' + {old} + ' to ' + {new} + ' is refused; keep ' + {old} + ' or move up (to go back, restore a snapshot taken at the old version: tenantplane rollback)'"
+        ),
     )
     .reason(Reason::FieldValueForbidden)
+    .field_path(".kubernetesVersion")
 }
 
 pub fn version_one_minor_at_a_time() -> Rule {
@@ -259,4 +268,15 @@ pub fn http_url(field: &str) -> Rule {
 pub fn immutable(what: &str) -> Rule {
     Rule::new("self == oldSelf")
         .message(format!("{what} is immutable: create a new object instead").as_str())
+}
+
+/// A cron schedule's shape: five fields, or one of the `@` names. The operator parses it and says
+/// in status what it could not read.
+pub fn cron_shape(field: &str) -> Rule {
+    rule(
+        r"self.matches('^(@(yearly|annually|monthly|weekly|daily|midnight|hourly)|\\S+(\\s+\\S+){4})$')",
+        format!(
+            "'{field} must be a cron schedule of five fields (minute hour day-of-month month day-of-week), such as 0 3 * * *, or @daily / @hourly; got ' + self"
+        ),
+    )
 }

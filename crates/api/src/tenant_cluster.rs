@@ -82,6 +82,7 @@ string_enum! {
 #[x_kube(validation = crate::rules::mode_change_allowed())]
 #[x_kube(validation = crate::rules::distribution_change_allowed())]
 #[x_kube(validation = crate::rules::k3s_shipped_the_version())]
+#[x_kube(validation = crate::rules::version_no_downgrade())]
 #[serde(rename_all = "camelCase")]
 pub struct TenantClusterSpec {
     /// `shared`, `dedicated` or `private`. Only `shared` is implemented; the other modes are
@@ -91,11 +92,11 @@ pub struct TenantClusterSpec {
 
     /// The tenant's Kubernetes version, such as `v1.30.4`, at least v1.30.0; it picks the k3s
     /// image (`v1.30.4` runs `rancher/k3s:v1.30.4-k3s1`, a respun release its latest build). It
-    /// may move up one minor version at a time and never down.
+    /// may move up one minor version at a time, and down only in the change that restores a
+    /// snapshot taken at that version (`tenantplane rollback`).
     #[schemars(length(max = 32))]
     #[x_kube(validation = crate::rules::version_format())]
     #[x_kube(validation = crate::rules::version_supported())]
-    #[x_kube(validation = crate::rules::version_no_downgrade())]
     #[x_kube(validation = crate::rules::version_one_minor_at_a_time())]
     pub kubernetes_version: String,
 
@@ -128,6 +129,14 @@ pub struct TenantClusterSpec {
     /// the tenant's objects, claims, Services and Secrets; a request to the tenant wakes it.
     #[serde(default, skip_serializing_if = "Sleep::is_default")]
     pub sleep: Sleep,
+
+    /// Build the tenant from a TenantSnapshot, or roll it back to one in place.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restore: Option<crate::Restore>,
+
+    /// Take snapshots on a schedule and keep the newest `keep`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub snapshots: Option<crate::SnapshotSchedule>,
 }
 
 /// When the tenant sleeps (`tenantplane sleep` and `tenantplane wake` write this).
@@ -318,6 +327,18 @@ pub struct TenantClusterStatus {
     /// While the tenant sleeps: since when, and why.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sleep: Option<SleepStatus>,
+
+    /// The last restore asked of it (`spec.restore`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restore: Option<crate::RestoreStatus>,
+
+    /// What the snapshot schedule did (`spec.snapshots`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub snapshots: Option<crate::ScheduleStatus>,
+
+    /// The upgrade under way and the snapshot that guards it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upgrade: Option<crate::UpgradeStatus>,
 }
 
 /// A sleeping tenant's record, kept until it wakes.

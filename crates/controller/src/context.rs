@@ -39,6 +39,8 @@ pub struct Context {
     pub activity: crate::sleep::Activity,
     /// The wake doors of sleeping tenants (when the operator has `wake` options).
     pub doors: Arc<crate::wake::Doors>,
+    /// Restores whose snapshot is being sent to a tenant's pod (see [`crate::snapshot::restore`]).
+    pub restores: Arc<crate::snapshot::restore::Transfers>,
 }
 
 impl Context {

@@ -24,6 +24,7 @@ use crate::phases::report::{
 };
 use crate::phases::{Halt, credentials, isolate, provision, resolve, sync};
 use crate::sleep;
+use crate::snapshot::restore;
 use crate::status::Progress;
 use crate::{apply, wake};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
@@ -126,6 +127,10 @@ async fn apply_tenant(tc: &TenantCluster, ctx: &Context) -> Result<Action, Error
         )
         .await;
     }
+    // A restore under way holds the tenant before its control plane is waited for.
+    if let restore::Step::Restoring(detail) = restore::step(&mut tc, ctx).await {
+        return restoring(&tc, ctx, detail).await;
+    }
     let tc = tc;
     let phases = async {
         // 1. Resolve the IsolationProfile and SyncPolicy.
@@ -163,6 +168,27 @@ async fn apply_tenant(tc: &TenantCluster, ctx: &Context) -> Result<Action, Error
             Ok(action)
         }
         Err(Halt::Stop(progress)) => finish(ctx, &tc, progress).await,
+        Err(Halt::Failed(e)) => Err(e),
+    }
+}
+
+/// A tenant whose datastore a restore replaces: its objects as an awake tenant has them (its pod
+/// carrying the restore), its syncer stopped, looked at again every two seconds.
+async fn restoring(tc: &TenantCluster, ctx: &Context, detail: String) -> Result<Action, Error> {
+    let phases = async {
+        let policies = resolve::policies(tc, ctx).await?;
+        isolate::namespace(tc, &policies.profile, ctx).await?;
+        let pki = credentials::pki(tc, ctx).await?;
+        provision::apply(tc, ctx, &policies.profile, &pki, provision::Running::Up).await?;
+        Ok::<_, Halt>(())
+    };
+    let progress = Progress::ControlPlaneNotReady {
+        detail: format!("restoring: {detail}"),
+        stuck: false,
+    };
+    match phases.await {
+        Ok(()) => finish_by(ctx, tc, progress, Some(Duration::from_secs(2))).await,
+        Err(Halt::Stop(progress)) => finish(ctx, tc, progress).await,
         Err(Halt::Failed(e)) => Err(e),
     }
 }

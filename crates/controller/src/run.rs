@@ -130,6 +130,7 @@ pub async fn run(
         status_writes: Default::default(),
         activity: Default::default(),
         doors: Default::default(),
+        restores: Default::default(),
     });
     let syncers = context.syncers.clone();
     controller

@@ -1,9 +1,9 @@
 //! Status: from what a reconcile observed to a phase, conditions and an endpoint. Pure.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use tenantplane_api::conditions::{self, ConditionSpec, MODE_SUPPORTED, READY, SYNCED};
+use tenantplane_api::conditions::{self, ConditionSpec, MODE_SUPPORTED, READY, RESTORED, SYNCED};
 use tenantplane_api::{
-    Phase, SleepCause, SleepStatus, TenantCluster, TenantClusterStatus, TenantMode,
+    Phase, RestorePhase, SleepCause, SleepStatus, TenantCluster, TenantClusterStatus, TenantMode,
 };
 
 /// Where a reconcile got to, and why it stopped there.
@@ -65,6 +65,21 @@ fn mode_condition(tc: &TenantCluster) -> ConditionSpec {
             format!("mode {other} is not implemented yet; this tenant runs as shared"),
         ),
     }
+}
+
+/// `Restored`, while `spec.restore` asks a restore: how the last one went.
+fn restore_condition(tc: &TenantCluster) -> Option<ConditionSpec> {
+    tc.spec.restore.as_ref()?;
+    let restore = tc.status.as_ref()?.restore.as_ref()?;
+    let message = restore.message.clone().unwrap_or_default();
+    Some(match restore.phase.unwrap_or_default() {
+        RestorePhase::Restoring => ConditionSpec::new(RESTORED, false, "Restoring", message),
+        RestorePhase::Completed => ConditionSpec::new(RESTORED, true, "RestoreCompleted", message),
+        RestorePhase::Failed if message.starts_with("refused") => {
+            ConditionSpec::new(RESTORED, false, "RestoreRefused", message)
+        }
+        RestorePhase::Failed => ConditionSpec::new(RESTORED, false, "RestoreFailed", message),
+    })
 }
 
 /// The status a reconcile should leave, keeping transition times of unchanged conditions.
@@ -213,6 +228,10 @@ pub fn desired_status(
     for condition in [&ready, &synced, &mode_condition(tc)] {
         conditions::set(&mut list, condition, generation, now);
     }
+    match restore_condition(tc) {
+        Some(condition) => conditions::set(&mut list, &condition, generation, now),
+        None => list.retain(|c| c.type_ != RESTORED),
+    }
     let reached_ready = matches!(
         progress,
         Progress::Synced { .. } | Progress::SyncFailed { .. }
@@ -233,6 +252,9 @@ pub fn desired_status(
         observed_generation: generation,
         conditions: list,
         sleep,
+        restore: previous.restore,
+        snapshots: previous.snapshots,
+        upgrade: previous.upgrade,
     }
 }
 

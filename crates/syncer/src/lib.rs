@@ -226,6 +226,17 @@ impl Syncers {
             .is_some_and(|r| !r.task.is_finished())
     }
 
+    /// Stop the tenant's syncer and leave every host copy as it is (a restore: the syncer started
+    /// afterwards converges the copies to the restored tenant).
+    pub fn stop(&self, namespace: &str, tenant: &str) {
+        let stopped = self
+            .lock()
+            .remove(&(namespace.to_string(), tenant.to_string()));
+        if stopped.is_some() {
+            info!(tenant = %tenant, namespace = %namespace, "syncer stopped; host copies kept");
+        }
+    }
+
     /// Put the tenant's sync to sleep: stop its syncer and delete the host copies of its pods,
     /// so nothing of it runs or counts against quota. Every other copy stays (Services keep
     /// their cluster IPs, claims their data); the syncer started again on wake converges them.

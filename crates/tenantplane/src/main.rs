@@ -100,6 +100,10 @@ enum UserCommand {
         /// What runs the tenant's control plane [default: k3s].
         #[arg(long, value_name = "NAME", value_parser = ["k3s", "kubernetes"])]
         distribution: Option<String>,
+        /// Build it from this TenantSnapshot (in the same namespace; its Kubernetes version
+        /// unless --version says otherwise).
+        #[arg(long, value_name = "SNAPSHOT")]
+        from_snapshot: Option<String>,
         #[command(flatten)]
         wait: WaitArgs,
     },
@@ -197,6 +201,45 @@ enum UserCommand {
     /// Snapshots of a TenantCluster's datastore in a SnapshotStore: create, list, delete.
     #[command(subcommand)]
     Snapshot(SnapshotCommand),
+    /// Roll a TenantCluster back to a snapshot, in place: its control plane stops, the data is
+    /// replaced, it starts again and the host follows. Sets spec.restore.
+    #[command(
+        after_help = "The snapshot is checked (checksum, version) before anything is touched. With --wait: a line at each step; exit 0 once restored and Ready, 1 if the restore fails or is refused (with the reason) or on --timeout."
+    )]
+    Restore {
+        /// The TenantCluster's name.
+        name: String,
+        #[command(flatten)]
+        namespace: NamespaceArg,
+        /// The TenantSnapshot to restore.
+        #[arg(long, value_name = "NAME")]
+        snapshot: String,
+        /// The snapshot's namespace, when it is not the tenant's (the snapshot must grant it with
+        /// the tenantplane.io/restore-to annotation).
+        #[arg(long, value_name = "NAMESPACE")]
+        snapshot_namespace: Option<String>,
+        /// Go ahead: what was created or changed since the snapshot is lost.
+        #[arg(long)]
+        yes: bool,
+        #[command(flatten)]
+        wait: WaitArgs,
+    },
+    /// Undo a TenantCluster's last minor upgrade: restore the snapshot taken before it, at the
+    /// version it ran.
+    #[command(
+        after_help = "With --wait: a line at each step; exit 0 once restored and Ready, 1 if it fails or on --timeout."
+    )]
+    Rollback {
+        /// The TenantCluster's name.
+        name: String,
+        #[command(flatten)]
+        namespace: NamespaceArg,
+        /// Go ahead: what was created or changed since the upgrade is lost.
+        #[arg(long)]
+        yes: bool,
+        #[command(flatten)]
+        wait: WaitArgs,
+    },
 }
 
 #[derive(Subcommand)]
@@ -342,6 +385,7 @@ async fn run_user(host: &HostArgs, command: UserCommand) -> anyhow::Result<()> {
             isolation_profile,
             sync_policy,
             distribution,
+            from_snapshot,
             wait,
         } => {
             let options = tenants::CreateOptions {
@@ -350,6 +394,7 @@ async fn run_user(host: &HostArgs, command: UserCommand) -> anyhow::Result<()> {
                 isolation_profile,
                 sync_policy,
                 distribution,
+                from_snapshot,
             };
             tenants::create(&client, &ns(namespace), &options, wait.wait()).await
         }
@@ -456,6 +501,30 @@ async fn run_user(host: &HostArgs, command: UserCommand) -> anyhow::Result<()> {
             namespace,
             wait,
         }) => snapshots::delete(&client, &ns(namespace), &name, wait.wait()).await,
+        UserCommand::Restore {
+            name,
+            namespace,
+            snapshot,
+            snapshot_namespace,
+            yes,
+            wait,
+        } => {
+            let options = tenants::RestoreOptions {
+                namespace: ns(namespace),
+                name,
+                snapshot,
+                snapshot_namespace,
+                yes,
+                wait: wait.wait(),
+            };
+            tenants::restore(&client, options).await
+        }
+        UserCommand::Rollback {
+            name,
+            namespace,
+            yes,
+            wait,
+        } => tenants::rollback(&client, &ns(namespace), &name, yes, wait.wait()).await,
     }
 }
 

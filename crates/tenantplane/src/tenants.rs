@@ -1,14 +1,15 @@
 //! The tenant user's verbs on TenantClusters: `create` (and `--wait` until Ready), `list`,
-//! `status`, `sleep`, `wake` and `delete`. Output follows kubectl: aligned tables, `-o yaml|json`, exit code 1 on
+//! `status`, `sleep`, `wake`, `restore`, `rollback` and `delete`. Output follows kubectl: aligned tables, `-o yaml|json`, exit code 1 on
 //! any error.
 //!
 //! One module per concern: `create` (and its wait), `show` (`list` and `status`), `sleep` (and
-//! `wake`), `delete`, and
+//! `wake`), `restore` (and `rollback`), `delete`, and
 //! `progress`, how a tenant's phase and conditions read and the watch that follows one.
 
 mod create;
 mod delete;
 mod progress;
+mod restore;
 mod show;
 mod sleep;
 
@@ -20,6 +21,7 @@ use crate::host::{explain, tenant_not_found};
 
 pub use create::{CreateOptions, create};
 pub use delete::delete;
+pub use restore::{RestoreOptions, restore, rollback};
 pub use show::{list, status};
 pub use sleep::{sleep, wake, wake_if_asleep};
 

@@ -296,3 +296,310 @@ async fn a_store_that_is_down_fails_the_snapshot_with_its_error_and_leaves_the_t
     .await;
     assert!(gone.is_some(), "the failed snapshot was not deleted");
 }
+
+/// A Service in the tenant's `default` namespace (the syncer copies Services to the host).
+async fn tenant_service(tenant: &Client, name: &str) {
+    let svc: k8s_openapi::api::core::v1::Service = serde_json::from_value(json!({
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {"ports": [{"port": 80}]}
+    }))
+    .unwrap();
+    Api::<k8s_openapi::api::core::v1::Service>::namespaced(tenant.clone(), "default")
+        .create(&PostParams::default(), &svc)
+        .await
+        .unwrap();
+}
+
+/// Whether the host holds the copy of tenant Service `name` (in the tenant's `default`).
+async fn host_copy(host: &Client, ns: &str, tenant: &str, name: &str) -> bool {
+    let host_name = tenantplane_syncer::naming::host_name_for(tenant, "default", name);
+    Api::<k8s_openapi::api::core::v1::Service>::namespaced(host.clone(), ns)
+        .get_opt(&host_name)
+        .await
+        .unwrap()
+        .is_some()
+}
+
+async fn config_map(tenant: &Client, name: &str, value: &str) {
+    let cm: ConfigMap = serde_json::from_value(json!({
+        "metadata": {"name": name, "namespace": "default"},
+        "data": {"value": value}
+    }))
+    .unwrap();
+    Api::<ConfigMap>::namespaced(tenant.clone(), "default")
+        .create(&PostParams::default(), &cm)
+        .await
+        .unwrap();
+}
+
+async fn config_map_value(tenant: &Client, name: &str) -> Option<String> {
+    Api::<ConfigMap>::namespaced(tenant.clone(), "default")
+        .get_opt(name)
+        .await
+        .unwrap()
+        .and_then(|c| c.data?.get("value").cloned())
+}
+
+/// The tenant's Restored condition once it says `status`: (reason, message).
+async fn restored(host: &Client, ns: &str, name: &str, status: &str) -> (String, String) {
+    let api: Api<TenantCluster> = Api::namespaced(host.clone(), ns);
+    eventually(Duration::from_secs(180), || async {
+        let tc = api.get(name).await.ok()?;
+        let c = conditions::find(&tc.status?.conditions, conditions::RESTORED)?.clone();
+        (c.status == status).then_some((c.reason, c.message))
+    })
+    .await
+    .unwrap_or_else(|| panic!("TenantCluster {name}'s Restored condition never became {status}"))
+}
+
+#[tokio::test]
+async fn a_tenant_rolls_back_in_place_and_the_host_follows_a_corrupt_snapshot_is_refused() {
+    use object_store::ObjectStoreExt;
+    let world = ReadyTenant::start("restore").await;
+    let (ns, host, name) = (&world.ns.name, &world.host, &world.name);
+    let tenant = world.tenant.clone();
+    let endpoint = s3().await.endpoint.clone();
+    let store_name = store(host, ns, &endpoint).await;
+    assert_eq!(availability(host, &store_name).await.0, "True");
+
+    // The state the snapshot holds: a ConfigMap, and a Service copied to the host.
+    config_map(&tenant, "settings", "before").await;
+    tenant_service(&tenant, "before").await;
+    assert!(
+        eventually(WAIT, || async {
+            host_copy(host, ns, name, "before").await.then_some(())
+        })
+        .await
+        .is_some(),
+        "the Service was never copied to the host"
+    );
+    let (code, out, err) = tp(&[
+        "snapshot",
+        "create",
+        name,
+        "-n",
+        ns,
+        "--name",
+        "good",
+        "--store",
+        &store_name,
+        "--wait",
+    ])
+    .await;
+    assert_eq!(code, 0, "{out}{err}");
+
+    // What happens after it: the ConfigMap changes, the first Service goes, a second comes.
+    Api::<ConfigMap>::namespaced(tenant.clone(), "default")
+        .patch(
+            "settings",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(json!({"data": {"value": "after"}})),
+        )
+        .await
+        .unwrap();
+    Api::<k8s_openapi::api::core::v1::Service>::namespaced(tenant.clone(), "default")
+        .delete("before", &Default::default())
+        .await
+        .unwrap();
+    tenant_service(&tenant, "after").await;
+    assert!(
+        eventually(WAIT, || async {
+            (host_copy(host, ns, name, "after").await && !host_copy(host, ns, name, "before").await)
+                .then_some(())
+        })
+        .await
+        .is_some(),
+        "the host never followed the changes"
+    );
+
+    // Without --yes, nothing happens and the CLI says why.
+    let (code, _, err) = tp(&["restore", name, "-n", ns, "--snapshot", "good"]).await;
+    assert_eq!(code, 1);
+    assert!(err.contains("--yes"), "{err}");
+
+    // A corrupt copy: the stored bytes changed behind the operator's back. Refused before
+    // anything is touched; the tenant runs on with its current data, its pod not restarted.
+    let (code, out, err) = tp(&[
+        "snapshot",
+        "create",
+        name,
+        "-n",
+        ns,
+        "--name",
+        "damaged",
+        "--store",
+        &store_name,
+        "--wait",
+    ])
+    .await;
+    assert_eq!(code, 0, "{out}{err}");
+    let damaged = snapshot_done(host, ns, "damaged").await;
+    let location = damaged.status.unwrap().location.unwrap();
+    let key = location
+        .strip_prefix(&format!("s3://{ns}/"))
+        .unwrap()
+        .to_string();
+    let objects = bucket(ns);
+    let path = object_store::path::Path::from(key);
+    let mut bytes = objects
+        .get(&path)
+        .await
+        .unwrap()
+        .bytes()
+        .await
+        .unwrap()
+        .to_vec();
+    let middle = bytes.len() / 2;
+    bytes[middle] ^= 0xff;
+    objects.put(&path, bytes.into()).await.unwrap();
+    let pod_uid = |host: Client, ns: String, name: String| async move {
+        Api::<k8s_openapi::api::core::v1::Pod>::namespaced(host, &ns)
+            .get(&format!("{name}-0"))
+            .await
+            .unwrap()
+            .uid()
+    };
+    let pod_before = pod_uid(host.clone(), ns.clone(), name.clone()).await;
+    let (code, out, err) = tp(&[
+        "restore",
+        name,
+        "-n",
+        ns,
+        "--snapshot",
+        "damaged",
+        "--yes",
+        "--wait",
+        "--timeout",
+        "2m",
+    ])
+    .await;
+    assert_eq!(code, 1, "{out}{err}");
+    assert!(err.contains("corrupt"), "{err}");
+    let (reason, message) = restored(host, ns, name, "False").await;
+    assert_eq!(reason, "RestoreRefused", "{message}");
+    assert!(
+        message.contains("refused before anything was touched"),
+        "{message}"
+    );
+    still_ready(host, ns, name).await;
+    assert_eq!(
+        pod_uid(host.clone(), ns.clone(), name.clone()).await,
+        pod_before
+    );
+    assert_eq!(
+        config_map_value(&tenant, "settings").await.as_deref(),
+        Some("after")
+    );
+
+    // The good one: the CLI waits through the restore, step by step.
+    let (code, out, err) = tp(&[
+        "restore",
+        name,
+        "-n",
+        ns,
+        "--snapshot",
+        "good",
+        "--yes",
+        "--wait",
+        "--timeout",
+        "4m",
+    ])
+    .await;
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("restored and Ready after"), "{out}");
+    assert!(out.contains("Restoring"), "{out}");
+    let (reason, message) = restored(host, ns, name, "True").await;
+    assert_eq!(reason, "RestoreCompleted", "{message}");
+    assert_ne!(
+        pod_uid(host.clone(), ns.clone(), name.clone()).await,
+        pod_before
+    );
+
+    // The tenant holds the snapshot's state, and the host follows it: the copy of the Service
+    // made since goes, the one the snapshot holds comes back.
+    let tenant = tenant_client(host, ns, name).await;
+    assert_eq!(
+        config_map_value(&tenant, "settings").await.as_deref(),
+        Some("before")
+    );
+    let services: Api<k8s_openapi::api::core::v1::Service> =
+        Api::namespaced(tenant.clone(), "default");
+    assert!(services.get_opt("before").await.unwrap().is_some());
+    assert!(services.get_opt("after").await.unwrap().is_none());
+    assert!(
+        eventually(WAIT, || async {
+            (host_copy(host, ns, name, "before").await && !host_copy(host, ns, name, "after").await)
+                .then_some(())
+        })
+        .await
+        .is_some(),
+        "the host did not converge to the restored tenant"
+    );
+    let synced = wait_for_phase(host, ns, name, Phase::Ready).await;
+    assert_eq!(condition(&synced, conditions::SYNCED).status, "True");
+}
+
+#[tokio::test]
+async fn a_new_tenant_is_built_from_the_snapshot_of_one_that_is_gone() {
+    let world = ReadyTenant::start("rebuild").await;
+    let (ns, host, name) = (&world.ns.name, &world.host, &world.name);
+    let endpoint = s3().await.endpoint.clone();
+    let store_name = store(host, ns, &endpoint).await;
+    assert_eq!(availability(host, &store_name).await.0, "True");
+    config_map(&world.tenant, "carried", "over").await;
+    let (code, out, err) = tp(&[
+        "snapshot",
+        "create",
+        name,
+        "-n",
+        ns,
+        "--name",
+        "keep",
+        "--store",
+        &store_name,
+        "--wait",
+    ])
+    .await;
+    assert_eq!(code, 0, "{out}{err}");
+
+    // The tenant goes; its snapshot stays.
+    let (code, out, err) = tp(&["delete", name, "-n", ns, "--wait"]).await;
+    assert_eq!(code, 0, "{out}{err}");
+    assert_eq!(
+        snapshot_done(host, ns, "keep").await.phase(),
+        SnapshotPhase::Completed
+    );
+
+    // A new tenant from it, at the snapshot's version, with a new CA and a new claim.
+    let (code, out, err) = tp(&[
+        "create",
+        "reborn",
+        "-n",
+        ns,
+        "--from-snapshot",
+        "keep",
+        "--wait",
+        "--timeout",
+        "4m",
+    ])
+    .await;
+    assert_eq!(code, 0, "{out}{err}");
+    let (reason, message) = restored(host, ns, "reborn", "True").await;
+    assert_eq!(reason, "RestoreCompleted", "{message}");
+    let tenant = tenant_client(host, ns, "reborn").await;
+    assert_eq!(
+        config_map_value(&tenant, "carried").await.as_deref(),
+        Some("over")
+    );
+    let tc: TenantCluster = Api::namespaced(host.clone(), ns)
+        .get("reborn")
+        .await
+        .unwrap();
+    let restore = tc.status.unwrap().restore.unwrap();
+    assert!(!restore.in_place, "{restore:?}");
+
+    // A snapshot that does not exist is refused with the reason, and a new tenant waits.
+    let (code, _, err) = tp(&["create", "ghost", "-n", ns, "--from-snapshot", "nope"]).await;
+    assert_eq!(code, 1);
+    assert!(err.contains("TenantSnapshot nope not found"), "{err}");
+}

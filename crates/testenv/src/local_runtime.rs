@@ -22,6 +22,7 @@ pub use inspect::ControlPlaneMemory;
 mod launch;
 mod pod_address;
 mod pod_spec;
+mod restore;
 use pod_spec::{args_value, go_runtime_env, init_env, mounted_config_map_file};
 
 use std::collections::{HashMap, HashSet};
@@ -105,6 +106,8 @@ pub struct LocalRuntime {
     pub(crate) pending_dns: Arc<Mutex<HashMap<String, (Pod, String)>>>,
     /// Control-plane pods not started yet (their claim or PKI Secret not there yet), likewise.
     pending: Arc<Mutex<HashMap<String, (Pod, String)>>>,
+    /// Restore init containers running, by pod UID.
+    restores: restore::Restores,
 }
 
 impl LocalRuntime {
@@ -127,6 +130,7 @@ pub fn start(
         dns: Arc::new(Mutex::new(HashMap::new())),
         pending_dns: Arc::new(Mutex::new(HashMap::new())),
         pending: Arc::new(Mutex::new(HashMap::new())),
+        restores: Default::default(),
     };
     let handle = runtime.clone();
     let task = tokio::spawn(async move {
@@ -219,6 +223,7 @@ impl Drop for StopOnDrop {
                 process::stop(&d.handle);
             }
         }
+        self.0.restores.stop_all();
         if let Ok(mut tenants) = self.0.tenants.lock() {
             for (_, t) in tenants.drain() {
                 for h in t.processes.iter().rev() {
@@ -321,6 +326,22 @@ impl LocalRuntime {
             std::fs::write(&path, text)?;
             Ok(path)
         };
+        // As a kubelet: a restore's init container first, the rest once it is done.
+        if tenantplane_controller::build::agent::pending_restore(pod).is_some() {
+            write(tenant_pki::SERVER_CA_CRT, pki.server_ca.cert_pem())?;
+            write(tenant_pki::SERVER_CA_KEY, pki.server_ca.key_pem())?;
+            write(tenant_pki::CLIENT_CA_CRT, pki.client_ca.cert_pem())?;
+            self.restores
+                .done(
+                    client,
+                    binaries,
+                    pod,
+                    &datastore::database(&tenant_dir),
+                    &tls,
+                    &tenant_dir.join("snapshots"),
+                )
+                .await?;
+        }
         let mut sans: Vec<String> = args_value(pod, "--tls-san=")
             .iter()
             .map(|s| s.to_string())
@@ -536,6 +557,7 @@ impl LocalRuntime {
         if let Ok(mut pending) = self.pending.lock() {
             pending.remove(uid);
         }
+        self.restores.stop(uid);
         let tenant = self.tenants.lock().ok().and_then(|mut t| t.remove(uid));
         if let Some(t) = tenant {
             for h in t.processes.iter().rev() {

@@ -12,6 +12,8 @@ use super::control_plane::{
 use crate::names;
 
 pub const CONTAINER: &str = "snapshot-agent";
+/// The init container that puts a restore in place before the datastore starts.
+pub const RESTORE_CONTAINER: &str = "snapshot-restore";
 const SCRATCH_VOLUME: &str = "snapshots";
 /// Where copies are made before they are sent; as large as the data claim, the largest copy.
 pub const SCRATCH: &str = "/var/lib/tenantplane/snapshots";
@@ -37,6 +39,25 @@ pub fn runs_in(pod: &k8s_openapi::api::core::v1::Pod) -> bool {
         .iter()
         .flat_map(|s| s.containers.iter())
         .any(|c| c.name == CONTAINER)
+}
+
+/// The restore this pod's init container waits for, if it has one.
+pub fn pending_restore(pod: &k8s_openapi::api::core::v1::Pod) -> Option<String> {
+    pod.spec
+        .iter()
+        .flat_map(|s| s.init_containers.iter().flatten())
+        .filter(|c| c.name == RESTORE_CONTAINER)
+        .flat_map(|c| c.args.iter().flatten())
+        .find_map(|a| a.strip_prefix("--restore=").map(str::to_string))
+}
+
+/// The init container that waits for restore `id`, puts it in place and exits (at once when
+/// the pod starts again with it already in place). It is the agent, with the same mounts.
+pub fn restore_container(image: &str, id: &str) -> Container {
+    let (mut container, _) = container(image);
+    container.name = RESTORE_CONTAINER.into();
+    container.args = Some(args(Some(id)));
+    container
 }
 
 /// The agent container and the scratch volume it needs.

@@ -104,6 +104,41 @@ pub fn images(tc: &TenantCluster, options: &BuildOptions) -> Vec<String> {
     }
 }
 
+/// The Kubernetes version a control-plane pod runs, read from its server's image tag
+/// (`rancher/k3s:v1.30.4-k3s1`, `registry.k8s.io/kube-apiserver:v1.36.3`); `None` for an image
+/// whose tag is not a version (a pinned `controlPlane.image`).
+pub fn running_version(pod: &k8s_openapi::api::core::v1::Pod) -> Option<String> {
+    let image = pod
+        .spec
+        .as_ref()?
+        .containers
+        .iter()
+        .find(|c| c.name == "k3s" || c.name == "kube-apiserver")?
+        .image
+        .as_deref()?;
+    let tag = image.rsplit_once(':')?.1;
+    let version = tag.split('-').next()?;
+    let parts: Vec<&str> = version.trim_start_matches('v').split('.').collect();
+    (version.starts_with('v')
+        && parts.len() == 3
+        && parts
+            .iter()
+            .all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit())))
+    .then(|| version.to_string())
+}
+
+/// The snapshot agent's image for tenant `tc`'s pod, if it runs one. With the local runtime (tests,
+/// the dev cluster), a pod it stands in for runs the agent as a process of this build; a pod a
+/// real node runs would need the operator's image, which the test world's registry does not
+/// hold, so it gets none.
+pub fn agent_image<'a>(tc: &TenantCluster, options: &'a BuildOptions) -> Option<&'a str> {
+    let local = options.local_runtime && tc.spec.control_plane.distribution == Distribution::K3s;
+    options
+        .agent_image
+        .as_deref()
+        .filter(|_| local || !options.local_runtime)
+}
+
 /// The StatefulSet of tenant `tc`'s control plane. Its pod passes Pod Security `restricted`:
 /// non-root, no privilege escalation, no capabilities, RuntimeDefault seccomp, a read-only root,
 /// no service-account token.
@@ -125,17 +160,20 @@ pub fn desired_statefulset(
     };
     // The local runtime stands in for k3s only; a `kubernetes` pod runs on a real node as written.
     let local = options.local_runtime && distribution == Distribution::K3s;
-    // With the local runtime (tests, the dev cluster), a pod it stands in for runs the agent as
-    // a process of this build; a pod a real node runs would need the operator's image, which the
-    // test world's registry does not hold, so it gets none.
-    let agent_image = options
-        .agent_image
-        .as_ref()
-        .filter(|_| local || !options.local_runtime);
-    if let Some(image) = agent_image {
+    let mut init_containers = init_containers;
+    if let Some(image) = agent_image(tc, options) {
         let (agent, scratch) = super::agent::container(image);
         containers.push(agent);
         volumes.push(scratch);
+        // A restore accepted for this tenant: the pod puts it in place before kine starts (once;
+        // the mark it leaves lets later starts go straight on).
+        if let Some(id) = tc
+            .status
+            .as_ref()
+            .and_then(|s| s.restore.as_ref()?.id.as_deref())
+        {
+            init_containers.push(super::agent::restore_container(image, id));
+        }
     }
     let mut pod_labels = names::labels(&tenant);
     pod_labels.extend(names::control_plane_selector(&tenant));

@@ -218,6 +218,21 @@ async fn handle(req: Request<Incoming>, agent: Arc<Agent>) -> Response<Body> {
             StatusCode::CONFLICT,
             "no restore is pending in this pod: the operator restarts the pod for one",
         ),
+        (&Method::DELETE, "/restore") if restoring => abandon(req, &agent).await,
+        (&Method::GET, path) if path.starts_with("/restores/") => {
+            let id = path.trim_start_matches("/restores/");
+            let state = restore_state(&agent.options, id);
+            let body = serde_json::json!({"state": state.as_str(), "detail": state.detail()});
+            Response::builder()
+                .status(StatusCode::OK)
+                .header(http::header::CONTENT_TYPE, "application/json")
+                .body(
+                    Full::new(Bytes::from(body.to_string()))
+                        .map_err(|never| match never {})
+                        .boxed_unsync(),
+                )
+                .unwrap_or_default()
+        }
         _ => text(StatusCode::NOT_FOUND, "no such endpoint"),
     }
 }
@@ -270,6 +285,94 @@ async fn snapshot(agent: &Agent) -> Response<Body> {
         .header(SHA256_HEADER, copy.sha256)
         .body(StreamBody::new(stream).boxed_unsync())
         .unwrap_or_default()
+}
+
+/// Where a restore stands in this pod, as the agent sees it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RestoreState {
+    /// This pod waits for it (the init container runs with it).
+    Waiting,
+    /// It is in place: the mark holds its checksum.
+    Restored(String),
+    /// The operator gave it up; the pod went on with the data it had.
+    Abandoned(String),
+    /// This pod neither waits for it nor did it.
+    Unknown,
+}
+
+const ABANDONED: &str = "abandoned: ";
+
+impl RestoreState {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Self::Waiting => "waiting",
+            Self::Restored(_) => "restored",
+            Self::Abandoned(_) => "abandoned",
+            Self::Unknown => "unknown",
+        }
+    }
+
+    pub fn detail(&self) -> &str {
+        match self {
+            Self::Restored(d) | Self::Abandoned(d) => d,
+            Self::Waiting | Self::Unknown => "",
+        }
+    }
+
+    /// From the agent's answer (`state` and `detail`).
+    pub fn parse(state: &str, detail: &str) -> Result<Self, String> {
+        Ok(match state {
+            "waiting" => Self::Waiting,
+            "restored" => Self::Restored(detail.into()),
+            "abandoned" => Self::Abandoned(detail.into()),
+            "unknown" => Self::Unknown,
+            other => {
+                return Err(format!(
+                    "the snapshot agent reported restore state {other:?}"
+                ));
+            }
+        })
+    }
+}
+
+/// Restore `id` as the mark beside the database (or the pending flag) says.
+fn restore_state(options: &AgentOptions, id: &str) -> RestoreState {
+    match std::fs::read_to_string(restored_mark(&options.database, id)) {
+        Ok(text) => match text.strip_prefix(ABANDONED) {
+            Some(why) => RestoreState::Abandoned(why.trim().to_string()),
+            None => RestoreState::Restored(text.trim().to_string()),
+        },
+        Err(_) if options.restore.as_deref() == Some(id) => RestoreState::Waiting,
+        Err(_) => RestoreState::Unknown,
+    }
+}
+
+/// The operator gives the pending restore up (the snapshot could not be sent): the database
+/// stays as it was, the mark says why, and the pod goes on.
+async fn abandon(req: Request<Incoming>, agent: &Agent) -> Response<Body> {
+    let why = req
+        .into_body()
+        .collect()
+        .await
+        .map(|b| String::from_utf8_lossy(&b.to_bytes()).trim().to_string())
+        .unwrap_or_default();
+    let Ok(_one) = agent.copying.try_lock() else {
+        return text(StatusCode::CONFLICT, "a restore is being received now");
+    };
+    let id = agent.options.restore.clone().unwrap_or_default();
+    let mark = restored_mark(&agent.options.database, &id);
+    if let Some(dir) = mark.parent() {
+        let _ = std::fs::create_dir_all(dir);
+    }
+    if let Err(e) = std::fs::write(&mark, format!("{ABANDONED}{why}")) {
+        return text(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("marking the restore abandoned: {e}"),
+        );
+    }
+    warn!(restore = %id, %why, "restore abandoned; the datastore stays as it was");
+    agent.restored.send_replace(true);
+    text(StatusCode::OK, "abandoned; the datastore stays as it was")
 }
 
 async fn restore(req: Request<Incoming>, agent: &Agent) -> Response<Body> {

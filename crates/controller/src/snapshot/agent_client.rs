@@ -175,3 +175,77 @@ pub async fn upload(
     }
     Ok(())
 }
+
+/// A small request to the agent and its whole answer (status and body).
+async fn ask(
+    address: &str,
+    pki: &TenantPki,
+    method: Method,
+    path: &str,
+    body: String,
+) -> Result<(StatusCode, String), String> {
+    let mut sender = connect(address, pki).await?;
+    let request = Request::builder()
+        .method(method)
+        .uri(path)
+        .header(http::header::HOST, SERVER_NAME)
+        .body(
+            http_body_util::Full::new(Bytes::from(body))
+                .map_err(|never| match never {})
+                .boxed_unsync(),
+        )
+        .map_err(|e| e.to_string())?;
+    let response = tokio::time::timeout(CONNECT_WITHIN, sender.send_request(request))
+        .await
+        .map_err(|_| {
+            format!(
+                "the snapshot agent at {address} did not answer within {}s",
+                CONNECT_WITHIN.as_secs()
+            )
+        })?
+        .map_err(|e| format!("asking the snapshot agent at {address}: {e}"))?;
+    let (parts, body) = response.into_parts();
+    let text = body
+        .collect()
+        .await
+        .map(|b| String::from_utf8_lossy(&b.to_bytes()).trim().to_string())
+        .map_err(|e| format!("reading the snapshot agent's answer: {e}"))?;
+    Ok((parts.status, text))
+}
+
+/// Where restore `id` stands in the pod whose agent is at `address`.
+pub async fn restore_state(
+    address: &str,
+    pki: &TenantPki,
+    id: &str,
+) -> Result<super::agent::RestoreState, String> {
+    let (status, text) = ask(
+        address,
+        pki,
+        Method::GET,
+        &format!("/restores/{id}"),
+        String::new(),
+    )
+    .await?;
+    if status != StatusCode::OK {
+        return Err(format!("the snapshot agent answered {status}: {text}"));
+    }
+    let answer: serde_json::Value = serde_json::from_str(&text)
+        .map_err(|e| format!("the snapshot agent's restore state is not JSON ({e}): {text}"))?;
+    let field = |name: &str| {
+        answer
+            .get(name)
+            .and_then(|v| v.as_str())
+            .unwrap_or_default()
+    };
+    super::agent::RestoreState::parse(field("state"), field("detail"))
+}
+
+/// Give the pending restore up: the pod goes on with the data it had; `why` is kept beside it.
+pub async fn abandon(address: &str, pki: &TenantPki, why: &str) -> Result<(), String> {
+    let (status, text) = ask(address, pki, Method::DELETE, "/restore", why.to_string()).await?;
+    if status != StatusCode::OK {
+        return Err(format!("the snapshot agent answered {status}: {text}"));
+    }
+    Ok(())
+}

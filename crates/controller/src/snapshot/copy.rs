@@ -170,6 +170,38 @@ pub fn incoming_path(database: &Path) -> PathBuf {
     database.with_file_name(name)
 }
 
+/// Keys of the datastore that belong to the control plane that wrote them, not to the tenant:
+/// k3s's bootstrap data (its certificates, encrypted with its token: a k3s server that finds
+/// them under another token refuses to start, and one that finds them older than its files on
+/// disk exits), its dynamic serving certificate, and its node passwords. Gone, k3s writes them
+/// afresh from the files the pod mounts. Nothing else of the tenant is touched.
+const CONTROL_PLANE_KEYS: &[&str] = &[
+    "/bootstrap/%",
+    "/registry/secrets/kube-system/k3s-serving",
+    "/registry/secrets/kube-system/%.node-password.k3s",
+];
+
+/// Remove [`CONTROL_PLANE_KEYS`] from a received database (kine's `kine` table; a database
+/// without one is left alone), before it is put in place.
+fn forget_distribution_state(path: &Path) -> Result<(), String> {
+    let db = Connection::open(path).map_err(|e| format!("opening {}: {e}", path.display()))?;
+    let has_kine: bool = db
+        .query_row(
+            "SELECT count(*) > 0 FROM sqlite_master WHERE type = 'table' AND name = 'kine'",
+            [],
+            |r| r.get(0),
+        )
+        .map_err(|e| format!("reading {}: {e}", path.display()))?;
+    if has_kine {
+        for pattern in CONTROL_PLANE_KEYS {
+            db.execute("DELETE FROM kine WHERE name LIKE ?1", [pattern])
+                .map_err(|e| format!("removing {pattern} from the snapshot: {e}"))?;
+        }
+    }
+    db.close()
+        .map_err(|(_, e)| format!("closing {}: {e}", path.display()))
+}
+
 /// A file being received, hashed as it is written.
 pub struct Incoming {
     path: PathBuf,
@@ -222,6 +254,7 @@ impl Incoming {
                 .map_err(|e| format!("{} is not a sqlite database: {e}", self.path.display()))?;
             check(&db, &self.path)?;
             drop(db);
+            forget_distribution_state(&self.path)?;
             for suffix in ["-wal", "-shm"] {
                 let mut name = database.as_os_str().to_os_string();
                 name.push(suffix);

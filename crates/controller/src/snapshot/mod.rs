@@ -9,6 +9,7 @@
 pub mod agent;
 pub mod agent_client;
 pub mod copy;
+pub mod restore;
 pub mod snapshots;
 pub mod store;
 pub mod stores;

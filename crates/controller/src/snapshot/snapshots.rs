@@ -295,7 +295,10 @@ async fn take(
         .map_err(|e| format!("reading the tenant's PKI Secret: {}", api_message(&e)))?;
     let pki = TenantPki::from_secret_data(&pki_secret.data.clone().unwrap_or_default())
         .map_err(|e| format!("the tenant's PKI Secret: {e}"))?;
-    let version = tenant_version(ctx, tenant, &pod).await?;
+    // The version that wrote the data: the running pod's (the spec may already name the next
+    // one, held back until a pre-upgrade snapshot completes); its server's answer otherwise.
+    let reported = tenant_version(ctx, tenant, &pod).await?;
+    let version = crate::build::control_plane::running_version(&pod).unwrap_or(reported);
     let download = agent_client::download(&address, &pki).await?;
     let (size, sha256) = store.upload(&objects.data, download.bytes).await?;
     if size != download.size || !sha256.eq_ignore_ascii_case(&download.sha256) {

@@ -29,6 +29,8 @@ pub struct CreateOptions {
     pub sync_policy: Option<String>,
     /// `k3s` or `kubernetes` (`--distribution`; clap offers only those).
     pub distribution: Option<String>,
+    /// Build it from this TenantSnapshot (in the same namespace).
+    pub from_snapshot: Option<String>,
 }
 
 /// The TenantCluster `create` submits.
@@ -57,6 +59,15 @@ pub fn new_tenant(options: &CreateOptions, namespace: &str) -> anyhow::Result<Te
             .find(|d| d.as_str() == name)
             .with_context(|| format!("--distribution {name}: not one of k3s, kubernetes"))?;
     }
+    if let Some(snapshot) = &options.from_snapshot {
+        tc.spec.restore = Some(tenantplane_api::Restore {
+            snapshot_ref: tenantplane_api::SnapshotRef {
+                name: snapshot.clone(),
+                namespace: None,
+            },
+            requested_at: None,
+        });
+    }
     Ok(tc)
 }
 
@@ -69,7 +80,22 @@ pub async fn create(
     let started = tokio::time::Instant::now();
     let name = &options.name;
     let api: Api<TenantCluster> = Api::namespaced(client.clone(), namespace);
-    let tc = new_tenant(options, namespace)?;
+    let mut tc = new_tenant(options, namespace)?;
+    if let Some(snapshot) = &options.from_snapshot {
+        let snap = super::restore::completed_snapshot(client, namespace, snapshot).await?;
+        // The snapshot's own version unless one is asked: a tenant never reads back the data of
+        // a newer minor.
+        let taken_at = snap
+            .status
+            .as_ref()
+            .and_then(|s| s.kubernetes_version.as_deref())
+            .map(|v| v.split('+').next().unwrap_or(v).to_string());
+        if options.version.is_none()
+            && let Some(version) = taken_at
+        {
+            tc.spec.kubernetes_version = version;
+        }
+    }
     let what = format!("TenantCluster {name} in namespace {namespace}");
     let created = match api.create(&PostParams::default(), &tc).await {
         Ok(created) => created,
@@ -229,6 +255,7 @@ mod tests {
             isolation_profile: None,
             sync_policy: None,
             distribution: None,
+            from_snapshot: None,
         };
         let tc = new_tenant(&options, "team-web").unwrap();
         assert_eq!(tc.name_any(), "web");
@@ -254,6 +281,7 @@ mod tests {
             isolation_profile: Some("baseline".into()),
             sync_policy: Some("minimal".into()),
             distribution: Some("kubernetes".into()),
+            from_snapshot: None,
         };
         let tc = new_tenant(&options, "team-web").unwrap();
         assert_eq!(tc.spec.control_plane.distribution, Distribution::Kubernetes);

@@ -1,0 +1,557 @@
+//! Restores: a TenantSnapshot put in place of a tenant's datastore, in place (a rollback) or into
+//! a new TenantCluster, as `spec.restore` asks.
+//!
+//! 1. **Checked before anything is touched.** The snapshot must be Completed, in this namespace
+//!    or granted to it, in a store the operator can read, its manifest and its bytes matching its
+//!    checksum (the whole object is read and hashed), and not of a newer Kubernetes minor than
+//!    the tenant runs. A refusal says why in `status.restore` and the `Restored` condition; the
+//!    tenant runs on as it was.
+//! 2. **Restoring.** The syncer stops (host copies stay), `status.restore.id` goes into the pod
+//!    template, and the new pod's init container (the agent with `--restore=<id>`) waits. The
+//!    operator streams the object from the store to it; the agent checks the hash and the file
+//!    and renames it over the database, or leaves the database as it was.
+//! 3. **Done.** The pod starts on the restored data and a fresh syncer converges the host to it:
+//!    copies of objects the snapshot does not hold go, and its objects get copies.
+//!
+//! Only the reconcile writes `status.restore`; the transfer runs in a task whose result the
+//! next reconcile reads. An operator that restarts mid-transfer finds the pod still waiting and
+//! sends the snapshot again; one that restarts after it asks the pod's agent how it went.
+//! A transfer that fails three times gives the restore up: an existing tenant goes on with the
+//! data it had, a new one waits for another `spec.restore`.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Pod, Secret};
+use kube::api::Api;
+use kube::runtime::events::EventType;
+use kube::{Client, ResourceExt};
+use tenantplane_api::{
+    Phase, RestorePhase, RestoreStatus, SnapshotPhase, TenantCluster, TenantSnapshot,
+};
+
+use super::{SnapshotOptions, agent_client, copy};
+use crate::context::{Context, TenantKey, now, tenant_key};
+use crate::error_text::api_message;
+use crate::names;
+use crate::tenant_pki::TenantPki;
+
+/// The annotation on a TenantSnapshot that lets TenantClusters of other namespaces restore it:
+/// a comma-separated list of namespaces.
+pub const RESTORE_TO: &str = "tenantplane.io/restore-to";
+
+/// How often a transfer is tried before the restore is given up.
+const ATTEMPTS: u32 = 3;
+
+/// Transfers under way in this process, by tenant; their result once done.
+#[derive(Default)]
+pub struct Transfers(Mutex<HashMap<TenantKey, Transfer>>);
+
+enum Transfer {
+    Running,
+    Done(Result<String, String>),
+}
+
+impl Transfers {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<TenantKey, Transfer>> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// What the reconcile does about restores.
+pub(crate) enum Step {
+    /// No restore under way: the tenant runs (on the data of the last restore, if any).
+    Settled,
+    /// A restore is under way: the control plane is applied (with the restore in its pod) but
+    /// not waited for, the syncer stays stopped; `detail` says where it is.
+    Restoring(String),
+}
+
+/// Look at `spec.restore` and move the restore on, writing what happened into
+/// `tc.status.restore` (which the reconcile's status write carries).
+pub(crate) async fn step(tc: &mut TenantCluster, ctx: &Context) -> Step {
+    let Some(request) = tc.spec.restore.clone() else {
+        return Step::Settled;
+    };
+    let ns = tc.namespace().unwrap_or_default();
+    let snapshot_ns = request
+        .snapshot_ref
+        .namespace
+        .clone()
+        .unwrap_or_else(|| ns.clone());
+    let snapshot_key = format!("{snapshot_ns}/{}", request.snapshot_ref.name);
+    let status = tc.status.as_ref().and_then(|s| s.restore.clone());
+    let same = status
+        .as_ref()
+        .is_some_and(|s| s.snapshot == snapshot_key && s.requested_at == request.requested_at);
+    let current = match status {
+        Some(s) if same && s.phase != Some(RestorePhase::Restoring) => return Step::Settled,
+        Some(s) if same => s,
+        previous => match verify(tc, ctx, &snapshot_ns, &request.snapshot_ref.name).await {
+            Err(why) => {
+                let message = format!(
+                    "refused before anything was touched: {why}; the tenant runs on as it was"
+                );
+                crate::phases::report::publish(
+                    ctx,
+                    tc,
+                    EventType::Warning,
+                    "RestoreRefused",
+                    message.clone(),
+                )
+                .await;
+                set(
+                    tc,
+                    RestoreStatus {
+                        snapshot: snapshot_key,
+                        requested_at: request.requested_at.clone(),
+                        phase: Some(RestorePhase::Failed),
+                        // The pod keeps the restore it carries.
+                        id: previous.and_then(|p| p.id),
+                        completion_time: Some(now()),
+                        message: Some(message),
+                        ..Default::default()
+                    },
+                );
+                return Step::Settled;
+            }
+            Ok(checked) => {
+                let in_place = tc.status.as_ref().is_some_and(|s| {
+                    matches!(
+                        s.phase,
+                        Some(Phase::Ready | Phase::Degraded | Phase::Sleeping)
+                    ) || s.endpoint.is_some()
+                });
+                let message = format!(
+                    "snapshot {snapshot_key} ({} bytes, {}) checked; {}",
+                    checked.size,
+                    checked.checksum,
+                    if in_place {
+                        "stopping the syncer and the control plane to put it in place"
+                    } else {
+                        "the control plane starts with it in place"
+                    }
+                );
+                crate::phases::report::publish(
+                    ctx,
+                    tc,
+                    EventType::Normal,
+                    "Restoring",
+                    message.clone(),
+                )
+                .await;
+                let status = RestoreStatus {
+                    snapshot: snapshot_key,
+                    requested_at: request.requested_at.clone(),
+                    phase: Some(RestorePhase::Restoring),
+                    id: Some(restore_id(&checked.uid, request.requested_at.as_deref())),
+                    checksum: Some(checked.checksum),
+                    start_time: Some(now()),
+                    completion_time: None,
+                    message: Some(message),
+                    in_place,
+                };
+                set(tc, status.clone());
+                status
+            }
+        },
+    };
+    let (tenant, _) = match crate::build::identity(tc) {
+        Ok(x) => x,
+        Err(e) => return Step::Restoring(e.to_string()),
+    };
+    // Nothing syncs while the datastore is replaced: the syncer started afterwards begins
+    // from the restored state.
+    ctx.syncers.stop(&ns, &tenant);
+    let key = tenant_key(tc);
+    let done = {
+        let mut transfers = ctx.restores.lock();
+        match transfers.get(&key) {
+            Some(Transfer::Running) => {
+                return Step::Restoring(format!(
+                    "sending snapshot {} to the control-plane pod",
+                    current.snapshot
+                ));
+            }
+            Some(Transfer::Done(_)) => match transfers.remove(&key) {
+                Some(Transfer::Done(result)) => Some(result),
+                _ => None,
+            },
+            None => None,
+        }
+    };
+    let id = current.id.clone().unwrap_or_default();
+    let outcome = match done {
+        Some(result) => result,
+        None => match where_is(tc, ctx, &id).await {
+            Err(detail) => return Step::Restoring(detail),
+            Ok(Where::Waiting { address, pki }) => {
+                start_transfer(tc, ctx, &current, address, pki);
+                return Step::Restoring(format!(
+                    "sending snapshot {} to the control-plane pod",
+                    current.snapshot
+                ));
+            }
+            Ok(Where::Finished(result)) => result,
+        },
+    };
+    let finished = match outcome {
+        Ok(detail) => {
+            let message = format!("restored snapshot {}: {detail}", current.snapshot);
+            crate::phases::report::publish(ctx, tc, EventType::Normal, "Restored", message.clone())
+                .await;
+            RestoreStatus {
+                phase: Some(RestorePhase::Completed),
+                completion_time: Some(now()),
+                message: Some(message),
+                ..current
+            }
+        }
+        Err(why) => {
+            let message = if current.in_place {
+                format!(
+                    "restoring snapshot {} failed: {why}; the tenant went on with the data it had",
+                    current.snapshot
+                )
+            } else {
+                format!(
+                    "restoring snapshot {} failed: {why}; the control plane waits: point spec.restore at another snapshot, or delete this TenantCluster",
+                    current.snapshot
+                )
+            };
+            crate::phases::report::publish(
+                ctx,
+                tc,
+                EventType::Warning,
+                "RestoreFailed",
+                message.clone(),
+            )
+            .await;
+            RestoreStatus {
+                phase: Some(RestorePhase::Failed),
+                completion_time: Some(now()),
+                message: Some(message),
+                ..current
+            }
+        }
+    };
+    let waits = !finished.in_place && finished.phase == Some(RestorePhase::Failed);
+    set(tc, finished);
+    if waits {
+        return Step::Restoring("the restore failed (see status.restore)".into());
+    }
+    Step::Settled
+}
+
+fn set(tc: &mut TenantCluster, restore: RestoreStatus) {
+    tc.status.get_or_insert_with(Default::default).restore = Some(restore);
+}
+
+/// The id of a restore: the snapshot's UID and the request's time, hashed short (it goes into
+/// the pod's arguments and a file name).
+fn restore_id(snapshot_uid: &str, requested_at: Option<&str>) -> String {
+    let mut hasher = copy::Hasher::default();
+    hasher.update(snapshot_uid.as_bytes());
+    hasher.update(b"/");
+    hasher.update(requested_at.unwrap_or_default().as_bytes());
+    hasher.finish()[..12].to_string()
+}
+
+/// A snapshot that passed the checks.
+struct Checked {
+    uid: String,
+    size: u64,
+    checksum: String,
+}
+
+/// Every check a restore passes before it touches anything; the error says what to fix.
+async fn verify(
+    tc: &TenantCluster,
+    ctx: &Context,
+    snapshot_ns: &str,
+    name: &str,
+) -> Result<Checked, String> {
+    let ns = tc.namespace().unwrap_or_default();
+    let snap = Api::<TenantSnapshot>::namespaced(ctx.client.clone(), snapshot_ns)
+        .get_opt(name)
+        .await
+        .map_err(|e| {
+            format!(
+                "reading TenantSnapshot {snapshot_ns}/{name}: {}",
+                api_message(&e)
+            )
+        })?
+        .ok_or_else(|| format!("TenantSnapshot {snapshot_ns}/{name} does not exist"))?;
+    if snapshot_ns != ns {
+        let granted = snap
+            .annotations()
+            .get(RESTORE_TO)
+            .is_some_and(|list| list.split(',').any(|n| n.trim() == ns));
+        if !granted {
+            return Err(format!(
+                "TenantSnapshot {snapshot_ns}/{name} is in another namespace and does not grant it to {ns}: its owner may annotate it {RESTORE_TO}={ns}"
+            ));
+        }
+    }
+    if snap.phase() != SnapshotPhase::Completed {
+        return Err(format!(
+            "TenantSnapshot {snapshot_ns}/{name} is {}, not Completed{}",
+            snap.phase(),
+            snap.status
+                .as_ref()
+                .and_then(|s| s.message.as_deref())
+                .map(|m| format!(": {m}"))
+                .unwrap_or_default()
+        ));
+    }
+    let status = snap.status.clone().unwrap_or_default();
+    if crate::build::control_plane::agent_image(tc, &ctx.options.build).is_none() {
+        return Err(
+            "this tenant's control plane runs no snapshot agent to receive the snapshot (the operator has no --agent-image; in the test world, a pod the real node runs)".into(),
+        );
+    }
+    let theirs = status.kubernetes_version.clone().unwrap_or_default();
+    let ours = &tc.spec.kubernetes_version;
+    if let (Some(snap_minor), Some(our_minor)) = (minor(&theirs), minor(ours))
+        && snap_minor > our_minor
+    {
+        return Err(format!(
+            "TenantSnapshot {snapshot_ns}/{name} was taken at Kubernetes {theirs}, newer than this tenant's {ours}: an API server never reads back data a newer minor wrote; set spec.kubernetesVersion to v1.{snap_minor} or newer"
+        ));
+    }
+    let (_, store) =
+        super::open_store(&ctx.client, &ctx.options.snapshots, status.store.as_deref())
+            .await
+            .map_err(|e| format!("the snapshot's store: {e}"))?;
+    let objects = store.objects(
+        snapshot_ns,
+        &snap.spec.tenant_cluster_ref.name,
+        name,
+        &snap.uid().unwrap_or_default(),
+    );
+    let manifest = store.manifest(&objects.manifest).await?;
+    let expected = status.checksum.clone().unwrap_or_default();
+    if manifest.checksum != expected {
+        return Err(format!(
+            "the stored manifest says {} but the TenantSnapshot says {expected}: the store's copy is not this snapshot's",
+            manifest.checksum
+        ));
+    }
+    let (size, sha256) = store.hash(&objects.data).await?;
+    if copy::checksum_text(&sha256) != expected || status.size.is_some_and(|s| s as u64 != size) {
+        return Err(format!(
+            "the stored object {} is corrupt: it has {size} bytes with sha256:{sha256}, the snapshot says {} bytes with {expected}",
+            store.location(&objects.data),
+            status.size.unwrap_or_default()
+        ));
+    }
+    Ok(Checked {
+        uid: snap.uid().unwrap_or_default(),
+        size,
+        checksum: expected,
+    })
+}
+
+/// The minor of a version such as `v1.31.4` (or `v1.31.4+k3s1`).
+fn minor(version: &str) -> Option<u32> {
+    version
+        .trim_start_matches('v')
+        .split('.')
+        .nth(1)?
+        .parse()
+        .ok()
+}
+
+enum Where {
+    /// The pod's init container waits for the snapshot at `address`.
+    Waiting {
+        address: String,
+        pki: Box<TenantPki>,
+    },
+    /// The pod's agent says how it ended.
+    Finished(Result<String, String>),
+}
+
+/// Where restore `id` stands in the control-plane pod; an error says what it waits for.
+async fn where_is(tc: &TenantCluster, ctx: &Context, id: &str) -> Result<Where, String> {
+    let ns = tc.namespace().unwrap_or_default();
+    let tenant = tc.name_any();
+    let pod_name = names::control_plane_pod(&tenant);
+    let pod = Api::<Pod>::namespaced(ctx.client.clone(), &ns)
+        .get_opt(&pod_name)
+        .await
+        .map_err(|e| format!("reading pod {pod_name}: {}", api_message(&e)))?;
+    let Some(pod) = pod.filter(|p| p.metadata.deletion_timestamp.is_none()) else {
+        return Err(format!(
+            "waiting for pod {pod_name} to start with the restore"
+        ));
+    };
+    if crate::build::agent::pending_restore(&pod).as_deref() != Some(id) {
+        return Err(format!(
+            "waiting for pod {pod_name} to be replaced by one that carries the restore"
+        ));
+    }
+    let address = ctx
+        .options
+        .connector
+        .agent_address(&tenant, &pod)
+        .map_err(|e| format!("waiting for the pod's restore step: {e}"))?;
+    let pki = pki(&ctx.client, &ns, &tenant).await?;
+    match agent_client::restore_state(&address, &pki, id).await {
+        Err(e) => Err(format!("waiting for the pod's restore step: {e}")),
+        Ok(super::agent::RestoreState::Waiting) => Ok(Where::Waiting {
+            address,
+            pki: Box::new(pki),
+        }),
+        Ok(super::agent::RestoreState::Restored(sha)) => Ok(Where::Finished(Ok(format!(
+            "the pod put it in place ({})",
+            copy::checksum_text(&sha)
+        )))),
+        Ok(super::agent::RestoreState::Abandoned(why)) => Ok(Where::Finished(Err(why))),
+        Ok(super::agent::RestoreState::Unknown) => Err(format!(
+            "waiting for pod {pod_name}'s restore step to start"
+        )),
+    }
+}
+
+async fn pki(client: &Client, ns: &str, tenant: &str) -> Result<TenantPki, String> {
+    let secret = Api::<Secret>::namespaced(client.clone(), ns)
+        .get(&names::pki_secret(tenant))
+        .await
+        .map_err(|e| format!("reading the tenant's PKI Secret: {}", api_message(&e)))?;
+    TenantPki::from_secret_data(&secret.data.unwrap_or_default())
+        .map_err(|e| format!("the tenant's PKI Secret: {e}"))
+}
+
+/// Send the snapshot to the waiting pod in a task; its result waits in `ctx.restores` for the
+/// next reconcile.
+fn start_transfer(
+    tc: &TenantCluster,
+    ctx: &Context,
+    current: &RestoreStatus,
+    address: String,
+    pki: Box<TenantPki>,
+) {
+    let key = tenant_key(tc);
+    ctx.restores.lock().insert(key.clone(), Transfer::Running);
+    let client = ctx.client.clone();
+    let options = ctx.options.snapshots.clone();
+    let restores = ctx.restores.clone();
+    let snapshot = current.snapshot.clone();
+    let checksum = current.checksum.clone().unwrap_or_default();
+    tokio::spawn(async move {
+        let started = std::time::Instant::now();
+        let mut last = String::new();
+        let mut result = None;
+        for attempt in 1..=ATTEMPTS {
+            match transfer(&client, &options, &snapshot, &checksum, &address, &pki).await {
+                Ok(size) => {
+                    result = Some(Ok(format!(
+                        "{size} bytes in {:.1}s",
+                        started.elapsed().as_secs_f64()
+                    )));
+                    break;
+                }
+                Err(e) => {
+                    tracing::warn!(%snapshot, attempt, "sending the snapshot failed: {e}");
+                    last = e;
+                    if attempt < ATTEMPTS {
+                        tokio::time::sleep(Duration::from_secs(5)).await;
+                    }
+                }
+            }
+        }
+        let result = match result {
+            Some(r) => r,
+            None => {
+                let why = format!("{ATTEMPTS} attempts to send it failed; the last: {last}");
+                // The pod goes on with the data it had (none, for a new tenant, whose status
+                // says the control plane waits: its init container is not released).
+                if let Err(e) = agent_client::abandon(&address, &pki, &why).await {
+                    tracing::warn!("giving the restore up: {e}");
+                }
+                Err(why)
+            }
+        };
+        restores.lock().insert(key, Transfer::Done(result));
+    });
+}
+
+/// One transfer: the stored object streamed to the agent, which checks it against `checksum`.
+async fn transfer(
+    client: &Client,
+    options: &SnapshotOptions,
+    snapshot: &str,
+    checksum: &str,
+    address: &str,
+    pki: &TenantPki,
+) -> Result<u64, String> {
+    let (snapshot_ns, name) = snapshot.split_once('/').unwrap_or(("", snapshot));
+    let snap = Api::<TenantSnapshot>::namespaced(client.clone(), snapshot_ns)
+        .get(name)
+        .await
+        .map_err(|e| format!("reading TenantSnapshot {snapshot}: {}", api_message(&e)))?;
+    let status = snap.status.clone().unwrap_or_default();
+    let (_, store) = super::open_store(client, options, status.store.as_deref()).await?;
+    let objects = store.objects(
+        snapshot_ns,
+        &snap.spec.tenant_cluster_ref.name,
+        name,
+        &snap.uid().unwrap_or_default(),
+    );
+    let size = status.size.unwrap_or_default() as u64;
+    let bytes = store.download(&objects.data).await?;
+    let sha256 = checksum.trim_start_matches("sha256:");
+    agent_client::upload(address, pki, sha256, size, bytes).await?;
+    Ok(size)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_restore_id_is_short_and_changes_with_the_request() {
+        let a = restore_id("uid-1", None);
+        assert_eq!(a.len(), 12);
+        assert_eq!(a, restore_id("uid-1", None));
+        assert_ne!(a, restore_id("uid-1", Some("2026-12-05T01:00:00Z")));
+        assert_ne!(a, restore_id("uid-2", None));
+    }
+
+    #[test]
+    fn the_running_version_is_the_servers_image_tag() {
+        let pod = |name: &str, image: &str| -> Pod {
+            serde_json::from_value(serde_json::json!({
+                "spec": {"containers": [
+                    {"name": "snapshot-agent", "image": "tenantplane/tenantplane:v0.1.0"},
+                    {"name": name, "image": image},
+                ]}
+            }))
+            .unwrap()
+        };
+        let version = crate::build::control_plane::running_version;
+        assert_eq!(
+            version(&pod("k3s", "rancher/k3s:v1.30.4-k3s1")).as_deref(),
+            Some("v1.30.4")
+        );
+        assert_eq!(
+            version(&pod(
+                "kube-apiserver",
+                "registry.k8s.io/kube-apiserver:v1.36.3"
+            ))
+            .as_deref(),
+            Some("v1.36.3")
+        );
+        assert_eq!(version(&pod("k3s", "mirror.example/k3s:latest")), None);
+        assert_eq!(version(&pod("k3s", "mirror.example/k3s")), None);
+    }
+
+    #[test]
+    fn minors_are_read_from_versions() {
+        assert_eq!(minor("v1.31.4"), Some(31));
+        assert_eq!(minor("v1.36.3+k3s1"), Some(36));
+        assert_eq!(minor("nonsense"), None);
+    }
+}
