@@ -42,7 +42,8 @@ pub struct SnapshotRef {
 #[serde(rename_all = "camelCase")]
 pub struct SnapshotSchedule {
     /// A cron schedule in UTC, five fields (`minute hour day-of-month month day-of-week`), such
-    /// as `0 3 * * *` for 03:00 every day; `@daily` and `@hourly` work too.
+    /// as `0 3 * * *` for 03:00 every day; `@daily` and `@hourly` work too, and a sixth field
+    /// first for seconds.
     #[schemars(length(min = 1, max = 128))]
     #[x_kube(validation = crate::rules::cron_shape("snapshots.schedule"))]
     pub schedule: String,

@@ -270,13 +270,13 @@ pub fn immutable(what: &str) -> Rule {
         .message(format!("{what} is immutable: create a new object instead").as_str())
 }
 
-/// A cron schedule's shape: five fields, or one of the `@` names. The operator parses it and says
+/// A cron schedule's shape: five fields (six, with seconds first), or one of the `@` names. The operator parses it and says
 /// in status what it could not read.
 pub fn cron_shape(field: &str) -> Rule {
     rule(
-        r"self.matches('^(@(yearly|annually|monthly|weekly|daily|midnight|hourly)|\\S+(\\s+\\S+){4})$')",
+        r"self.matches('^(@(yearly|annually|monthly|weekly|daily|midnight|hourly)|\\S+(\\s+\\S+){4,5})$')",
         format!(
-            "'{field} must be a cron schedule of five fields (minute hour day-of-month month day-of-week), such as 0 3 * * *, or @daily / @hourly; got ' + self"
+            "'{field} must be a cron schedule of five fields (minute hour day-of-month month day-of-week; six with seconds first), such as 0 3 * * *, or @daily / @hourly; got ' + self"
         ),
     )
 }

@@ -127,6 +127,11 @@ async fn apply_tenant(tc: &TenantCluster, ctx: &Context) -> Result<Action, Error
         )
         .await;
     }
+    // What the snapshot schedule did (it runs beside the reconcile; this says so in status).
+    let schedule = crate::snapshot::schedule::status(&ctx.client, &tc).await;
+    if let Some(status) = tc.status.as_mut() {
+        status.snapshots = schedule;
+    }
     // A restore under way holds the tenant before its control plane is waited for.
     if let restore::Step::Restoring(detail) = restore::step(&mut tc, ctx).await {
         return restoring(&tc, ctx, detail).await;

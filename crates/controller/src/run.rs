@@ -65,6 +65,11 @@ pub async fn run(
     let controller = Controller::for_stream(tenant_trigger, store.clone())
         .trigger_backoff(cache::TriggerPause(TRIGGER_PAUSE));
     let store_for_namespaces = store.clone();
+    let schedules = tokio::spawn(crate::snapshot::schedule::run(
+        client.clone(),
+        store.clone(),
+        shutdown.clone(),
+    ));
     // A policy change reconciles every tenant that references it.
     let tenants_using = |store: Store<TenantCluster>, uses: fn(&TenantCluster, &str) -> bool| {
         move |name: String| {
@@ -172,4 +177,5 @@ pub async fn run(
     for controller in snapshot_controllers {
         let _ = controller.await;
     }
+    let _ = schedules.await;
 }

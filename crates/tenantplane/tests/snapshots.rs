@@ -10,7 +10,7 @@ use std::time::Duration;
 use common::*;
 use futures::TryStreamExt;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
-use kube::api::{Api, PostParams};
+use kube::api::{Api, ListParams, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::json;
 use tenantplane_api::conditions;
@@ -602,4 +602,85 @@ async fn a_new_tenant_is_built_from_the_snapshot_of_one_that_is_gone() {
     let (code, _, err) = tp(&["create", "ghost", "-n", ns, "--from-snapshot", "nope"]).await;
     assert_eq!(code, 1);
     assert!(err.contains("TenantSnapshot nope not found"), "{err}");
+}
+
+#[tokio::test]
+async fn a_schedule_takes_snapshots_and_keeps_the_newest() {
+    let world = ReadyTenant::start("sched").await;
+    let (ns, host, name) = (&world.ns.name, &world.host, &world.name);
+    let endpoint = s3().await.endpoint.clone();
+    let store_name = store(host, ns, &endpoint).await;
+    assert_eq!(availability(host, &store_name).await.0, "True");
+    let tenants: Api<TenantCluster> = Api::namespaced(host.clone(), ns);
+    // A schedule that does not parse is refused at admission, saying what to write.
+    let refused = tenants
+        .patch(
+            name,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(json!({"spec": {"snapshots": {"schedule": "every day"}}})),
+        )
+        .await
+        .unwrap_err();
+    assert!(
+        refused.to_string().contains("must be a cron schedule"),
+        "{refused}"
+    );
+    // Every 10 s (a sixth field, seconds), the two newest kept.
+    tenants
+        .patch(
+            name,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(json!({"spec": {"snapshots": {
+                "schedule": "*/10 * * * * *", "keep": 2, "storeRef": {"name": store_name},
+            }}})),
+        )
+        .await
+        .unwrap();
+    let snapshots: Api<TenantSnapshot> = Api::namespaced(host.clone(), ns);
+    let scheduled = ListParams::default().labels(&format!(
+        "{}={name}",
+        tenantplane_controller::snapshot::schedule::SCHEDULED_FOR
+    ));
+    // Seen: every scheduled snapshot ever listed; wait until four were made.
+    let seen = std::sync::Mutex::new(std::collections::BTreeSet::new());
+    let four = eventually(Duration::from_secs(120), || async {
+        let items = snapshots.list(&scheduled).await.ok()?.items;
+        let mut seen = seen.lock().unwrap();
+        seen.extend(items.iter().map(|s| s.name_any()));
+        (seen.len() >= 4).then_some(())
+    })
+    .await;
+    let seen = seen.into_inner().unwrap();
+    assert!(four.is_some(), "scheduled snapshots seen: {seen:?}");
+    // Retention: at most two Completed remain, the newest.
+    let kept = eventually(Duration::from_secs(60), || async {
+        let items = snapshots.list(&scheduled).await.ok()?.items;
+        let completed: Vec<String> = items
+            .iter()
+            .filter(|s| {
+                s.phase() == SnapshotPhase::Completed && s.metadata.deletion_timestamp.is_none()
+            })
+            .map(|s| s.name_any())
+            .collect();
+        (completed.len() == 2).then_some(completed)
+    })
+    .await
+    .unwrap_or_else(|| panic!("retention never left two: seen {seen:?}"));
+    let oldest = seen.iter().next().unwrap();
+    assert!(
+        !kept.contains(oldest),
+        "the oldest, {oldest}, was kept: {kept:?}"
+    );
+    for k in &kept {
+        assert!(k.starts_with(&format!("{name}-")), "{k}");
+    }
+    // The tenant's status says what the schedule did.
+    let status = eventually(Duration::from_secs(90), || async {
+        let s = tenants.get(name).await.ok()?.status?.snapshots?;
+        (s.last_snapshot.is_some() && s.next_schedule_time.is_some()).then_some(s)
+    })
+    .await
+    .expect("status.snapshots never said what the schedule did");
+    assert!(status.message.is_none(), "{status:?}");
+    still_ready(host, ns, name).await;
 }

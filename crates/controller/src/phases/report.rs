@@ -103,7 +103,14 @@ pub(crate) async fn report(
 ) -> Result<Option<Duration>, Error> {
     let (tenant, ns) = build::identity(tc)?;
     let desired = status::desired_status(tc, progress, &names::endpoint(&tenant, &ns), &now());
-    let current = tc.status.clone().unwrap_or_default();
+    // As the cache has it (the reconcile's copy may carry what this reconcile set: the restore's
+    // progress, the schedule's, a wake's start), so that those are written too.
+    let current = ctx
+        .tenants
+        .get(&kube::runtime::reflector::ObjectRef::from_obj(tc))
+        .and_then(|cached| cached.status.clone())
+        .or_else(|| tc.status.clone())
+        .unwrap_or_default();
     if desired == current {
         return Ok(None);
     }

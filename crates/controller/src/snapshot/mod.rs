@@ -10,6 +10,7 @@ pub mod agent;
 pub mod agent_client;
 pub mod copy;
 pub mod restore;
+pub mod schedule;
 pub mod snapshots;
 pub mod store;
 pub mod stores;
