@@ -12,6 +12,9 @@ pub const SYNCED: &str = "Synced";
 pub const MODE_SUPPORTED: &str = "ModeSupported";
 /// Whether the restore `spec.restore` asks is in place (set only while it asks one).
 pub const RESTORED: &str = "Restored";
+/// Whether the minor upgrade the spec asks (or the last one) has a snapshot to go back to; False
+/// says what it waits for, or why it is refused (set only while `status.upgrade` is).
+pub const UPGRADE_GUARDED: &str = "UpgradeGuarded";
 
 /// Schema of a conditions list: a list-map keyed by `type`, so server-side apply merges by type.
 pub fn conditions_schema(generator: &mut SchemaGenerator) -> Schema {

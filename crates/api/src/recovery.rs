@@ -147,6 +147,12 @@ pub struct UpgradeStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub snapshot: Option<String>,
 
+    /// One word for where it stands: `CheckingRemovedAPIs`, `RemovedAPIsInUse`,
+    /// `TakingSnapshot`, `SnapshotFailed`, `SnapshotTaken`, `NoSnapshotStore` or
+    /// `WaitingForWake`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+
     /// What the upgrade waits for, or why it is refused.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,

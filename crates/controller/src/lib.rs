@@ -31,6 +31,7 @@ pub mod snapshot;
 pub mod status;
 pub mod telemetry;
 pub mod tenant_pki;
+pub mod upgrade;
 pub mod wake;
 
 pub use build::BuildOptions;

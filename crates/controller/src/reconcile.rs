@@ -26,6 +26,7 @@ use crate::phases::{Halt, credentials, isolate, provision, resolve, sync};
 use crate::sleep;
 use crate::snapshot::restore;
 use crate::status::Progress;
+use crate::upgrade;
 use crate::{apply, wake};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -136,6 +137,10 @@ async fn apply_tenant(tc: &TenantCluster, ctx: &Context) -> Result<Action, Error
     if let restore::Step::Restoring(detail) = restore::step(&mut tc, ctx).await {
         return restoring(&tc, ctx, detail).await;
     }
+    // A minor upgrade waits at the running version until it is checked and snapshotted.
+    if let upgrade::Guard::Hold(running) = upgrade::guard(&mut tc, ctx).await {
+        tc.spec.kubernetes_version = running;
+    }
     let tc = tc;
     let phases = async {
         // 1. Resolve the IsolationProfile and SyncPolicy.
@@ -202,6 +207,9 @@ async fn restoring(tc: &TenantCluster, ctx: &Context, detail: String) -> Result<
 /// nothing runs on, and nothing is copied again), then every object as an awake tenant has it
 /// but the control plane scaled to zero. Its credentials are still renewed when due.
 async fn asleep(tc: &TenantCluster, ctx: &Context, sleep: SleepStatus) -> Result<Action, Error> {
+    // An upgrade asked while asleep waits for the wake (its checks and snapshot need the tenant).
+    let held = upgrade::held_while_asleep(tc, ctx);
+    let tc = held.as_ref().unwrap_or(tc);
     let (tenant, ns) = build::identity(tc)?;
     let already = tc.status.as_ref().and_then(|s| s.phase) == Some(Phase::Sleeping);
     if !already || ctx.syncers.is_running(&ns, &tenant) {

@@ -1,7 +1,9 @@
 //! Status: from what a reconcile observed to a phase, conditions and an endpoint. Pure.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use tenantplane_api::conditions::{self, ConditionSpec, MODE_SUPPORTED, READY, RESTORED, SYNCED};
+use tenantplane_api::conditions::{
+    self, ConditionSpec, MODE_SUPPORTED, READY, RESTORED, SYNCED, UPGRADE_GUARDED,
+};
 use tenantplane_api::{
     Phase, RestorePhase, SleepCause, SleepStatus, TenantCluster, TenantClusterStatus, TenantMode,
 };
@@ -80,6 +82,20 @@ fn restore_condition(tc: &TenantCluster) -> Option<ConditionSpec> {
         }
         RestorePhase::Failed => ConditionSpec::new(RESTORED, false, "RestoreFailed", message),
     })
+}
+
+/// `UpgradeGuarded`, while `status.upgrade` records an upgrade: True once a snapshot holds the
+/// tenant as it was before it.
+fn upgrade_condition(tc: &TenantCluster) -> Option<ConditionSpec> {
+    let upgrade = tc.status.as_ref()?.upgrade.as_ref()?;
+    let reason = upgrade.reason.clone().unwrap_or_else(|| "Upgrading".into());
+    let guarded = reason == crate::upgrade::reason::GUARDED;
+    Some(ConditionSpec::new(
+        UPGRADE_GUARDED,
+        guarded,
+        reason,
+        upgrade.message.clone().unwrap_or_default(),
+    ))
 }
 
 /// The status a reconcile should leave, keeping transition times of unchanged conditions.
@@ -231,6 +247,10 @@ pub fn desired_status(
     match restore_condition(tc) {
         Some(condition) => conditions::set(&mut list, &condition, generation, now),
         None => list.retain(|c| c.type_ != RESTORED),
+    }
+    match upgrade_condition(tc) {
+        Some(condition) => conditions::set(&mut list, &condition, generation, now),
+        None => list.retain(|c| c.type_ != UPGRADE_GUARDED),
     }
     let reached_ready = matches!(
         progress,

@@ -684,3 +684,219 @@ async fn a_schedule_takes_snapshots_and_keeps_the_newest() {
     assert!(status.message.is_none(), "{status:?}");
     still_ready(host, ns, name).await;
 }
+
+/// The image of the tenant's control-plane pod (its server container) once it is Ready.
+async fn running_image(host: &Client, ns: &str, name: &str, containing: &str) -> String {
+    let tenants: Api<TenantCluster> = Api::namespaced(host.clone(), ns);
+    eventually(Duration::from_secs(240), || async {
+        let pod = Api::<k8s_openapi::api::core::v1::Pod>::namespaced(host.clone(), ns)
+            .get(&format!("{name}-0"))
+            .await
+            .ok()?;
+        let image = pod.spec?.containers[0].image.clone()?;
+        let ready = tenants.get(name).await.ok()?.status?.phase == Some(Phase::Ready);
+        (image.contains(containing) && ready).then_some(image)
+    })
+    .await
+    .unwrap_or_else(|| panic!("TenantCluster {name} never ran {containing} and was Ready"))
+}
+
+#[tokio::test]
+async fn an_upgrade_is_snapshotted_first_and_rolls_back() {
+    let world = ReadyTenant::start("rollback").await;
+    let (ns, host, name) = (&world.ns.name, &world.host, &world.name);
+    let endpoint = s3().await.endpoint.clone();
+    let store_name = store(host, ns, &endpoint).await;
+    assert_eq!(availability(host, &store_name).await.0, "True");
+    let tenants: Api<TenantCluster> = Api::namespaced(host.clone(), ns);
+    // The store is the schedule's (a yearly one that does not come due here).
+    tenants
+        .patch(
+            name,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(json!({"spec": {"snapshots": {
+                "schedule": "0 0 1 1 *", "keep": 1, "storeRef": {"name": store_name},
+            }}})),
+        )
+        .await
+        .unwrap();
+    config_map(&world.tenant, "state", "v1.30").await;
+
+    // The upgrade: a snapshot first, then the new version.
+    tenants
+        .patch(
+            name,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(json!({"spec": {"kubernetesVersion": "v1.31.0"}})),
+        )
+        .await
+        .unwrap();
+    running_image(host, ns, name, "v1.31.0").await;
+    let tc = tenants.get(name).await.unwrap();
+    let upgrade = tc.status.clone().unwrap().upgrade.unwrap();
+    assert_eq!(
+        upgrade.reason.as_deref(),
+        Some("SnapshotTaken"),
+        "{upgrade:?}"
+    );
+    assert_eq!(
+        (upgrade.from.as_str(), upgrade.to.as_str()),
+        ("v1.30.4", "v1.31.0")
+    );
+    let guard = upgrade.snapshot.clone().unwrap();
+    let snap = snapshot_done(host, ns, &guard).await;
+    let snap_status = snap.status.clone().unwrap();
+    assert_eq!(snap.phase(), SnapshotPhase::Completed, "{snap_status:?}");
+    assert_eq!(snap_status.kubernetes_version.as_deref(), Some("v1.30.4"));
+    assert!(
+        snap.metadata.creation_timestamp.unwrap().0
+            <= conditions::find(&tc.status.unwrap().conditions, conditions::READY)
+                .unwrap()
+                .last_transition_time
+                .0,
+        "the snapshot came after the upgrade"
+    );
+    let (code, out, err) = tp(&["status", name, "-n", ns]).await;
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("UpgradeGuarded"), "{out}");
+
+    // Work done at the new version, then the rollback: the old version and the old data.
+    let tenant = tenant_client(host, ns, name).await;
+    Api::<ConfigMap>::namespaced(tenant.clone(), "default")
+        .patch(
+            "state",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(json!({"data": {"value": "v1.31"}})),
+        )
+        .await
+        .unwrap();
+    let (code, _, err) = tp(&["rollback", name, "-n", ns]).await;
+    assert_eq!(code, 1);
+    assert!(err.contains("--yes") && err.contains("v1.30.4"), "{err}");
+    let (code, out, err) = tp(&[
+        "rollback",
+        name,
+        "-n",
+        ns,
+        "--yes",
+        "--wait",
+        "--timeout",
+        "4m",
+    ])
+    .await;
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("rolling back to v1.30.4"), "{out}");
+    running_image(host, ns, name, "v1.30.4").await;
+    let tenant = tenant_client(host, ns, name).await;
+    assert_eq!(
+        config_map_value(&tenant, "state").await.as_deref(),
+        Some("v1.30")
+    );
+    let tc = tenants.get(name).await.unwrap();
+    assert_eq!(tc.spec.kubernetes_version, "v1.30.4");
+    let status = tc.status.unwrap();
+    assert!(status.upgrade.is_none(), "{:?}", status.upgrade);
+    // A downgrade without a restore is still refused.
+    let refused = tenants
+        .patch(
+            name,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(json!({"spec": {"kubernetesVersion": "v1.30.0"}})),
+        )
+        .await
+        .unwrap_err();
+    assert!(
+        refused.to_string().contains("cannot be downgraded"),
+        "{refused}"
+    );
+}
+
+#[tokio::test]
+async fn an_upgrade_past_removed_api_versions_is_refused_until_accepted() {
+    let world = TenantSetup::seed()
+        .edit(|tc| tc.spec.kubernetes_version = "v1.31.0".into())
+        .start("removed-apis")
+        .await;
+    let (ns, host, name) = (&world.ns.name, &world.host, &world.name);
+    // A FlowSchema last applied as flowcontrol.apiserver.k8s.io/v1beta3, which v1.32 no longer
+    // serves (as `kubectl apply` of an old manifest leaves it).
+    let applied = json!({
+        "apiVersion": "flowcontrol.apiserver.k8s.io/v1beta3", "kind": "FlowSchema",
+        "metadata": {"name": "legacy"},
+        "spec": {"priorityLevelConfiguration": {"name": "global-default"}, "matchingPrecedence": 9000},
+    });
+    let schema: kube::api::DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "flowcontrol.apiserver.k8s.io/v1", "kind": "FlowSchema",
+        "metadata": {"name": "legacy", "annotations": {
+            "kubectl.kubernetes.io/last-applied-configuration": applied.to_string(),
+        }},
+        "spec": {"priorityLevelConfiguration": {"name": "global-default"}, "matchingPrecedence": 9000},
+    }))
+    .unwrap();
+    let resource = kube::api::ApiResource::from_gvk(&kube::api::GroupVersionKind::gvk(
+        "flowcontrol.apiserver.k8s.io",
+        "v1",
+        "FlowSchema",
+    ));
+    Api::<kube::api::DynamicObject>::all_with(world.tenant.clone(), &resource)
+        .create(&PostParams::default(), &schema)
+        .await
+        .unwrap();
+    let tenants: Api<TenantCluster> = Api::namespaced(host.clone(), ns);
+    tenants
+        .patch(
+            name,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(json!({"spec": {"kubernetesVersion": "v1.32.0"}})),
+        )
+        .await
+        .unwrap();
+    let refused = eventually(WAIT, || async {
+        let tc = tenants.get(name).await.ok()?;
+        let c = conditions::find(&tc.status?.conditions, conditions::UPGRADE_GUARDED)?.clone();
+        (c.reason == "RemovedAPIsInUse").then_some(c)
+    })
+    .await
+    .expect("the upgrade was never refused");
+    assert_eq!(refused.status, "False");
+    for says in [
+        "1 FlowSchema",
+        "flowcontrol.apiserver.k8s.io/v1beta3",
+        "tenantplane.io/accept-removed-apis=v1.32",
+    ] {
+        assert!(
+            refused.message.contains(says),
+            "{says}: {}",
+            refused.message
+        );
+    }
+    // Held: the control plane runs on at v1.31, Ready.
+    running_image(host, ns, name, "v1.31.0").await;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    running_image(host, ns, name, "v1.31.0").await;
+    // Accepted: it goes on (no store here, so without a snapshot, as status says).
+    tenants
+        .patch(
+            name,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(json!({"metadata": {"annotations": {
+                "tenantplane.io/accept-removed-apis": "v1.32",
+            }}})),
+        )
+        .await
+        .unwrap();
+    running_image(host, ns, name, "v1.32.0").await;
+    let upgrade = tenants
+        .get(name)
+        .await
+        .unwrap()
+        .status
+        .unwrap()
+        .upgrade
+        .unwrap();
+    assert_eq!(
+        upgrade.reason.as_deref(),
+        Some("NoSnapshotStore"),
+        "{upgrade:?}"
+    );
+}

@@ -1,0 +1,392 @@
+//! Upgrades that can be undone. When `spec.kubernetesVersion` moves to a new minor, the control
+//! plane stays at the version it runs until two checks pass:
+//!
+//! 1. **Removed APIs.** The tenant's objects of every kind the target release stops serving at
+//!    some version ([`removed_apis`]) are read, and their last-applied configuration and managed
+//!    fields say which version wrote them. Any found refuse the upgrade, naming the kinds,
+//!    versions and counts, unless the annotation [`ACCEPT_REMOVED_APIS`] names the target minor.
+//! 2. **A snapshot.** With a SnapshotStore (the schedule's, else the default), a TenantSnapshot
+//!    of the tenant as it is; the upgrade goes on only once it Completed. It is recorded in
+//!    `status.upgrade`, and `tenantplane rollback` restores it at the old version.
+//!
+//! Held, the tenant runs on at its old version: everything is built as if the spec still said
+//! it. `status.upgrade` and the `UpgradeGuarded` condition say what the upgrade waits for.
+
+pub mod removed_apis;
+
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::core::v1::{Pod, PodSpec, Secret};
+use kube::api::{Api, DynamicObject, ListParams, PostParams};
+use kube::{Client, ResourceExt};
+use serde_json::json;
+use tenantplane_api::{SnapshotPhase, SnapshotStore, TenantCluster, TenantSnapshot, UpgradeStatus};
+
+use crate::context::Context;
+use crate::error_text::api_message;
+use crate::names;
+
+/// The annotation that lets an upgrade go on although objects use API versions the target no
+/// longer serves: its value is the target minor, such as `v1.32`.
+pub const ACCEPT_REMOVED_APIS: &str = "tenantplane.io/accept-removed-apis";
+/// The label on the snapshot taken before an upgrade: the tenant's name.
+pub const GUARDS_UPGRADE: &str = "tenantplane.io/guards-upgrade";
+
+/// Reasons in `status.upgrade.reason` (and the `UpgradeGuarded` condition).
+pub mod reason {
+    pub const CHECKING: &str = "CheckingRemovedAPIs";
+    pub const REMOVED_APIS: &str = "RemovedAPIsInUse";
+    pub const TAKING_SNAPSHOT: &str = "TakingSnapshot";
+    pub const SNAPSHOT_FAILED: &str = "SnapshotFailed";
+    pub const NO_STORE: &str = "NoSnapshotStore";
+    pub const WAITING_FOR_WAKE: &str = "WaitingForWake";
+    pub const GUARDED: &str = "SnapshotTaken";
+}
+
+/// What the reconcile builds.
+pub(crate) enum Guard {
+    /// At the spec's version.
+    Proceed,
+    /// At this (older) version, until the checks pass.
+    Hold(String),
+}
+
+/// Look at the version the control plane runs and the one the spec asks; record what an upgrade
+/// waits for in `tc.status.upgrade`.
+pub(crate) async fn guard(tc: &mut TenantCluster, ctx: &Context) -> Guard {
+    let ns = tc.namespace().unwrap_or_default();
+    let tenant = tc.name_any();
+    let to = tc.spec.kubernetes_version.clone();
+    let live = crate::cache::get(
+        &ctx.caches.statefulsets,
+        Some(&ns),
+        &names::statefulset(&tenant),
+    );
+    let from = live.as_deref().and_then(template_version);
+    let previous = tc.status.as_ref().and_then(|s| s.upgrade.clone());
+    let upgrading = match (&from, minor(&to)) {
+        (Some(from), Some(to_minor)) => minor(from).is_some_and(|m| m < to_minor),
+        _ => false,
+    };
+    if !upgrading {
+        // Done (the template runs the target), a patch release, or a rollback: the record of the
+        // last upgrade stays while the spec still names its target.
+        let kept = previous.filter(|p| p.to == to).map(|p| match &from {
+            Some(running) if *running == p.to && p.reason.as_deref() != Some(reason::NO_STORE) => {
+                UpgradeStatus {
+                    message: Some(match &p.snapshot {
+                        Some(s) => format!(
+                            "upgraded from {} to {}; snapshot {s} holds the tenant as it was: `tenantplane rollback {tenant} -n {ns}` goes back",
+                            p.from, p.to
+                        ),
+                        None => format!("upgraded from {} to {}", p.from, p.to),
+                    }),
+                    ..p
+                }
+            }
+            _ => p,
+        });
+        set(tc, kept);
+        return Guard::Proceed;
+    }
+    let from = from.unwrap_or_default();
+    let mut record = previous
+        .filter(|p| p.from == from && p.to == to)
+        .unwrap_or(UpgradeStatus {
+            from: from.clone(),
+            to: to.clone(),
+            ..Default::default()
+        });
+    let hold = |tc: &mut TenantCluster, record: UpgradeStatus| {
+        set(tc, Some(record));
+        Guard::Hold(from.clone())
+    };
+    // 1. API versions the target no longer serves.
+    let (from_v, to_v) = (version_pair(&from), version_pair(&to));
+    let findings = match scan(tc, ctx, from_v, to_v).await {
+        Ok(f) => f,
+        Err(e) => {
+            record.reason = Some(reason::CHECKING.into());
+            record.message = Some(format!(
+                "the upgrade to {to} waits: the tenant's objects could not be checked for API versions {to} no longer serves ({e})"
+            ));
+            return hold(tc, record);
+        }
+    };
+    let target_minor = format!("v{}.{}", to_v.0, to_v.1);
+    let accepted = tc
+        .annotations()
+        .get(ACCEPT_REMOVED_APIS)
+        .is_some_and(|v| v.trim() == target_minor);
+    if !findings.is_empty() && !accepted {
+        record.reason = Some(reason::REMOVED_APIS.into());
+        record.message = Some(format!(
+            "the upgrade to {to} is refused: {}; move those objects to the versions named, or accept the risk with the annotation {ACCEPT_REMOVED_APIS}={target_minor}",
+            removed_apis::summary(&findings, to_v)
+        ));
+        return hold(tc, record);
+    }
+    // 2. The snapshot that can undo it.
+    let store = match guarding_store(tc, ctx).await {
+        Ok(s) => s,
+        Err(e) => {
+            record.reason = Some(reason::CHECKING.into());
+            record.message = Some(format!("the upgrade to {to} waits: {e}"));
+            return hold(tc, record);
+        }
+    };
+    let Some(store) = store else {
+        record.reason = Some(reason::NO_STORE.into());
+        record.message = Some(format!(
+            "upgrading from {from} to {to} without a snapshot: no SnapshotStore is marked default and spec.snapshots names none, so `tenantplane rollback` has nothing to go back to"
+        ));
+        set(tc, Some(record));
+        return Guard::Proceed;
+    };
+    let name = record.snapshot.clone().unwrap_or_else(|| {
+        format!(
+            "{tenant}-before-{}-{}",
+            to.replace('.', "-"),
+            tc.metadata.generation.unwrap_or_default()
+        )
+    });
+    record.snapshot = Some(name.clone());
+    let snapshots: Api<TenantSnapshot> = Api::namespaced(ctx.client.clone(), &ns);
+    match snapshots.get_opt(&name).await {
+        Err(e) => {
+            record.reason = Some(reason::TAKING_SNAPSHOT.into());
+            record.message = Some(format!(
+                "the upgrade to {to} waits for snapshot {name}: reading it: {}",
+                api_message(&e)
+            ));
+            hold(tc, record)
+        }
+        Ok(None) => {
+            let snapshot: Result<TenantSnapshot, _> = serde_json::from_value(json!({
+                "metadata": {"name": name, "namespace": ns, "labels": {GUARDS_UPGRADE: tenant}},
+                "spec": {"tenantClusterRef": {"name": tenant}, "storeRef": {"name": store}},
+            }));
+            let created = match snapshot {
+                Ok(s) => snapshots
+                    .create(&PostParams::default(), &s)
+                    .await
+                    .map(|_| ())
+                    .map_err(|e| api_message(&e)),
+                Err(e) => Err(e.to_string()),
+            };
+            record.reason = Some(reason::TAKING_SNAPSHOT.into());
+            record.message = Some(match created {
+                Ok(()) => format!(
+                    "taking snapshot {name} into store {store} before upgrading from {from} to {to}"
+                ),
+                Err(e) => {
+                    format!("the upgrade to {to} waits: creating snapshot {name} failed: {e}")
+                }
+            });
+            hold(tc, record)
+        }
+        Ok(Some(snap)) => match snap.phase() {
+            SnapshotPhase::Completed => {
+                record.reason = Some(reason::GUARDED.into());
+                record.message = Some(format!(
+                    "snapshot {name} holds the tenant at {from}; upgrading to {to} (`tenantplane rollback {tenant} -n {ns}` goes back)"
+                ));
+                set(tc, Some(record));
+                Guard::Proceed
+            }
+            SnapshotPhase::Failed => {
+                record.reason = Some(reason::SNAPSHOT_FAILED.into());
+                record.message = Some(format!(
+                    "the upgrade to {to} waits: snapshot {name} failed: {}; delete TenantSnapshot {name} to take it again",
+                    snap.status
+                        .as_ref()
+                        .and_then(|s| s.message.clone())
+                        .unwrap_or_default()
+                ));
+                hold(tc, record)
+            }
+            phase => {
+                record.reason = Some(reason::TAKING_SNAPSHOT.into());
+                record.message = Some(format!(
+                    "the upgrade to {to} waits for snapshot {name} ({phase}) before it starts"
+                ));
+                hold(tc, record)
+            }
+        },
+    }
+}
+
+/// While asleep nothing can be checked or snapshotted: a minor upgrade waits for the wake, the
+/// template kept at the version it runs. The tenant as it is then built (its spec at the running
+/// version, `status.upgrade` saying so), or `None` when nothing is held.
+pub(crate) fn held_while_asleep(tc: &TenantCluster, ctx: &Context) -> Option<TenantCluster> {
+    let ns = tc.namespace().unwrap_or_default();
+    let live = crate::cache::get(
+        &ctx.caches.statefulsets,
+        Some(&ns),
+        &names::statefulset(&tc.name_any()),
+    )?;
+    let from = template_version(&live)?;
+    let to = tc.spec.kubernetes_version.clone();
+    if minor(&from)? >= minor(&to)? {
+        return None;
+    }
+    let mut held = tc.clone();
+    held.spec.kubernetes_version = from.clone();
+    let message = format!(
+        "the upgrade from {from} to {to} waits for the tenant to wake: it is checked for API versions {to} no longer serves, and snapshotted, first"
+    );
+    set(
+        &mut held,
+        Some(UpgradeStatus {
+            from,
+            to,
+            snapshot: None,
+            reason: Some(reason::WAITING_FOR_WAKE.into()),
+            message: Some(message),
+        }),
+    );
+    Some(held)
+}
+
+fn set(tc: &mut TenantCluster, upgrade: Option<UpgradeStatus>) {
+    if let Some(status) = tc.status.as_mut() {
+        status.upgrade = upgrade;
+    } else if upgrade.is_some() {
+        tc.status = Some(tenantplane_api::TenantClusterStatus {
+            upgrade,
+            ..Default::default()
+        });
+    }
+}
+
+/// The version the StatefulSet's template runs (its server image's tag).
+fn template_version(sts: &StatefulSet) -> Option<String> {
+    let spec: PodSpec = sts.spec.as_ref()?.template.spec.clone()?;
+    crate::build::control_plane::running_version(&Pod {
+        spec: Some(spec),
+        ..Default::default()
+    })
+}
+
+/// The minor of `v1.31.4`.
+pub fn minor(version: &str) -> Option<u32> {
+    version
+        .trim_start_matches('v')
+        .split('.')
+        .nth(1)?
+        .parse()
+        .ok()
+}
+
+fn version_pair(version: &str) -> (u32, u32) {
+    let mut parts = version.trim_start_matches('v').split('.');
+    let major = parts.next().and_then(|p| p.parse().ok()).unwrap_or(1);
+    let minor = parts.next().and_then(|p| p.parse().ok()).unwrap_or(0);
+    (major, minor)
+}
+
+/// The store an upgrade's snapshot goes to: the schedule's, else the default; `None` without.
+async fn guarding_store(tc: &TenantCluster, ctx: &Context) -> Result<Option<String>, String> {
+    if let Some(r) = tc
+        .spec
+        .snapshots
+        .as_ref()
+        .and_then(|s| s.store_ref.as_ref())
+    {
+        return Ok(Some(r.name.clone()));
+    }
+    let stores = Api::<SnapshotStore>::all(ctx.client.clone())
+        .list(&ListParams::default())
+        .await
+        .map_err(|e| format!("listing SnapshotStores: {}", api_message(&e)))?;
+    Ok(stores
+        .items
+        .into_iter()
+        .find(|s| s.spec.default)
+        .map(|s| s.name_any()))
+}
+
+/// The tenant's objects of the kinds an upgrade from `from` to `to` stops serving at some
+/// version, read at the version the tenant serves now, and what they were written with.
+async fn scan(
+    tc: &TenantCluster,
+    ctx: &Context,
+    from: (u32, u32),
+    to: (u32, u32),
+) -> Result<Vec<removed_apis::Finding>, String> {
+    let kinds = removed_apis::kinds_between(from, to);
+    if kinds.is_empty() {
+        return Ok(Vec::new());
+    }
+    let client = tenant_client(tc, ctx).await?;
+    let mut objects = Vec::new();
+    for (group, kind) in kinds {
+        // A group or kind the tenant does not serve holds no objects.
+        let Ok(api_group) = kube::discovery::group(&client, group).await else {
+            continue;
+        };
+        let Some((resource, _)) = api_group.recommended_kind(kind) else {
+            continue;
+        };
+        let api: Api<DynamicObject> = Api::all_with(client.clone(), &resource);
+        let list = api
+            .list(&ListParams::default())
+            .await
+            .map_err(|e| format!("listing {kind}: {}", api_message(&e)))?;
+        for item in list.items {
+            let mut value = serde_json::to_value(&item).map_err(|e| e.to_string())?;
+            // List items carry no kind; the evidence reads it.
+            value["kind"] = json!(kind);
+            objects.push(value);
+        }
+    }
+    Ok(removed_apis::scan(objects.iter(), from, to))
+}
+
+/// A client of the tenant's API server, as the operator.
+async fn tenant_client(tc: &TenantCluster, ctx: &Context) -> Result<Client, String> {
+    let ns = tc.namespace().unwrap_or_default();
+    let tenant = tc.name_any();
+    let pod = crate::cache::get(
+        &ctx.caches.pods,
+        Some(&ns),
+        &names::control_plane_pod(&tenant),
+    )
+    .ok_or_else(|| "its control-plane pod is not running".to_string())?;
+    let secret = crate::cache::get(
+        &ctx.caches.secrets,
+        Some(&ns),
+        &names::kubeconfig_secret(&tenant),
+    )
+    .ok_or_else(|| "its kubeconfig Secret is not there yet".to_string())?;
+    let kubeconfig = kubeconfig_text(&secret)?;
+    let connector = &ctx.options.connector;
+    let server = connector.server(&tenant, &ns, &pod)?;
+    connector.client(&kubeconfig, &tenant, &ns, &server).await
+}
+
+fn kubeconfig_text(secret: &Secret) -> Result<String, String> {
+    secret
+        .data
+        .as_ref()
+        .and_then(|d| d.get(names::OPERATOR_KUBECONFIG_KEY))
+        .and_then(|v| String::from_utf8(v.0.clone()).ok())
+        .ok_or_else(|| {
+            format!(
+                "the kubeconfig Secret has no {} key yet",
+                names::OPERATOR_KUBECONFIG_KEY
+            )
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn versions_read_as_pairs_and_minors() {
+        assert_eq!(version_pair("v1.31.4"), (1, 31));
+        assert_eq!(minor("v1.32.0"), Some(32));
+        assert_eq!(minor("bad"), None);
+    }
+}
