@@ -45,6 +45,21 @@ pub struct SnapshotStoreSpec {
     /// TenantCluster's `spec.snapshots` without a `storeRef`). At most one store is the default.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub default: bool,
+
+    /// Encrypt snapshots as they are stored (ChaCha20-Poly1305), with a key kept in the operator's
+    /// namespace. A lost key is a lost snapshot: nothing reads it again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub encryption: Option<StoreEncryption>,
+}
+
+/// A store's snapshot key.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct StoreEncryption {
+    /// The Secret, in the operator's namespace, whose key `key` holds 32 random bytes in base64
+    /// (`head -c 32 /dev/urandom | base64`). Keep a copy elsewhere: snapshots made with it are
+    /// read with it alone.
+    pub key_secret_ref: SecretRef,
 }
 
 /// An S3-compatible bucket.
@@ -185,6 +200,10 @@ pub struct TenantSnapshotStatus {
     /// The Kubernetes version the tenant's API server reported when it was copied.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kubernetes_version: Option<String>,
+
+    /// The store key that encrypted it (a digest of the key, not the key), if it is encrypted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key_id: Option<String>,
 
     /// The tenant's distribution (`k3s` or `kubernetes`) when it was copied.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -900,3 +900,127 @@ async fn an_upgrade_past_removed_api_versions_is_refused_until_accepted() {
         "{upgrade:?}"
     );
 }
+
+#[tokio::test]
+async fn an_encrypted_store_keeps_ciphertext_restores_with_its_key_and_refuses_another() {
+    use base64::Engine;
+    use object_store::ObjectStoreExt;
+    let world = ReadyTenant::start("encrypt").await;
+    let (ns, host, name) = (&world.ns.name, &world.host, &world.name);
+    let endpoint = s3().await.endpoint.clone();
+    let store_name = store(host, ns, &endpoint).await;
+    let key = |byte: u8| base64::engine::general_purpose::STANDARD.encode([byte; 32]);
+    let secrets: Api<Secret> = Api::namespaced(host.clone(), ns);
+    let key_secret: Secret = serde_json::from_value(json!({
+        "metadata": {"name": "snapshot-key", "namespace": ns},
+        "stringData": {"key": key(1)},
+    }))
+    .unwrap();
+    secrets
+        .create(&PostParams::default(), &key_secret)
+        .await
+        .unwrap();
+    Api::<SnapshotStore>::all(host.clone())
+        .patch(
+            &store_name,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(json!({"spec": {"encryption": {
+                "keySecretRef": {"name": "snapshot-key"},
+            }}})),
+        )
+        .await
+        .unwrap();
+    config_map(&world.tenant, "secret-plans", "before").await;
+    let (code, out, err) = tp(&[
+        "snapshot",
+        "create",
+        name,
+        "-n",
+        ns,
+        "--name",
+        "sealed",
+        "--store",
+        &store_name,
+        "--wait",
+    ])
+    .await;
+    assert_eq!(code, 0, "{out}{err}");
+    let snap = snapshot_done(host, ns, "sealed").await;
+    let status = snap.status.unwrap();
+    assert!(status.key_id.is_some(), "{status:?}");
+    // In the bucket: ciphertext, not a database, and none of the tenant's names.
+    let location = status.location.unwrap();
+    let object = location
+        .strip_prefix(&format!("s3://{ns}/"))
+        .unwrap()
+        .to_string();
+    let data = bucket(ns)
+        .get(&object_store::path::Path::from(object))
+        .await
+        .unwrap()
+        .bytes()
+        .await
+        .unwrap();
+    assert!(data.starts_with(tenantplane_controller::snapshot::crypt::MAGIC));
+    assert!(
+        !data
+            .windows(b"secret-plans".len())
+            .any(|w| w == b"secret-plans")
+    );
+    assert!(
+        !data
+            .windows(b"SQLite format".len())
+            .any(|w| w == b"SQLite format")
+    );
+
+    // Restored with its key.
+    Api::<ConfigMap>::namespaced(world.tenant.clone(), "default")
+        .delete("secret-plans", &Default::default())
+        .await
+        .unwrap();
+    let (code, out, err) = tp(&[
+        "restore",
+        name,
+        "-n",
+        ns,
+        "--snapshot",
+        "sealed",
+        "--yes",
+        "--wait",
+        "--timeout",
+        "4m",
+    ])
+    .await;
+    assert_eq!(code, 0, "{out}{err}");
+    let tenant = tenant_client(host, ns, name).await;
+    assert_eq!(
+        config_map_value(&tenant, "secret-plans").await.as_deref(),
+        Some("before")
+    );
+
+    // With another key in the Secret, the restore is refused, saying which key it needs.
+    secrets
+        .patch(
+            "snapshot-key",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(json!({"stringData": {"key": key(2)}})),
+        )
+        .await
+        .unwrap();
+    let (code, out, err) = tp(&[
+        "restore",
+        name,
+        "-n",
+        ns,
+        "--snapshot",
+        "sealed",
+        "--yes",
+        "--wait",
+        "--timeout",
+        "2m",
+    ])
+    .await;
+    assert_eq!(code, 1, "{out}{err}");
+    assert!(err.contains("put the old key back"), "{err}");
+    still_ready(host, ns, name).await;
+}

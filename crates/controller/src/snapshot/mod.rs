@@ -9,6 +9,7 @@
 pub mod agent;
 pub mod agent_client;
 pub mod copy;
+pub mod crypt;
 pub mod restore;
 pub mod schedule;
 pub mod snapshots;
@@ -96,8 +97,24 @@ pub async fn open_store(
         }
     };
     let secret = credentials(client, options, &found).await?;
-    let connected = store::Store::connect(&found.spec, &secret)
+    let mut connected = store::Store::connect(&found.spec, &secret)
         .map_err(|e| format!("SnapshotStore {}: {e}", found.name_any()))?;
+    if let Some(encryption) = &found.spec.encryption {
+        let name = &encryption.key_secret_ref.name;
+        let secret = read_secret(client, options, name).await?;
+        let text = secret
+            .data
+            .as_ref()
+            .and_then(|d| d.get(crypt::KEY))
+            .and_then(|v| String::from_utf8(v.0.clone()).ok())
+            .ok_or_else(|| format!("Secret {name} has no key {:?}", crypt::KEY))?;
+        connected.key = Some(crypt::SnapshotKey::from_base64(&text).map_err(|e| {
+            format!(
+                "SnapshotStore {}'s key in Secret {name}: {e}",
+                found.name_any()
+            )
+        })?);
+    }
     Ok((found, connected))
 }
 
@@ -107,21 +124,31 @@ pub async fn credentials(
     options: &SnapshotOptions,
     found: &SnapshotStore,
 ) -> Result<Secret, String> {
-    let Some(ns) = options.secrets_namespace.as_deref() else {
-        return Err(
-            "the operator does not know its namespace (--operator-namespace, or POD_NAMESPACE), where store credentials are kept".into(),
-        );
-    };
-    let name = &found.spec.credentials_secret_ref.name;
-    Api::<Secret>::namespaced(client.clone(), ns)
-        .get_opt(name)
+    read_secret(client, options, &found.spec.credentials_secret_ref.name)
         .await
-        .map_err(|e| format!("reading Secret {ns}/{name}: {}", api_message(&e)))?
-        .ok_or_else(|| {
+        .map_err(|e| {
             format!(
-                "Secret {ns}/{name} does not exist: create it with the keys {} and {}",
+                "{e} (a store's credentials Secret holds {} and {})",
                 store::ACCESS_KEY_ID,
                 store::SECRET_ACCESS_KEY
             )
         })
+}
+
+/// A Secret of the operator's namespace.
+async fn read_secret(
+    client: &Client,
+    options: &SnapshotOptions,
+    name: &str,
+) -> Result<Secret, String> {
+    let Some(ns) = options.secrets_namespace.as_deref() else {
+        return Err(
+            "the operator does not know its namespace (--operator-namespace, or POD_NAMESPACE), where store credentials and keys are kept".into(),
+        );
+    };
+    Api::<Secret>::namespaced(client.clone(), ns)
+        .get_opt(name)
+        .await
+        .map_err(|e| format!("reading Secret {ns}/{name}: {}", api_message(&e)))?
+        .ok_or_else(|| format!("Secret {ns}/{name} does not exist: create it"))
 }

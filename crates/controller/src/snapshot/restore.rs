@@ -23,6 +23,7 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::Duration;
 
+use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Pod, Secret};
 use kube::api::Api;
 use kube::runtime::events::EventType;
@@ -346,11 +347,51 @@ async fn verify(
             status.size.unwrap_or_default()
         ));
     }
+    if let Some(encryption) = &manifest.encryption {
+        // Decrypted through, with the store's key, to the database's own checksum.
+        let key = readable_with(&store, encryption)?;
+        let mut plain = key.decrypt(store.download(&objects.data).await?);
+        let mut hasher = copy::Hasher::default();
+        let mut plain_size = 0u64;
+        while let Some(chunk) = plain.next().await {
+            let chunk = chunk?;
+            hasher.update(&chunk);
+            plain_size += chunk.len() as u64;
+        }
+        let got = copy::checksum_text(&hasher.finish());
+        if got != encryption.plaintext_checksum || plain_size != encryption.plaintext_size {
+            return Err(format!(
+                "the snapshot decrypts to {plain_size} bytes with {got}, not the {} bytes with {} it was taken with",
+                encryption.plaintext_size, encryption.plaintext_checksum
+            ));
+        }
+    }
     Ok(Checked {
         uid: snap.uid().unwrap_or_default(),
         size,
         checksum: expected,
     })
+}
+
+/// The store's key, if it is the one that encrypted the snapshot.
+fn readable_with<'a>(
+    store: &'a super::store::Store,
+    encryption: &super::store::ManifestEncryption,
+) -> Result<&'a super::crypt::SnapshotKey, String> {
+    let key = store.key.as_ref().ok_or_else(|| {
+        format!(
+            "the snapshot is encrypted (key {}) but its store has no key now: put that key back in the store's spec.encryption",
+            encryption.key_id
+        )
+    })?;
+    if key.id() != encryption.key_id {
+        return Err(format!(
+            "the snapshot was encrypted with key {}, and the store's key now is {}: put the old key back to read it",
+            encryption.key_id,
+            key.id()
+        ));
+    }
+    Ok(key)
 }
 
 /// The minor of a version such as `v1.31.4` (or `v1.31.4+k3s1`).
@@ -500,10 +541,29 @@ async fn transfer(
         name,
         &snap.uid().unwrap_or_default(),
     );
-    let size = status.size.unwrap_or_default() as u64;
-    let bytes = store.download(&objects.data).await?;
-    let sha256 = checksum.trim_start_matches("sha256:");
-    agent_client::upload(address, pki, sha256, size, bytes).await?;
+    let manifest = store.manifest(&objects.manifest).await?;
+    let stored = store.download(&objects.data).await?;
+    // The pod receives the database's own bytes: decrypted here when the store encrypted them.
+    let (bytes, size, sha256) = match &manifest.encryption {
+        Some(encryption) => (
+            readable_with(&store, encryption)?.decrypt(stored),
+            encryption.plaintext_size,
+            encryption.plaintext_checksum.clone(),
+        ),
+        None => (
+            stored,
+            status.size.unwrap_or_default() as u64,
+            checksum.to_string(),
+        ),
+    };
+    agent_client::upload(
+        address,
+        pki,
+        sha256.trim_start_matches("sha256:"),
+        size,
+        bytes,
+    )
+    .await?;
     Ok(size)
 }
 

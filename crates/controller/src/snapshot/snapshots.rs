@@ -231,6 +231,7 @@ async fn reconcile(snap: Arc<TenantSnapshot>, ctx: Arc<Ctx>) -> Result<Action, S
                     size: Some(manifest.size as i64),
                     checksum: Some(manifest.checksum),
                     kubernetes_version: Some(manifest.kubernetes_version),
+                    key_id: manifest.encryption.map(|e| e.key_id),
                     completion_time: Some(now()),
                     message: None,
                     ..status
@@ -300,10 +301,26 @@ async fn take(
     let reported = tenant_version(ctx, tenant, &pod).await?;
     let version = crate::build::control_plane::running_version(&pod).unwrap_or(reported);
     let download = agent_client::download(&address, &pki).await?;
-    let (size, sha256) = store.upload(&objects.data, download.bytes).await?;
-    if size != download.size || !sha256.eq_ignore_ascii_case(&download.sha256) {
+    // What passes is tallied as the database's bytes, then encrypted if the store has a key.
+    let tally = std::sync::Arc::new(Mutex::new((copy::Hasher::default(), 0u64)));
+    let tap = tally.clone();
+    let plain = download.bytes.inspect(move |chunk| {
+        if let Ok(bytes) = chunk {
+            let mut t = tap.lock().unwrap_or_else(|e| e.into_inner());
+            t.0.update(bytes);
+            t.1 += bytes.len() as u64;
+        }
+    });
+    let (size, sha256) = match &store.key {
+        Some(key) => store.upload(&objects.data, key.encrypt(plain)).await?,
+        None => store.upload(&objects.data, plain).await?,
+    };
+    let (hasher, plain_size) =
+        std::mem::take(&mut *tally.lock().unwrap_or_else(|e| e.into_inner()));
+    let plain_sha = hasher.finish();
+    if plain_size != download.size || !plain_sha.eq_ignore_ascii_case(&download.sha256) {
         return Err(format!(
-            "the copy changed on its way: the agent sent {} bytes with sha256:{}, the store received {size} bytes with sha256:{sha256}",
+            "the copy changed on its way: the agent sent {} bytes with sha256:{}, the operator passed on {plain_size} bytes with sha256:{plain_sha}",
             download.size, download.sha256
         ));
     }
@@ -316,6 +333,15 @@ async fn take(
         kubernetes_version: version,
         distribution: tenant.spec.control_plane.distribution.to_string(),
         created: k8s_openapi::jiff::Timestamp::now().to_string(),
+        encryption: store
+            .key
+            .as_ref()
+            .map(|key| super::store::ManifestEncryption {
+                cipher: super::crypt::CIPHER.into(),
+                key_id: key.id(),
+                plaintext_size: plain_size,
+                plaintext_checksum: copy::checksum_text(&plain_sha),
+            }),
     };
     store.put_manifest(&objects.manifest, &manifest).await?;
     Ok(manifest)

@@ -48,6 +48,21 @@ pub struct Manifest {
     pub distribution: String,
     /// RFC 3339.
     pub created: String,
+    /// How it is encrypted, if it is; `size` and `checksum` are then the stored bytes'.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub encryption: Option<ManifestEncryption>,
+}
+
+/// An encrypted snapshot's record of the key and of the plaintext.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ManifestEncryption {
+    pub cipher: String,
+    /// [`super::crypt::SnapshotKey::id`].
+    pub key_id: String,
+    pub plaintext_size: u64,
+    /// `sha256:<hex>` of the database's bytes.
+    pub plaintext_checksum: String,
 }
 
 /// A store's bucket, ready to use.
@@ -56,6 +71,8 @@ pub struct Store {
     s3: Arc<dyn ObjectStore>,
     bucket: String,
     prefix: String,
+    /// The key snapshots are encrypted with, when the store has one.
+    pub key: Option<super::crypt::SnapshotKey>,
 }
 
 impl std::fmt::Debug for Store {
@@ -143,6 +160,7 @@ impl Store {
             s3: Arc::new(built),
             bucket: s3.bucket.clone(),
             prefix,
+            key: None,
         })
     }
 
