@@ -1024,3 +1024,248 @@ async fn an_encrypted_store_keeps_ciphertext_restores_with_its_key_and_refuses_a
     assert!(err.contains("put the old key back"), "{err}");
     still_ready(host, ns, name).await;
 }
+
+/// Fill the tenant's datastore: `count` ConfigMaps of 512 KiB, so a copy takes seconds.
+async fn fill(tenant: &Client, count: usize) {
+    let api: Api<ConfigMap> = Api::namespaced(tenant.clone(), "default");
+    let blob: String = (0..512 * 1024)
+        .map(|i| (b'a' + (i % 26) as u8) as char)
+        .collect();
+    for i in 0..count {
+        let cm: ConfigMap = serde_json::from_value(json!({
+            "metadata": {"name": format!("ballast-{i}"), "namespace": "default"},
+            "data": {"blob": blob},
+        }))
+        .unwrap();
+        api.create(&PostParams::default(), &cm).await.unwrap();
+    }
+}
+
+#[tokio::test]
+async fn an_operator_killed_mid_snapshot_and_mid_restore_completes_them_cleanly() {
+    use common::replica::Replica;
+    use tenantplane_testenv::{install_crds_and_policies, namespace};
+    install_crds_and_policies();
+    let ns = namespace("snapkill").await;
+    let host = ns.client.clone();
+    let name = "dev";
+    // The operator as a cluster runs it (a separate process, so a kill is a kill), and the
+    // store's credentials in its namespace.
+    let (_runtime, runtime_task) = local_runtime_for(&ns);
+    let _runtime_task = AbortOnDrop(runtime_task);
+    let mut operator = Some(Replica::start(&ns, &format!("a-{}", ns.name), &[]));
+    let tenant = TenantSetup::seed().ready_in(&ns).await;
+    let s3 = s3().await;
+    s3.create_bucket(&ns.name).await.unwrap();
+    let operator_ns = tenantplane_testenv::operator::NAMESPACE;
+    let secret_name = format!("store-{}", ns.name);
+    let secret: Secret = serde_json::from_value(json!({
+        "metadata": {"name": secret_name, "namespace": operator_ns},
+        "stringData": {ACCESS_KEY_ID: s3.access_key, SECRET_ACCESS_KEY: s3.secret_key},
+    }))
+    .unwrap();
+    let secrets = Api::<Secret>::namespaced(host.clone(), operator_ns);
+    let _ = secrets.delete(&secret_name, &Default::default()).await;
+    secrets
+        .create(&PostParams::default(), &secret)
+        .await
+        .unwrap();
+    let store: SnapshotStore = serde_json::from_value(json!({
+        "metadata": {"name": ns.name},
+        "spec": {
+            "s3": {"endpoint": s3.endpoint, "bucket": ns.name},
+            "credentialsSecretRef": {"name": secret_name},
+        }
+    }))
+    .unwrap();
+    let stores: Api<SnapshotStore> = Api::all(host.clone());
+    let _ = stores.delete(&ns.name, &Default::default()).await;
+    stores.create(&PostParams::default(), &store).await.unwrap();
+    assert_eq!(availability(&host, &ns.name).await.0, "True");
+    fill(&tenant, 240).await;
+    config_map(&tenant, "marker", "in the snapshot").await;
+
+    // Killed while the snapshot is Running: the next operator takes it again, into the same
+    // objects, and it completes; nothing else is left in the bucket.
+    let snapshots: Api<TenantSnapshot> = Api::namespaced(host.clone(), &ns.name);
+    let snap: TenantSnapshot = serde_json::from_value(json!({
+        "metadata": {"name": "big", "namespace": ns.name},
+        "spec": {"tenantClusterRef": {"name": name}, "storeRef": {"name": ns.name}},
+    }))
+    .unwrap();
+    snapshots
+        .create(&PostParams::default(), &snap)
+        .await
+        .unwrap();
+    let running = eventually(Duration::from_secs(120), || async {
+        let s = snapshots.get("big").await.ok()?;
+        (s.phase() == SnapshotPhase::Running).then_some(())
+    })
+    .await;
+    assert!(running.is_some(), "the snapshot never ran");
+    if let Some(killed) = operator.take() {
+        killed.signal("-KILL");
+    }
+    let during = snapshots.get("big").await.unwrap().phase();
+    eprintln!("operator killed while the snapshot was {during}");
+    let _second = Replica::start(&ns, &format!("b-{}", ns.name), &[]);
+    let done = snapshot_done(&host, &ns.name, "big").await;
+    let status = done.status.clone().unwrap();
+    assert_eq!(done.phase(), SnapshotPhase::Completed, "{status:?}");
+    eprintln!("snapshot: {} bytes", status.size.unwrap_or_default());
+    let listed: Vec<object_store::ObjectMeta> = {
+        use object_store::ObjectStore;
+        bucket(&ns.name).list(None).try_collect().await.unwrap()
+    };
+    let keys: Vec<String> = listed.iter().map(|o| o.location.to_string()).collect();
+    assert_eq!(keys.len(), 2, "{keys:?}");
+
+    // Killed while the restore is under way: the next operator finds where it got to and
+    // finishes it; the tenant holds the snapshot's data, whole.
+    drop(_second);
+    let mut operator = Some(Replica::start(&ns, &format!("c-{}", ns.name), &[]));
+    Api::<ConfigMap>::namespaced(tenant.clone(), "default")
+        .patch(
+            "marker",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(json!({"data": {"value": "after the snapshot"}})),
+        )
+        .await
+        .unwrap();
+    let (code, out, err) = tp(&[
+        "restore",
+        name,
+        "-n",
+        &ns.name,
+        "--snapshot",
+        "big",
+        "--yes",
+    ])
+    .await;
+    assert_eq!(code, 0, "{out}{err}");
+    let tenants: Api<TenantCluster> = Api::namespaced(host.clone(), &ns.name);
+    let restoring = eventually(Duration::from_secs(120), || async {
+        let r = tenants.get(name).await.ok()?.status?.restore?;
+        (r.phase == Some(tenantplane_api::RestorePhase::Restoring)).then_some(r)
+    })
+    .await;
+    assert!(restoring.is_some(), "the restore never began");
+    // Let the pod reach its restore step, so the kill lands while the snapshot is being sent.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    if let Some(killed) = operator.take() {
+        killed.signal("-KILL");
+    }
+    eprintln!(
+        "operator killed during the restore: {:?}",
+        tenants.get(name).await.unwrap().status.unwrap().restore
+    );
+    let _fourth = Replica::start(&ns, &format!("d-{}", ns.name), &[]);
+    let (reason, message) = restored(&host, &ns.name, name, "True").await;
+    assert_eq!(reason, "RestoreCompleted", "{message}");
+    wait_for_phase(&host, &ns.name, name, Phase::Ready).await;
+    let tenant = tenant_client(&host, &ns.name, name).await;
+    assert_eq!(
+        config_map_value(&tenant, "marker").await.as_deref(),
+        Some("in the snapshot")
+    );
+    let ballast = Api::<ConfigMap>::namespaced(tenant.clone(), "default")
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .filter(|c| c.name_any().starts_with("ballast-"))
+        .count();
+    assert_eq!(ballast, 240);
+}
+
+#[tokio::test]
+async fn a_snapshot_taken_under_writes_restores_a_prefix_of_them() {
+    let world = ReadyTenant::start("prefix").await;
+    let (ns, host, name) = (&world.ns.name, &world.host, &world.name);
+    let endpoint = s3().await.endpoint.clone();
+    let store_name = store(host, ns, &endpoint).await;
+    assert_eq!(availability(host, &store_name).await.0, "True");
+    // A client writes numbered ConfigMaps, one after the other, throughout the snapshot.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writer = {
+        let (tenant, stop) = (world.tenant.clone(), stop.clone());
+        tokio::spawn(async move {
+            let api: Api<ConfigMap> = Api::namespaced(tenant, "default");
+            let mut n = 0u32;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let cm: ConfigMap = serde_json::from_value(json!({
+                    "metadata": {"name": format!("write-{n:05}"), "namespace": "default"},
+                    "data": {"n": n.to_string(), "body": "x".repeat(4096 + n as usize % 977)},
+                }))
+                .unwrap();
+                if api.create(&PostParams::default(), &cm).await.is_ok() {
+                    n += 1;
+                }
+            }
+            n
+        })
+    };
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let (code, out, err) = tp(&[
+        "snapshot",
+        "create",
+        name,
+        "-n",
+        ns,
+        "--name",
+        "busy",
+        "--store",
+        &store_name,
+        "--wait",
+    ])
+    .await;
+    assert_eq!(code, 0, "{out}{err}");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let written = writer.await.unwrap();
+    let (code, out, err) = tp(&[
+        "restore",
+        name,
+        "-n",
+        ns,
+        "--snapshot",
+        "busy",
+        "--yes",
+        "--wait",
+        "--timeout",
+        "4m",
+    ])
+    .await;
+    assert_eq!(code, 0, "{out}{err}");
+    let tenant = tenant_client(host, ns, name).await;
+    let items = Api::<ConfigMap>::namespaced(tenant, "default")
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items;
+    let mut held: Vec<u32> = Vec::new();
+    for cm in items.iter().filter(|c| c.name_any().starts_with("write-")) {
+        let data = cm.data.clone().unwrap_or_default();
+        let n: u32 = data["n"].parse().unwrap();
+        assert_eq!(cm.name_any(), format!("write-{n:05}"));
+        assert_eq!(
+            data["body"].len(),
+            4096 + n as usize % 977,
+            "write {n} is torn"
+        );
+        held.push(n);
+    }
+    held.sort();
+    eprintln!("{written} written, {} in the snapshot", held.len());
+    assert!(
+        !held.is_empty() && held.len() < written as usize,
+        "{} of {written}",
+        held.len()
+    );
+    assert_eq!(
+        held,
+        (0..held.len() as u32).collect::<Vec<_>>(),
+        "not a prefix: a gap"
+    );
+}

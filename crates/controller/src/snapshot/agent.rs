@@ -60,8 +60,10 @@ pub fn restored_mark(database: &Path, restore: &str) -> PathBuf {
 
 struct Agent {
     options: AgentOptions,
-    /// One copy at a time: each is a full read of the database.
-    copying: Mutex<()>,
+    /// One copy or restore at a time: each is a full read or write of the database. The guard
+    /// goes with the blocking work, so a request whose client went away still holds it until
+    /// that work ends, and the next waits for it.
+    copying: Arc<Mutex<()>>,
     /// Set once a restore is in place (restore mode ends).
     restored: watch::Sender<bool>,
 }
@@ -114,7 +116,7 @@ pub async fn run(options: AgentOptions) -> Result<(), String> {
     let (restored, mut done) = watch::channel(false);
     let agent = Arc::new(Agent {
         options,
-        copying: Mutex::new(()),
+        copying: Arc::new(Mutex::new(())),
         restored,
     });
     info!(listen = %agent.options.listen, restore = ?agent.options.restore, "snapshot agent serving");
@@ -238,18 +240,17 @@ async fn handle(req: Request<Incoming>, agent: Arc<Agent>) -> Response<Body> {
 }
 
 async fn snapshot(agent: &Agent) -> Response<Body> {
-    let Ok(_one) = agent.copying.try_lock() else {
-        return text(
-            StatusCode::CONFLICT,
-            "a snapshot is being taken already; try again when it is done",
-        );
-    };
+    let one = agent.copying.clone().lock_owned().await;
     let (database, scratch) = (
         agent.options.database.clone(),
         agent.options.scratch.clone(),
     );
     let started = std::time::Instant::now();
-    let made = tokio::task::spawn_blocking(move || copy::backup(&database, &scratch)).await;
+    let made = tokio::task::spawn_blocking(move || {
+        let _one = one;
+        copy::backup(&database, &scratch)
+    })
+    .await;
     let copy = match made {
         Ok(Ok(c)) => c,
         Ok(Err(e)) => return text(StatusCode::INTERNAL_SERVER_ERROR, e),
@@ -356,11 +357,12 @@ async fn abandon(req: Request<Incoming>, agent: &Agent) -> Response<Body> {
         .await
         .map(|b| String::from_utf8_lossy(&b.to_bytes()).trim().to_string())
         .unwrap_or_default();
-    let Ok(_one) = agent.copying.try_lock() else {
-        return text(StatusCode::CONFLICT, "a restore is being received now");
-    };
+    let _one = agent.copying.clone().lock_owned().await;
     let id = agent.options.restore.clone().unwrap_or_default();
     let mark = restored_mark(&agent.options.database, &id);
+    if mark.exists() {
+        return text(StatusCode::CONFLICT, "the restore is in place already");
+    }
     if let Some(dir) = mark.parent() {
         let _ = std::fs::create_dir_all(dir);
     }
@@ -387,10 +389,13 @@ async fn restore(req: Request<Incoming>, agent: &Agent) -> Response<Body> {
             format!("a restore needs the {SHA256_HEADER} header"),
         );
     };
-    let Ok(_one) = agent.copying.try_lock() else {
-        return text(StatusCode::CONFLICT, "a restore is being received already");
-    };
+    // A sender that went away may leave its install running: this one waits for it.
+    let one = agent.copying.clone().lock_owned().await;
     let database = agent.options.database.clone();
+    let id = agent.options.restore.clone().unwrap_or_default();
+    if restored_mark(&database, &id).exists() {
+        return text(StatusCode::OK, "the restore is in place already");
+    }
     let mut incoming = match copy::Incoming::create(&database) {
         Ok(i) => i,
         Err(e) => return text(StatusCode::INTERNAL_SERVER_ERROR, e),
@@ -414,10 +419,10 @@ async fn restore(req: Request<Incoming>, agent: &Agent) -> Response<Body> {
             return text(StatusCode::INTERNAL_SERVER_ERROR, e);
         }
     }
-    let id = agent.options.restore.clone().unwrap_or_default();
     let installed = tokio::task::spawn_blocking({
         let database = database.clone();
         move || {
+            let _one = one;
             let size = incoming.install(&database, &sha)?;
             std::fs::write(restored_mark(&database, &id), sha.as_bytes())
                 .map_err(|e| format!("marking the restore done: {e}"))?;

@@ -93,7 +93,10 @@ pub fn backup(database: &Path, scratch: &Path) -> Result<Copy, String> {
     }
     std::fs::create_dir_all(scratch)
         .map_err(|e| format!("making the scratch folder {}: {e}", scratch.display()))?;
-    let path = scratch.join(format!("snapshot-{}.db", std::process::id()));
+    // A name of its own per copy: a copy whose request went away may still be writing.
+    static COPIES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = COPIES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let path = scratch.join(format!("snapshot-{}-{n}.db", std::process::id()));
     let _ = std::fs::remove_file(&path);
     let result = (|| {
         // Read-write without create: a WAL reader may need to set up the shared-memory index,

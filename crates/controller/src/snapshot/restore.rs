@@ -166,14 +166,27 @@ pub(crate) async fn step(tc: &mut TenantCluster, ctx: &Context) -> Step {
     // from the restored state.
     ctx.syncers.stop(&ns, &tenant);
     let key = tenant_key(tc);
+    // Where it is, in status.restore too (`restore --wait` prints each change).
+    let under_way = |tc: &mut TenantCluster, detail: String| {
+        set(
+            tc,
+            RestoreStatus {
+                message: Some(detail.clone()),
+                ..current.clone()
+            },
+        );
+        Step::Restoring(detail)
+    };
     let done = {
         let mut transfers = ctx.restores.lock();
         match transfers.get(&key) {
             Some(Transfer::Running) => {
-                return Step::Restoring(format!(
+                drop(transfers);
+                let detail = format!(
                     "sending snapshot {} to the control-plane pod",
                     current.snapshot
-                ));
+                );
+                return under_way(tc, detail);
             }
             Some(Transfer::Done(_)) => match transfers.remove(&key) {
                 Some(Transfer::Done(result)) => Some(result),
@@ -186,13 +199,14 @@ pub(crate) async fn step(tc: &mut TenantCluster, ctx: &Context) -> Step {
     let outcome = match done {
         Some(result) => result,
         None => match where_is(tc, ctx, &id).await {
-            Err(detail) => return Step::Restoring(detail),
+            Err(detail) => return under_way(tc, detail),
             Ok(Where::Waiting { address, pki }) => {
                 start_transfer(tc, ctx, &current, address, pki);
-                return Step::Restoring(format!(
+                let detail = format!(
                     "sending snapshot {} to the control-plane pod",
                     current.snapshot
-                ));
+                );
+                return under_way(tc, detail);
             }
             Ok(Where::Finished(result)) => result,
         },
@@ -481,6 +495,7 @@ fn start_transfer(
     let restores = ctx.restores.clone();
     let snapshot = current.snapshot.clone();
     let checksum = current.checksum.clone().unwrap_or_default();
+    let id = current.id.clone().unwrap_or_default();
     tokio::spawn(async move {
         let started = std::time::Instant::now();
         let mut last = String::new();
@@ -496,6 +511,16 @@ fn start_transfer(
                 }
                 Err(e) => {
                     tracing::warn!(%snapshot, attempt, "sending the snapshot failed: {e}");
+                    // An answer lost on the way (the pod put it in place, then went on).
+                    if let Ok(super::agent::RestoreState::Restored(sha)) =
+                        agent_client::restore_state(&address, &pki, &id).await
+                    {
+                        result = Some(Ok(format!(
+                            "the pod put it in place ({})",
+                            copy::checksum_text(&sha)
+                        )));
+                        break;
+                    }
                     last = e;
                     if attempt < ATTEMPTS {
                         tokio::time::sleep(Duration::from_secs(5)).await;
