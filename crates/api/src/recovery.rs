@@ -51,7 +51,8 @@ pub struct SnapshotSchedule {
     /// How many scheduled snapshots to keep (Completed ones; the oldest beyond it are deleted
     /// with their stored objects). Snapshots made by hand or before an upgrade do not count.
     #[serde(default = "default_keep")]
-    #[schemars(range(min = 1, max = 1000))]
+    #[schemars(range(max = 1000))]
+    #[x_kube(validation = crate::rules::at_least_one("snapshots.keep"))]
     pub keep: i32,
 
     /// The store; unset, the store marked `default`.
