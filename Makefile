@@ -33,12 +33,12 @@ bench-sleep: PODS ?= 3
 bench-sleep: testenv
 	N=$(N) PODS=$(PODS) bash testenv/isolated.sh $(CARGO) bench -p tenantplane --locked --bench sleep
 
-## bench-snapshot: one snapshot of a SIZE_MIB MiB (default 1024) kine-shaped database while a
-## writer commits, agent → operator → S3 store (SeaweedFS); prints time, throughput and the peak
-## memory of the agent and of the uploading side
-bench-snapshot: SIZE_MIB ?= 1024
+## bench-snapshot: snapshots of kine-shaped databases of OBJECTS objects (default 1000,10000,50000;
+## or one of SIZE_MIB MiB) while a writer commits, agent → operator → S3 store (SeaweedFS), and
+## their restores; prints times and the peak memory of the agents and of the operator's side
+bench-snapshot: OBJECTS ?= 1000,10000,50000
 bench-snapshot: testenv
-	SIZE_MIB=$(SIZE_MIB) bash testenv/isolated.sh $(CARGO) bench -p tenantplane --locked --bench snapshot
+	OBJECTS=$(OBJECTS) SIZE_MIB=$(SIZE_MIB) bash testenv/isolated.sh $(CARGO) bench -p tenantplane --locked --bench snapshot
 
 ## bench-sync: IDLE pods (default 50) one at a time in an idle tenant ("idle hop" p50/p99), then N
 ## pods (default 1000) spread over TENANTS tenants (default 1, one operator for all) through their

@@ -138,6 +138,9 @@ async fn agent(
     Ok((child, address, pid))
 }
 
+/// How one database of the run is made.
+type Grow = Box<dyn Fn(&Path) -> anyhow::Result<()>>;
+
 /// What one database's snapshot and restore measured.
 struct Figures {
     label: String,
@@ -335,7 +338,7 @@ async fn main() -> anyhow::Result<()> {
     let store = Store::connect(&spec, &secret).map_err(anyhow::Error::msg)?;
 
     let mut figures = Vec::new();
-    let cases: Vec<(String, Box<dyn Fn(&Path) -> anyhow::Result<()>>)> = match size_mib {
+    let cases: Vec<(String, Grow)> = match size_mib {
         Some(mib) => vec![(
             format!("{mib}MiB"),
             Box::new(move |path: &Path| grow(path, mib, started)),
@@ -343,8 +346,7 @@ async fn main() -> anyhow::Result<()> {
         None => counts
             .iter()
             .map(|&n| {
-                let grow: Box<dyn Fn(&Path) -> anyhow::Result<()>> =
-                    Box::new(move |path: &Path| fill(path, n, 3, 2048, started));
+                let grow: Grow = Box::new(move |path: &Path| fill(path, n, 3, 2048, started));
                 (format!("{n}objects"), grow)
             })
             .collect(),

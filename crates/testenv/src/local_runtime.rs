@@ -368,7 +368,16 @@ impl LocalRuntime {
         let front_proxy = pki
             .request_header_ca
             .issue(&Leaf::client("front-proxy-client", &[]))?;
-        let port = free_port()?;
+        // The port this tenant's API server had, while it is free: a restarted control plane
+        // (a wake, a restore) keeps its address, as a cluster keeps the Service's, so a
+        // kubeconfig printed before still works.
+        let port_file = tenant_dir.join("apiserver-port");
+        let port = std::fs::read_to_string(&port_file)
+            .ok()
+            .and_then(|p| p.trim().parse::<u16>().ok())
+            .filter(|p| std::net::TcpListener::bind(("127.0.0.1", *p)).is_ok())
+            .map_or_else(free_port, Ok)?;
+        std::fs::write(&port_file, port.to_string())?;
         crate::local_forward::publish(client, pod, port).await?;
         let server = format!("https://127.0.0.1:{port}");
         let controller_manager_kubeconfig = tenant_dir.join(probes::CLIENT_KUBECONFIG);

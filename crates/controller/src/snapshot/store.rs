@@ -339,6 +339,7 @@ mod tests {
                 name: "creds".into(),
             },
             default: false,
+            encryption: None,
         }
     }
 
