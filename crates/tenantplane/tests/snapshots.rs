@@ -10,7 +10,7 @@ use std::time::Duration;
 use common::*;
 use futures::TryStreamExt;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
-use kube::api::{Api, ListParams, PostParams};
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::json;
 use tenantplane_api::conditions;
@@ -103,6 +103,41 @@ async fn tp(args: &[&str]) -> (i32, String, String) {
     );
     eprintln!("$ tenantplane {}\n{result:?}", args.join(" "));
     result
+}
+
+/// `tenantplane restore NAME -n NS --snapshot S --yes --wait --timeout T`.
+async fn restore_waiting(
+    name: &str,
+    ns: &str,
+    snapshot: &str,
+    timeout: &str,
+) -> (i32, String, String) {
+    tp(&[
+        "restore",
+        name,
+        "-n",
+        ns,
+        "--snapshot",
+        snapshot,
+        "--yes",
+        "--wait",
+        "--timeout",
+        timeout,
+    ])
+    .await
+}
+
+/// `tenantplane snapshot create TENANT -n NS --name N --store S --wait`.
+async fn snapshot_waiting(
+    tenant: &str,
+    ns: &str,
+    name: &str,
+    store: &str,
+) -> (i32, String, String) {
+    tp(&[
+        "snapshot", "create", tenant, "-n", ns, "--name", name, "--store", store, "--wait",
+    ])
+    .await
 }
 
 /// An object store client of the test's own, to look at what the operator wrote.
@@ -373,27 +408,15 @@ async fn a_tenant_rolls_back_in_place_and_the_host_follows_a_corrupt_snapshot_is
         .is_some(),
         "the Service was never copied to the host"
     );
-    let (code, out, err) = tp(&[
-        "snapshot",
-        "create",
-        name,
-        "-n",
-        ns,
-        "--name",
-        "good",
-        "--store",
-        &store_name,
-        "--wait",
-    ])
-    .await;
+    let (code, out, err) = snapshot_waiting(name, ns, "good", &store_name).await;
     assert_eq!(code, 0, "{out}{err}");
 
     // What happens after it: the ConfigMap changes, the first Service goes, a second comes.
     Api::<ConfigMap>::namespaced(tenant.clone(), "default")
         .patch(
             "settings",
-            &kube::api::PatchParams::default(),
-            &kube::api::Patch::Merge(json!({"data": {"value": "after"}})),
+            &PatchParams::default(),
+            &Patch::Merge(json!({"data": {"value": "after"}})),
         )
         .await
         .unwrap();
@@ -419,19 +442,7 @@ async fn a_tenant_rolls_back_in_place_and_the_host_follows_a_corrupt_snapshot_is
 
     // A corrupt copy: the stored bytes changed behind the operator's back. Refused before
     // anything is touched; the tenant runs on with its current data, its pod not restarted.
-    let (code, out, err) = tp(&[
-        "snapshot",
-        "create",
-        name,
-        "-n",
-        ns,
-        "--name",
-        "damaged",
-        "--store",
-        &store_name,
-        "--wait",
-    ])
-    .await;
+    let (code, out, err) = snapshot_waiting(name, ns, "damaged", &store_name).await;
     assert_eq!(code, 0, "{out}{err}");
     let damaged = snapshot_done(host, ns, "damaged").await;
     let location = damaged.status.unwrap().location.unwrap();
@@ -460,19 +471,7 @@ async fn a_tenant_rolls_back_in_place_and_the_host_follows_a_corrupt_snapshot_is
             .uid()
     };
     let pod_before = pod_uid(host.clone(), ns.clone(), name.clone()).await;
-    let (code, out, err) = tp(&[
-        "restore",
-        name,
-        "-n",
-        ns,
-        "--snapshot",
-        "damaged",
-        "--yes",
-        "--wait",
-        "--timeout",
-        "2m",
-    ])
-    .await;
+    let (code, out, err) = restore_waiting(name, ns, "damaged", "2m").await;
     assert_eq!(code, 1, "{out}{err}");
     assert!(err.contains("corrupt"), "{err}");
     let (reason, message) = restored(host, ns, name, "False").await;
@@ -492,19 +491,7 @@ async fn a_tenant_rolls_back_in_place_and_the_host_follows_a_corrupt_snapshot_is
     );
 
     // The good one: the CLI waits through the restore, step by step.
-    let (code, out, err) = tp(&[
-        "restore",
-        name,
-        "-n",
-        ns,
-        "--snapshot",
-        "good",
-        "--yes",
-        "--wait",
-        "--timeout",
-        "4m",
-    ])
-    .await;
+    let (code, out, err) = restore_waiting(name, ns, "good", "4m").await;
     assert_eq!(code, 0, "{out}{err}");
     assert!(out.contains("restored and Ready after"), "{out}");
     assert!(out.contains("Restoring"), "{out}");
@@ -547,19 +534,7 @@ async fn a_new_tenant_is_built_from_the_snapshot_of_one_that_is_gone() {
     let store_name = store(host, ns, &endpoint).await;
     assert_eq!(availability(host, &store_name).await.0, "True");
     config_map(&world.tenant, "carried", "over").await;
-    let (code, out, err) = tp(&[
-        "snapshot",
-        "create",
-        name,
-        "-n",
-        ns,
-        "--name",
-        "keep",
-        "--store",
-        &store_name,
-        "--wait",
-    ])
-    .await;
+    let (code, out, err) = snapshot_waiting(name, ns, "keep", &store_name).await;
     assert_eq!(code, 0, "{out}{err}");
 
     // The tenant goes; its snapshot stays.
@@ -616,8 +591,8 @@ async fn a_schedule_takes_snapshots_and_keeps_the_newest() {
     let refused = tenants
         .patch(
             name,
-            &kube::api::PatchParams::default(),
-            &kube::api::Patch::Merge(json!({"spec": {"snapshots": {"schedule": "every day"}}})),
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"snapshots": {"schedule": "every day"}}})),
         )
         .await
         .unwrap_err();
@@ -629,8 +604,8 @@ async fn a_schedule_takes_snapshots_and_keeps_the_newest() {
     tenants
         .patch(
             name,
-            &kube::api::PatchParams::default(),
-            &kube::api::Patch::Merge(json!({"spec": {"snapshots": {
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"snapshots": {
                 "schedule": "*/10 * * * * *", "keep": 2, "storeRef": {"name": store_name},
             }}})),
         )
@@ -713,8 +688,8 @@ async fn an_upgrade_is_snapshotted_first_and_rolls_back() {
     tenants
         .patch(
             name,
-            &kube::api::PatchParams::default(),
-            &kube::api::Patch::Merge(json!({"spec": {"snapshots": {
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"snapshots": {
                 "schedule": "0 0 1 1 *", "keep": 1, "storeRef": {"name": store_name},
             }}})),
         )
@@ -726,8 +701,8 @@ async fn an_upgrade_is_snapshotted_first_and_rolls_back() {
     tenants
         .patch(
             name,
-            &kube::api::PatchParams::default(),
-            &kube::api::Patch::Merge(json!({"spec": {"kubernetesVersion": "v1.31.0"}})),
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"kubernetesVersion": "v1.31.0"}})),
         )
         .await
         .unwrap();
@@ -765,8 +740,8 @@ async fn an_upgrade_is_snapshotted_first_and_rolls_back() {
     Api::<ConfigMap>::namespaced(tenant.clone(), "default")
         .patch(
             "state",
-            &kube::api::PatchParams::default(),
-            &kube::api::Patch::Merge(json!({"data": {"value": "v1.31"}})),
+            &PatchParams::default(),
+            &Patch::Merge(json!({"data": {"value": "v1.31"}})),
         )
         .await
         .unwrap();
@@ -800,8 +775,8 @@ async fn an_upgrade_is_snapshotted_first_and_rolls_back() {
     let refused = tenants
         .patch(
             name,
-            &kube::api::PatchParams::default(),
-            &kube::api::Patch::Merge(json!({"spec": {"kubernetesVersion": "v1.30.0"}})),
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"kubernetesVersion": "v1.30.0"}})),
         )
         .await
         .unwrap_err();
@@ -846,8 +821,8 @@ async fn an_upgrade_past_removed_api_versions_is_refused_until_accepted() {
     tenants
         .patch(
             name,
-            &kube::api::PatchParams::default(),
-            &kube::api::Patch::Merge(json!({"spec": {"kubernetesVersion": "v1.32.0"}})),
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"kubernetesVersion": "v1.32.0"}})),
         )
         .await
         .unwrap();
@@ -878,8 +853,8 @@ async fn an_upgrade_past_removed_api_versions_is_refused_until_accepted() {
     tenants
         .patch(
             name,
-            &kube::api::PatchParams::default(),
-            &kube::api::Patch::Merge(json!({"metadata": {"annotations": {
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"annotations": {
                 "tenantplane.io/accept-removed-apis": "v1.32",
             }}})),
         )
@@ -923,27 +898,15 @@ async fn an_encrypted_store_keeps_ciphertext_restores_with_its_key_and_refuses_a
     Api::<SnapshotStore>::all(host.clone())
         .patch(
             &store_name,
-            &kube::api::PatchParams::default(),
-            &kube::api::Patch::Merge(json!({"spec": {"encryption": {
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"encryption": {
                 "keySecretRef": {"name": "snapshot-key"},
             }}})),
         )
         .await
         .unwrap();
     config_map(&world.tenant, "secret-plans", "before").await;
-    let (code, out, err) = tp(&[
-        "snapshot",
-        "create",
-        name,
-        "-n",
-        ns,
-        "--name",
-        "sealed",
-        "--store",
-        &store_name,
-        "--wait",
-    ])
-    .await;
+    let (code, out, err) = snapshot_waiting(name, ns, "sealed", &store_name).await;
     assert_eq!(code, 0, "{out}{err}");
     let snap = snapshot_done(host, ns, "sealed").await;
     let status = snap.status.unwrap();
@@ -978,19 +941,7 @@ async fn an_encrypted_store_keeps_ciphertext_restores_with_its_key_and_refuses_a
         .delete("secret-plans", &Default::default())
         .await
         .unwrap();
-    let (code, out, err) = tp(&[
-        "restore",
-        name,
-        "-n",
-        ns,
-        "--snapshot",
-        "sealed",
-        "--yes",
-        "--wait",
-        "--timeout",
-        "4m",
-    ])
-    .await;
+    let (code, out, err) = restore_waiting(name, ns, "sealed", "4m").await;
     assert_eq!(code, 0, "{out}{err}");
     let tenant = tenant_client(host, ns, name).await;
     assert_eq!(
@@ -1002,24 +953,12 @@ async fn an_encrypted_store_keeps_ciphertext_restores_with_its_key_and_refuses_a
     secrets
         .patch(
             "snapshot-key",
-            &kube::api::PatchParams::default(),
-            &kube::api::Patch::Merge(json!({"stringData": {"key": key(2)}})),
+            &PatchParams::default(),
+            &Patch::Merge(json!({"stringData": {"key": key(2)}})),
         )
         .await
         .unwrap();
-    let (code, out, err) = tp(&[
-        "restore",
-        name,
-        "-n",
-        ns,
-        "--snapshot",
-        "sealed",
-        "--yes",
-        "--wait",
-        "--timeout",
-        "2m",
-    ])
-    .await;
+    let (code, out, err) = restore_waiting(name, ns, "sealed", "2m").await;
     assert_eq!(code, 1, "{out}{err}");
     assert!(err.contains("put the old key back"), "{err}");
     still_ready(host, ns, name).await;
@@ -1127,8 +1066,8 @@ async fn an_operator_killed_mid_snapshot_and_mid_restore_completes_them_cleanly(
     Api::<ConfigMap>::namespaced(tenant.clone(), "default")
         .patch(
             "marker",
-            &kube::api::PatchParams::default(),
-            &kube::api::Patch::Merge(json!({"data": {"value": "after the snapshot"}})),
+            &PatchParams::default(),
+            &Patch::Merge(json!({"data": {"value": "after the snapshot"}})),
         )
         .await
         .unwrap();
@@ -1207,36 +1146,12 @@ async fn a_snapshot_taken_under_writes_restores_a_prefix_of_them() {
         })
     };
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let (code, out, err) = tp(&[
-        "snapshot",
-        "create",
-        name,
-        "-n",
-        ns,
-        "--name",
-        "busy",
-        "--store",
-        &store_name,
-        "--wait",
-    ])
-    .await;
+    let (code, out, err) = snapshot_waiting(name, ns, "busy", &store_name).await;
     assert_eq!(code, 0, "{out}{err}");
     tokio::time::sleep(Duration::from_secs(1)).await;
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let written = writer.await.unwrap();
-    let (code, out, err) = tp(&[
-        "restore",
-        name,
-        "-n",
-        ns,
-        "--snapshot",
-        "busy",
-        "--yes",
-        "--wait",
-        "--timeout",
-        "4m",
-    ])
-    .await;
+    let (code, out, err) = restore_waiting(name, ns, "busy", "4m").await;
     assert_eq!(code, 0, "{out}{err}");
     let tenant = tenant_client(host, ns, name).await;
     let items = Api::<ConfigMap>::namespaced(tenant, "default")

@@ -90,6 +90,24 @@ async fn connect(
     Ok(sender)
 }
 
+/// Send `request` and wait at most `within` for the answer's head.
+async fn send_within(
+    sender: &mut hyper::client::conn::http1::SendRequest<super::agent::Body>,
+    request: Request<super::agent::Body>,
+    within: Duration,
+    what: &str,
+) -> Result<http::Response<hyper::body::Incoming>, String> {
+    tokio::time::timeout(within, sender.send_request(request))
+        .await
+        .map_err(|_| {
+            format!(
+                "the snapshot agent did not answer within {}s",
+                within.as_secs()
+            )
+        })?
+        .map_err(|e| format!("{what}: {e}"))
+}
+
 /// What the agent said when it refused: its body, which says why.
 async fn refusal(status: StatusCode, body: hyper::body::Incoming) -> String {
     let text = body
@@ -109,15 +127,13 @@ pub async fn download(address: &str, pki: &TenantPki) -> Result<Download, String
         .header(http::header::HOST, SERVER_NAME)
         .body(Empty::new().map_err(|never| match never {}).boxed_unsync())
         .map_err(|e| e.to_string())?;
-    let response = tokio::time::timeout(ANSWER_WITHIN, sender.send_request(request))
-        .await
-        .map_err(|_| {
-            format!(
-                "the snapshot agent did not answer within {}s",
-                ANSWER_WITHIN.as_secs()
-            )
-        })?
-        .map_err(|e| format!("asking the snapshot agent for a copy: {e}"))?;
+    let response = send_within(
+        &mut sender,
+        request,
+        ANSWER_WITHIN,
+        "asking the snapshot agent for a copy",
+    )
+    .await?;
     let (parts, body) = response.into_parts();
     if parts.status != StatusCode::OK {
         return Err(refusal(parts.status, body).await);
@@ -195,15 +211,8 @@ async fn ask(
                 .boxed_unsync(),
         )
         .map_err(|e| e.to_string())?;
-    let response = tokio::time::timeout(CONNECT_WITHIN, sender.send_request(request))
-        .await
-        .map_err(|_| {
-            format!(
-                "the snapshot agent at {address} did not answer within {}s",
-                CONNECT_WITHIN.as_secs()
-            )
-        })?
-        .map_err(|e| format!("asking the snapshot agent at {address}: {e}"))?;
+    let what = format!("asking the snapshot agent at {address}");
+    let response = send_within(&mut sender, request, CONNECT_WITHIN, &what).await?;
     let (parts, body) = response.into_parts();
     let text = body
         .collect()

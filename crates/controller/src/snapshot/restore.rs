@@ -339,12 +339,7 @@ async fn verify(
         super::open_store(&ctx.client, &ctx.options.snapshots, status.store.as_deref())
             .await
             .map_err(|e| format!("the snapshot's store: {e}"))?;
-    let objects = store.objects(
-        snapshot_ns,
-        &snap.spec.tenant_cluster_ref.name,
-        name,
-        &snap.uid().unwrap_or_default(),
-    );
+    let objects = store.objects_of(&snap);
     let manifest = store.manifest(&objects.manifest).await?;
     let expected = status.checksum.clone().unwrap_or_default();
     if manifest.checksum != expected {
@@ -408,15 +403,7 @@ fn readable_with<'a>(
     Ok(key)
 }
 
-/// The minor of a version such as `v1.31.4` (or `v1.31.4+k3s1`).
-fn minor(version: &str) -> Option<u32> {
-    version
-        .trim_start_matches('v')
-        .split('.')
-        .nth(1)?
-        .parse()
-        .ok()
-}
+use crate::upgrade::minor;
 
 enum Where {
     /// The pod's init container waits for the snapshot at `address`.
@@ -560,12 +547,7 @@ async fn transfer(
         .map_err(|e| format!("reading TenantSnapshot {snapshot}: {}", api_message(&e)))?;
     let status = snap.status.clone().unwrap_or_default();
     let (_, store) = super::open_store(client, options, status.store.as_deref()).await?;
-    let objects = store.objects(
-        snapshot_ns,
-        &snap.spec.tenant_cluster_ref.name,
-        name,
-        &snap.uid().unwrap_or_default(),
-    );
+    let objects = store.objects_of(&snap);
     let manifest = store.manifest(&objects.manifest).await?;
     let stored = store.download(&objects.data).await?;
     // The pod receives the database's own bytes: decrypted here when the store encrypted them.

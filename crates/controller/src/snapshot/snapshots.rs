@@ -355,17 +355,7 @@ async fn tenant_version(ctx: &Ctx, tenant: &TenantCluster, pod: &Pod) -> Result<
         .get(&names::kubeconfig_secret(&name))
         .await
         .map_err(|e| format!("reading the kubeconfig Secret: {}", api_message(&e)))?;
-    let kubeconfig = secret
-        .data
-        .as_ref()
-        .and_then(|d| d.get(names::OPERATOR_KUBECONFIG_KEY))
-        .and_then(|v| String::from_utf8(v.0.clone()).ok())
-        .ok_or_else(|| {
-            format!(
-                "the kubeconfig Secret has no {} key yet",
-                names::OPERATOR_KUBECONFIG_KEY
-            )
-        })?;
+    let kubeconfig = crate::kubeconfig::operator_text(&secret)?;
     let server = ctx.connector.server(&name, &ns, pod)?;
     let client = ctx
         .connector
@@ -404,12 +394,7 @@ async fn delete(
     {
         let removed = async {
             let (_, store) = super::open_store(&ctx.client, &ctx.options, Some(store_name)).await?;
-            let objects = store.objects(
-                &snap.namespace().unwrap_or_default(),
-                &snap.spec.tenant_cluster_ref.name,
-                &snap.name_any(),
-                &snap.uid().unwrap_or_default(),
-            );
+            let objects = store.objects_of(snap);
             store.delete(&objects.data).await?;
             store.delete(&objects.manifest).await
         }

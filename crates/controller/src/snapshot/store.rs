@@ -173,6 +173,17 @@ impl Store {
         }
     }
 
+    /// Where TenantSnapshot `snap`'s objects are.
+    pub fn objects_of(&self, snap: &tenantplane_api::TenantSnapshot) -> Objects {
+        use kube::ResourceExt;
+        self.objects(
+            &snap.namespace().unwrap_or_default(),
+            &snap.spec.tenant_cluster_ref.name,
+            &snap.name_any(),
+            &snap.uid().unwrap_or_default(),
+        )
+    }
+
     /// `s3://<bucket>/<key>`, as a status shows an object.
     pub fn location(&self, object: &ObjectPath) -> String {
         format!("s3://{}/{object}", self.bucket)

@@ -15,7 +15,7 @@
 pub mod removed_apis;
 
 use k8s_openapi::api::apps::v1::StatefulSet;
-use k8s_openapi::api::core::v1::{Pod, PodSpec, Secret};
+use k8s_openapi::api::core::v1::{Pod, PodSpec};
 use kube::api::{Api, DynamicObject, ListParams, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::json;
@@ -359,24 +359,10 @@ async fn tenant_client(tc: &TenantCluster, ctx: &Context) -> Result<Client, Stri
         &names::kubeconfig_secret(&tenant),
     )
     .ok_or_else(|| "its kubeconfig Secret is not there yet".to_string())?;
-    let kubeconfig = kubeconfig_text(&secret)?;
+    let kubeconfig = crate::kubeconfig::operator_text(&secret)?;
     let connector = &ctx.options.connector;
     let server = connector.server(&tenant, &ns, &pod)?;
     connector.client(&kubeconfig, &tenant, &ns, &server).await
-}
-
-fn kubeconfig_text(secret: &Secret) -> Result<String, String> {
-    secret
-        .data
-        .as_ref()
-        .and_then(|d| d.get(names::OPERATOR_KUBECONFIG_KEY))
-        .and_then(|v| String::from_utf8(v.0.clone()).ok())
-        .ok_or_else(|| {
-            format!(
-                "the kubeconfig Secret has no {} key yet",
-                names::OPERATOR_KUBECONFIG_KEY
-            )
-        })
 }
 
 #[cfg(test)]
