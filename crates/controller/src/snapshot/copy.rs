@@ -66,6 +66,37 @@ impl Hasher {
     }
 }
 
+/// Bytes counted and hashed as they pass through a stream: tap the stream, drain it, then take
+/// the size and SHA-256 (hex).
+#[derive(Clone, Default)]
+pub struct Tally(std::sync::Arc<std::sync::Mutex<(Hasher, u64)>>);
+
+impl Tally {
+    pub fn tap<S, E>(
+        &self,
+        stream: S,
+    ) -> impl futures::Stream<Item = Result<bytes::Bytes, E>> + use<S, E>
+    where
+        S: futures::Stream<Item = Result<bytes::Bytes, E>>,
+    {
+        use futures::StreamExt;
+        let tally = self.0.clone();
+        stream.inspect(move |chunk| {
+            if let Ok(bytes) = chunk {
+                let mut t = tally.lock().unwrap_or_else(|e| e.into_inner());
+                t.0.update(bytes);
+                t.1 += bytes.len() as u64;
+            }
+        })
+    }
+
+    /// The size and SHA-256 (hex) of what passed (the tally starts again).
+    pub fn take(&self) -> (u64, String) {
+        let (hasher, size) = std::mem::take(&mut *self.0.lock().unwrap_or_else(|e| e.into_inner()));
+        (size, hasher.finish())
+    }
+}
+
 /// The SHA-256 and size of a file, read in blocks.
 pub fn hash_file(path: &Path) -> Result<(u64, String), String> {
     let mut file =

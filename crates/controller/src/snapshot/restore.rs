@@ -348,7 +348,20 @@ async fn verify(
             manifest.checksum
         ));
     }
-    let (size, sha256) = store.hash(&objects.data).await?;
+    // One read of the stored object: its own bytes hashed, and, encrypted, decrypted through
+    // (with the store's key) to the database's checksum.
+    let (stored, plain) = (copy::Tally::default(), copy::Tally::default());
+    let bytes = stored.tap(store.download(&objects.data).await?).boxed();
+    let mut drained = match &manifest.encryption {
+        Some(encryption) => plain
+            .tap(readable_with(&store, encryption)?.decrypt(bytes))
+            .boxed(),
+        None => bytes,
+    };
+    while let Some(chunk) = drained.next().await {
+        chunk?;
+    }
+    let (size, sha256) = stored.take();
     if copy::checksum_text(&sha256) != expected || status.size.is_some_and(|s| s as u64 != size) {
         return Err(format!(
             "the stored object {} is corrupt: it has {size} bytes with sha256:{sha256}, the snapshot says {} bytes with {expected}",
@@ -357,17 +370,8 @@ async fn verify(
         ));
     }
     if let Some(encryption) = &manifest.encryption {
-        // Decrypted through, with the store's key, to the database's own checksum.
-        let key = readable_with(&store, encryption)?;
-        let mut plain = key.decrypt(store.download(&objects.data).await?);
-        let mut hasher = copy::Hasher::default();
-        let mut plain_size = 0u64;
-        while let Some(chunk) = plain.next().await {
-            let chunk = chunk?;
-            hasher.update(&chunk);
-            plain_size += chunk.len() as u64;
-        }
-        let got = copy::checksum_text(&hasher.finish());
+        let (plain_size, plain_sha) = plain.take();
+        let got = copy::checksum_text(&plain_sha);
         if got != encryption.plaintext_checksum || plain_size != encryption.plaintext_size {
             return Err(format!(
                 "the snapshot decrypts to {plain_size} bytes with {got}, not the {} bytes with {} it was taken with",

@@ -302,22 +302,13 @@ async fn take(
     let version = crate::build::control_plane::running_version(&pod).unwrap_or(reported);
     let download = agent_client::download(&address, &pki).await?;
     // What passes is tallied as the database's bytes, then encrypted if the store has a key.
-    let tally = std::sync::Arc::new(Mutex::new((copy::Hasher::default(), 0u64)));
-    let tap = tally.clone();
-    let plain = download.bytes.inspect(move |chunk| {
-        if let Ok(bytes) = chunk {
-            let mut t = tap.lock().unwrap_or_else(|e| e.into_inner());
-            t.0.update(bytes);
-            t.1 += bytes.len() as u64;
-        }
-    });
+    let tally = copy::Tally::default();
+    let plain = Box::pin(tally.tap(download.bytes));
     let (size, sha256) = match &store.key {
         Some(key) => store.upload(&objects.data, key.encrypt(plain)).await?,
         None => store.upload(&objects.data, plain).await?,
     };
-    let (hasher, plain_size) =
-        std::mem::take(&mut *tally.lock().unwrap_or_else(|e| e.into_inner()));
-    let plain_sha = hasher.finish();
+    let (plain_size, plain_sha) = tally.take();
     if plain_size != download.size || !plain_sha.eq_ignore_ascii_case(&download.sha256) {
         return Err(format!(
             "the copy changed on its way: the agent sent {} bytes with sha256:{}, the operator passed on {plain_size} bytes with sha256:{plain_sha}",

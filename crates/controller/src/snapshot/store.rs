@@ -304,20 +304,6 @@ impl Store {
             .boxed())
     }
 
-    /// Read an object through, for its size and SHA-256 (hex): a restore checks the bytes before
-    /// it touches anything.
-    pub async fn hash(&self, object: &ObjectPath) -> Result<(u64, String), String> {
-        let mut bytes = self.download(object).await?;
-        let mut hasher = Hasher::default();
-        let mut size = 0u64;
-        while let Some(chunk) = bytes.next().await {
-            let chunk = chunk?;
-            hasher.update(&chunk);
-            size += chunk.len() as u64;
-        }
-        Ok((size, hasher.finish()))
-    }
-
     /// Delete an object; one already gone is fine.
     pub async fn delete(&self, object: &ObjectPath) -> Result<(), String> {
         match self.s3.delete(object).await {
