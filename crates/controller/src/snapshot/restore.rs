@@ -19,46 +19,21 @@
 //! A transfer that fails three times gives the restore up: an existing tenant goes on with the
 //! data it had, a new one waits for another `spec.restore`.
 
-use std::collections::HashMap;
-use std::sync::Mutex;
-use std::time::Duration;
-
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{Pod, Secret};
+use kube::ResourceExt;
 use kube::api::Api;
 use kube::runtime::events::EventType;
-use kube::{Client, ResourceExt};
 use tenantplane_api::{
     Phase, RestorePhase, RestoreStatus, SnapshotPhase, TenantCluster, TenantSnapshot,
 };
 
-use super::{SnapshotOptions, agent_client, copy};
-use crate::context::{Context, TenantKey, now, tenant_key};
+use super::copy;
+use crate::context::{Context, now, tenant_key};
 use crate::error_text::api_message;
-use crate::names;
-use crate::tenant_pki::TenantPki;
 
 /// The annotation on a TenantSnapshot that lets TenantClusters of other namespaces restore it:
 /// a comma-separated list of namespaces.
 pub const RESTORE_TO: &str = "tenantplane.io/restore-to";
-
-/// How often a transfer is tried before the restore is given up.
-const ATTEMPTS: u32 = 3;
-
-/// Transfers under way in this process, by tenant; their result once done.
-#[derive(Default)]
-pub struct Transfers(Mutex<HashMap<TenantKey, Transfer>>);
-
-enum Transfer {
-    Running,
-    Done(Result<String, String>),
-}
-
-impl Transfers {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<TenantKey, Transfer>> {
-        self.0.lock().unwrap_or_else(|e| e.into_inner())
-    }
-}
 
 /// What the reconcile does about restores.
 pub(crate) enum Step {
@@ -387,7 +362,7 @@ async fn verify(
 }
 
 /// The store's key, if it is the one that encrypted the snapshot.
-fn readable_with<'a>(
+pub(super) fn readable_with<'a>(
     store: &'a super::store::Store,
     encryption: &super::store::ManifestEncryption,
 ) -> Result<&'a super::crypt::SnapshotKey, String> {
@@ -409,175 +384,9 @@ fn readable_with<'a>(
 
 use crate::upgrade::minor;
 
-enum Where {
-    /// The pod's init container waits for the snapshot at `address`.
-    Waiting {
-        address: String,
-        pki: Box<TenantPki>,
-    },
-    /// The pod's agent says how it ended.
-    Finished(Result<String, String>),
-}
-
-/// Where restore `id` stands in the control-plane pod; an error says what it waits for.
-async fn where_is(tc: &TenantCluster, ctx: &Context, id: &str) -> Result<Where, String> {
-    let ns = tc.namespace().unwrap_or_default();
-    let tenant = tc.name_any();
-    let pod_name = names::control_plane_pod(&tenant);
-    let pod = Api::<Pod>::namespaced(ctx.client.clone(), &ns)
-        .get_opt(&pod_name)
-        .await
-        .map_err(|e| format!("reading pod {pod_name}: {}", api_message(&e)))?;
-    let Some(pod) = pod.filter(|p| p.metadata.deletion_timestamp.is_none()) else {
-        return Err(format!(
-            "waiting for pod {pod_name} to start with the restore"
-        ));
-    };
-    if crate::build::agent::pending_restore(&pod).as_deref() != Some(id) {
-        return Err(format!(
-            "waiting for pod {pod_name} to be replaced by one that carries the restore"
-        ));
-    }
-    let address = ctx
-        .options
-        .connector
-        .agent_address(&tenant, &pod)
-        .map_err(|e| format!("waiting for the pod's restore step: {e}"))?;
-    let pki = pki(&ctx.client, &ns, &tenant).await?;
-    match agent_client::restore_state(&address, &pki, id).await {
-        Err(e) => Err(format!("waiting for the pod's restore step: {e}")),
-        Ok(super::agent::RestoreState::Waiting) => Ok(Where::Waiting {
-            address,
-            pki: Box::new(pki),
-        }),
-        Ok(super::agent::RestoreState::Restored(sha)) => Ok(Where::Finished(Ok(format!(
-            "the pod put it in place ({})",
-            copy::checksum_text(&sha)
-        )))),
-        Ok(super::agent::RestoreState::Abandoned(why)) => Ok(Where::Finished(Err(why))),
-        Ok(super::agent::RestoreState::Unknown) => Err(format!(
-            "waiting for pod {pod_name}'s restore step to start"
-        )),
-    }
-}
-
-async fn pki(client: &Client, ns: &str, tenant: &str) -> Result<TenantPki, String> {
-    let secret = Api::<Secret>::namespaced(client.clone(), ns)
-        .get(&names::pki_secret(tenant))
-        .await
-        .map_err(|e| format!("reading the tenant's PKI Secret: {}", api_message(&e)))?;
-    TenantPki::from_secret_data(&secret.data.unwrap_or_default())
-        .map_err(|e| format!("the tenant's PKI Secret: {e}"))
-}
-
-/// Send the snapshot to the waiting pod in a task; its result waits in `ctx.restores` for the
-/// next reconcile.
-fn start_transfer(
-    tc: &TenantCluster,
-    ctx: &Context,
-    current: &RestoreStatus,
-    address: String,
-    pki: Box<TenantPki>,
-) {
-    let key = tenant_key(tc);
-    ctx.restores.lock().insert(key.clone(), Transfer::Running);
-    let client = ctx.client.clone();
-    let options = ctx.options.snapshots.clone();
-    let restores = ctx.restores.clone();
-    let snapshot = current.snapshot.clone();
-    let checksum = current.checksum.clone().unwrap_or_default();
-    let id = current.id.clone().unwrap_or_default();
-    tokio::spawn(async move {
-        let started = std::time::Instant::now();
-        let mut last = String::new();
-        let mut result = None;
-        for attempt in 1..=ATTEMPTS {
-            match transfer(&client, &options, &snapshot, &checksum, &address, &pki).await {
-                Ok(size) => {
-                    result = Some(Ok(format!(
-                        "{size} bytes in {:.1}s",
-                        started.elapsed().as_secs_f64()
-                    )));
-                    break;
-                }
-                Err(e) => {
-                    tracing::warn!(%snapshot, attempt, "sending the snapshot failed: {e}");
-                    // An answer lost on the way (the pod put it in place, then went on).
-                    if let Ok(super::agent::RestoreState::Restored(sha)) =
-                        agent_client::restore_state(&address, &pki, &id).await
-                    {
-                        result = Some(Ok(format!(
-                            "the pod put it in place ({})",
-                            copy::checksum_text(&sha)
-                        )));
-                        break;
-                    }
-                    last = e;
-                    if attempt < ATTEMPTS {
-                        tokio::time::sleep(Duration::from_secs(5)).await;
-                    }
-                }
-            }
-        }
-        let result = match result {
-            Some(r) => r,
-            None => {
-                let why = format!("{ATTEMPTS} attempts to send it failed; the last: {last}");
-                // The pod goes on with the data it had (none, for a new tenant, whose status
-                // says the control plane waits: its init container is not released).
-                if let Err(e) = agent_client::abandon(&address, &pki, &why).await {
-                    tracing::warn!("giving the restore up: {e}");
-                }
-                Err(why)
-            }
-        };
-        restores.lock().insert(key, Transfer::Done(result));
-    });
-}
-
-/// One transfer: the stored object streamed to the agent, which checks it against `checksum`.
-async fn transfer(
-    client: &Client,
-    options: &SnapshotOptions,
-    snapshot: &str,
-    checksum: &str,
-    address: &str,
-    pki: &TenantPki,
-) -> Result<u64, String> {
-    let (snapshot_ns, name) = snapshot.split_once('/').unwrap_or(("", snapshot));
-    let snap = Api::<TenantSnapshot>::namespaced(client.clone(), snapshot_ns)
-        .get(name)
-        .await
-        .map_err(|e| format!("reading TenantSnapshot {snapshot}: {}", api_message(&e)))?;
-    let status = snap.status.clone().unwrap_or_default();
-    let (_, store) = super::open_store(client, options, status.store.as_deref()).await?;
-    let objects = store.objects_of(&snap);
-    let manifest = store.manifest(&objects.manifest).await?;
-    let stored = store.download(&objects.data).await?;
-    // The pod receives the database's own bytes: decrypted here when the store encrypted them.
-    let (bytes, size, sha256) = match &manifest.encryption {
-        Some(encryption) => (
-            readable_with(&store, encryption)?.decrypt(stored),
-            encryption.plaintext_size,
-            encryption.plaintext_checksum.clone(),
-        ),
-        None => (
-            stored,
-            status.size.unwrap_or_default() as u64,
-            checksum.to_string(),
-        ),
-    };
-    agent_client::upload(
-        address,
-        pki,
-        sha256.trim_start_matches("sha256:"),
-        size,
-        bytes,
-    )
-    .await?;
-    Ok(size)
-}
-
+mod transfer;
+pub use transfer::Transfers;
+use transfer::{Transfer, Where, start_transfer, where_is};
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -593,7 +402,7 @@ mod tests {
 
     #[test]
     fn the_running_version_is_the_servers_image_tag() {
-        let pod = |name: &str, image: &str| -> Pod {
+        let pod = |name: &str, image: &str| -> k8s_openapi::api::core::v1::Pod {
             serde_json::from_value(serde_json::json!({
                 "spec": {"containers": [
                     {"name": "snapshot-agent", "image": "tenantplane/tenantplane:v0.1.0"},
