@@ -341,7 +341,14 @@ async fn a_tenant_api_server_that_goes_away_degrades_and_recovers() {
     example_ready(ns).await;
 
     assert!(operator.runtime.crash_api_server(&ns.name, "dev-0"));
-    let tc = wait_for_phase(c, &ns.name, "dev", Phase::Degraded).await;
+    // The syncer's watches can fail first (Degraded by SyncFailed, Ready still True); the
+    // reconcile that finds the API server gone says Ready False.
+    let tc = wait_for_status(c, &ns.name, "dev", "read Degraded with Ready False", |s| {
+        s.phase == Some(Phase::Degraded)
+            && tenantplane_api::conditions::find(&s.conditions, READY)
+                .is_some_and(|r| r.status == "False")
+    })
+    .await;
     let ready = condition(&tc, READY);
     assert_eq!(ready.status, "False");
     assert!(
