@@ -13,11 +13,12 @@
 #   curl, netcat-openbsd, bash
 #                     the agnhost image's userland as upstream's Dockerfile installs it (the
 #                     suite's Service specs run `curl`, `nc -z -w` and `bash -c` in agnhost pods)
+#   binutils          strip, for the operator's image testenv/agent-image.sh packs
 #
 # Downloaded, never installed (installing would start a web server on the machine), unpacked by
 # testenv/images.sh into the nginx images: nginx, nginx-common (into the cache's testenv/debs).
 set -euo pipefail
-PACKAGES=(nftables iptables conntrack libseccomp-dev pkg-config busybox-static iproute2 bind9-dnsutils curl netcat-openbsd bash)
+PACKAGES=(nftables iptables conntrack libseccomp-dev pkg-config busybox-static iproute2 bind9-dnsutils curl netcat-openbsd bash binutils)
 DOWNLOADED=(nginx nginx-common)
 
 # The downloaded ones first: they need no root.

@@ -3,9 +3,9 @@
 //	registry build --layout DIR --name REF --layer TAR [--entrypoint A,B] [--cmd A,B] [--user U]
 //	               [--workdir D] [--env K=V]...
 //	    adds one linux image (one layer, the given config) to the OCI layout DIR under the name REF
-//	registry serve --address HOST:PORT --layout DIR [--blobs DIR]
-//	    serves go-containerregistry's registry on HOST:PORT, loaded with every image of DIR under
-//	    its name, and prints "ready" once they are all there
+//	registry serve --address HOST:PORT --layout DIR [--layout DIR]... [--blobs DIR]
+//	    serves go-containerregistry's registry on HOST:PORT, loaded with every image of each DIR
+//	    under its name, and prints "ready" once they are all there
 //
 // An image named registry.k8s.io/pause:3.10.2 is stored as the repository registry.k8s.io/pause,
 // so the name stays whole. containerd, told by hosts.toml to use this registry as a mirror, asks
@@ -133,7 +133,8 @@ func withNamespace(h http.Handler) http.Handler {
 func serve(args []string) error {
 	fs := flag.NewFlagSet("serve", flag.ExitOnError)
 	address := fs.String("address", "127.0.0.1:0", "where to listen")
-	dir := fs.String("layout", "", "OCI layout whose images are loaded at start")
+	var dirs list
+	fs.Var(&dirs, "layout", "OCI layout whose images are loaded at start (repeatable)")
 	blobs := fs.String("blobs", "", "keep blobs in this folder instead of memory")
 	_ = fs.Parse(args)
 	opts := []registry.Option{registry.Logger(log.New(os.Stderr, "registry: ", 0))}
@@ -146,12 +147,12 @@ func serve(args []string) error {
 	}
 	go func() { log.Fatal(http.Serve(ln, withNamespace(registry.New(opts...)))) }()
 	host := ln.Addr().String()
-	if *dir != "" {
-		n, err := load(*dir, host)
+	for _, dir := range dirs {
+		n, err := load(dir, host)
 		if err != nil {
 			return err
 		}
-		log.Printf("loaded %d images from %s", n, *dir)
+		log.Printf("loaded %d images from %s", n, dir)
 	}
 	fmt.Printf("ready %s\n", host)
 	select {}

@@ -5,6 +5,8 @@
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{ContainerStatus, Pod};
 
+use crate::build::agent;
+
 /// Waiting reasons of a container whose image the node cannot get.
 const IMAGE_PULL_REASONS: &[&str] = &[
     "ErrImagePull",
@@ -77,6 +79,9 @@ fn last_failure(c: &ContainerStatus) -> Option<String> {
     })
 }
 
+/// What to check when the snapshot agent's image cannot be pulled.
+const AGENT_PULL_ADVICE: &str = "the snapshot agent runs from the operator's own image: check that it is published under the name the operator's --agent-image gives and that the node can pull it";
+
 /// What to check when an image of `distribution` cannot be pulled.
 pub fn pull_advice(distribution: tenantplane_api::Distribution) -> &'static str {
     match distribution {
@@ -109,6 +114,13 @@ pub fn failing(
             .is_some_and(|r| IMAGE_PULL_REASONS.contains(&r))
         {
             let image = if c.image.is_empty() { image } else { &c.image };
+            // The snapshot agent's image is the operator's, whatever the distribution.
+            let advice = if [agent::CONTAINER, agent::RESTORE_CONTAINER].contains(&c.name.as_str())
+            {
+                AGENT_PULL_ADVICE
+            } else {
+                advice
+            };
             return Some((
                 "ImagePullFailed",
                 format!(
@@ -232,6 +244,16 @@ mod tests {
         assert!(message.contains("cannot pull image rancher/k3s:v1.99.0-k3s1 (ImagePullBackOff: Back-off pulling image"), "{message}");
         assert!(message.contains("kubernetesVersion v1.99.0"), "{message}");
         assert!(message.contains("spec.controlPlane.image"), "{message}");
+        // The agent's image is the operator's: its own advice, whichever the distribution.
+        let p = pod(json!({"phase": "Pending", "containerStatuses": [{
+            "name": agent::CONTAINER, "ready": false, "restartCount": 0,
+            "image": "tenantplane/tenantplane:0.1.0", "imageID": "",
+            "state": {"waiting": {"reason": "ErrImagePull", "message": "not found"}},
+        }]}));
+        let advice = pull_advice(tenantplane_api::Distribution::Kubernetes);
+        let (_, message) = failing(&p, "ignored", "v1.36.3", advice).unwrap();
+        assert!(message.contains("--agent-image"), "{message}");
+        assert!(!message.contains("--kine-image"), "{message}");
     }
 
     #[test]

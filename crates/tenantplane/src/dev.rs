@@ -154,11 +154,16 @@ async fn run_here(state_dir: PathBuf, nodes: Nodes) -> anyhow::Result<()> {
             }
         },
     );
+    // This binary is each control plane's snapshot agent: a process beside a control plane the
+    // local runtime stands in for, the operator's image on the real node.
+    let agent = std::env::current_exe().context("locating this binary")?;
+    let serve_agent = agent.clone();
     let plane = tokio::task::spawn_blocking(move || {
         ControlPlane::start(Options {
             dir: Some(cluster_dir),
             progress: true,
             nodes,
+            agent: Some(serve_agent),
         })
     })
     .await??;
@@ -202,11 +207,7 @@ async fn run_here(state_dir: PathBuf, nodes: Nodes) -> anyhow::Result<()> {
     ));
     let (_runtime, runtime_task) = local_runtime::start(
         client.clone(),
-        // This binary is each control plane's snapshot agent.
-        plane
-            .binaries()
-            .clone()
-            .with_agent(std::env::current_exe().context("locating this binary")?),
+        plane.binaries().clone().with_agent(agent),
         state_dir.join("runtime"),
         None,
     );

@@ -7,6 +7,7 @@ mod common;
 
 use std::time::Duration;
 
+use common::snapshots::*;
 use common::*;
 use futures::TryStreamExt;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
@@ -14,145 +15,9 @@ use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::json;
 use tenantplane_api::conditions;
-use tenantplane_api::snapshot::STORE_AVAILABLE;
 use tenantplane_api::{Phase, SnapshotPhase, SnapshotStore, TenantCluster, TenantSnapshot};
 use tenantplane_controller::snapshot::store::{ACCESS_KEY_ID, SECRET_ACCESS_KEY};
-use tenantplane_testenv::s3::S3Server;
-use tenantplane_testenv::{eventually, shared};
-use tokio::sync::OnceCell;
-
-/// One store for the whole test binary; each test has a bucket of its own.
-static S3: OnceCell<S3Server> = OnceCell::const_new();
-
-async fn s3() -> &'static S3Server {
-    S3.get_or_init(|| async {
-        S3Server::start(shared().binaries(), &shared().dir().join("s3"))
-            .await
-            .unwrap_or_else(|e| panic!("starting the S3 store: {e}"))
-    })
-    .await
-}
-
-/// A SnapshotStore named after the test's namespace, for a bucket of its own at `endpoint`,
-/// with its credentials in the namespace (the test operator's "own" namespace).
-async fn store(host: &Client, ns: &str, endpoint: &str) -> String {
-    let s3 = s3().await;
-    s3.create_bucket(ns).await.unwrap();
-    let secret: Secret = serde_json::from_value(json!({
-        "metadata": {"name": "snapshot-store", "namespace": ns},
-        "stringData": {ACCESS_KEY_ID: s3.access_key, SECRET_ACCESS_KEY: s3.secret_key},
-    }))
-    .unwrap();
-    Api::<Secret>::namespaced(host.clone(), ns)
-        .create(&PostParams::default(), &secret)
-        .await
-        .unwrap();
-    let store: SnapshotStore = serde_json::from_value(json!({
-        "metadata": {"name": ns},
-        "spec": {
-            "s3": {"endpoint": endpoint, "bucket": ns, "prefix": "tenants/"},
-            "credentialsSecretRef": {"name": "snapshot-store"},
-        }
-    }))
-    .unwrap();
-    let stores: Api<SnapshotStore> = Api::all(host.clone());
-    let _ = stores.delete(ns, &Default::default()).await;
-    stores.create(&PostParams::default(), &store).await.unwrap();
-    ns.to_string()
-}
-
-/// The store's Available condition once the operator has checked it: (status, message).
-async fn availability(host: &Client, name: &str) -> (String, String) {
-    let stores: Api<SnapshotStore> = Api::all(host.clone());
-    eventually(WAIT, || async {
-        let s = stores.get(name).await.ok()?;
-        let c = conditions::find(&s.status?.conditions, STORE_AVAILABLE)?.clone();
-        Some((c.status, c.message))
-    })
-    .await
-    .unwrap_or_else(|| panic!("SnapshotStore {name} was never checked"))
-}
-
-async fn snapshot_done(host: &Client, ns: &str, name: &str) -> TenantSnapshot {
-    let api: Api<TenantSnapshot> = Api::namespaced(host.clone(), ns);
-    eventually(Duration::from_secs(180), || async {
-        let s = api.get(name).await.ok()?;
-        matches!(s.phase(), SnapshotPhase::Completed | SnapshotPhase::Failed).then_some(s)
-    })
-    .await
-    .unwrap_or_else(|| panic!("TenantSnapshot {name} never finished"))
-}
-
-async fn still_ready(host: &Client, ns: &str, name: &str) {
-    let tc: TenantCluster = Api::namespaced(host.clone(), ns).get(name).await.unwrap();
-    assert_eq!(tc.status.unwrap().phase, Some(Phase::Ready));
-}
-
-/// `tenantplane args…` against the test control plane: (exit code, stdout, stderr).
-async fn tp(args: &[&str]) -> (i32, String, String) {
-    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_tenantplane"))
-        .args(args)
-        .env("KUBECONFIG", shared().kubeconfig_path())
-        .output()
-        .await
-        .unwrap();
-    let result = (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    );
-    eprintln!("$ tenantplane {}\n{result:?}", args.join(" "));
-    result
-}
-
-/// `tenantplane restore NAME -n NS --snapshot S --yes --wait --timeout T`.
-async fn restore_waiting(
-    name: &str,
-    ns: &str,
-    snapshot: &str,
-    timeout: &str,
-) -> (i32, String, String) {
-    tp(&[
-        "restore",
-        name,
-        "-n",
-        ns,
-        "--snapshot",
-        snapshot,
-        "--yes",
-        "--wait",
-        "--timeout",
-        timeout,
-    ])
-    .await
-}
-
-/// `tenantplane snapshot create TENANT -n NS --name N --store S --wait`.
-async fn snapshot_waiting(
-    tenant: &str,
-    ns: &str,
-    name: &str,
-    store: &str,
-) -> (i32, String, String) {
-    tp(&[
-        "snapshot", "create", tenant, "-n", ns, "--name", name, "--store", store, "--wait",
-    ])
-    .await
-}
-
-/// An object store client of the test's own, to look at what the operator wrote.
-fn bucket(bucket: &str) -> object_store::aws::AmazonS3 {
-    let s3 = S3.get().unwrap();
-    object_store::aws::AmazonS3Builder::new()
-        .with_endpoint(&s3.endpoint)
-        .with_bucket_name(bucket)
-        .with_region("us-east-1")
-        .with_access_key_id(&s3.access_key)
-        .with_secret_access_key(&s3.secret_key)
-        .with_allow_http(true)
-        .build()
-        .unwrap()
-}
+use tenantplane_testenv::eventually;
 
 #[tokio::test]
 async fn a_running_tenant_is_snapshotted_into_the_store_listed_and_deleted_with_its_objects() {

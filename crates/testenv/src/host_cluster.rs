@@ -101,6 +101,9 @@ pub struct Options {
     pub progress: bool,
     /// Simulated or real nodes.
     pub nodes: Nodes,
+    /// The `tenantplane` binary whose image a real node serves as the operator's (the snapshot
+    /// agent of a control-plane pod the node runs); none, and such a pod cannot pull its agent.
+    pub agent: Option<PathBuf>,
 }
 
 impl ControlPlane {
@@ -113,7 +116,10 @@ impl ControlPlane {
                 eprintln!("testenv: {what} ({:.1}s)", started.elapsed().as_secs_f64());
             }
         };
-        let binaries = Binaries::locate()?;
+        let mut binaries = Binaries::locate()?;
+        if let Some(agent) = &options.agent {
+            binaries = binaries.with_agent(agent.clone());
+        }
         let (dir, keep_dir) = match &options.dir {
             Some(d) => (d.clone(), true),
             None => (

@@ -30,5 +30,5 @@ pub use error::{Error, Result};
 pub use host_cluster::{ControlPlane, Nodes, Options};
 pub use shared::{
     TestNamespace, eventually, install_crds_and_policies, kubectl, namespace, real_node_room,
-    repo_path, shared, use_real_nodes, wait_for_crds,
+    repo_path, serve_agent_from, shared, use_real_nodes, wait_for_crds,
 };

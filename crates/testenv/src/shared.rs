@@ -13,6 +13,7 @@ use crate::process;
 
 static SHARED: OnceLock<Result<ControlPlane, String>> = OnceLock::new();
 static NODES: OnceLock<Nodes> = OnceLock::new();
+static AGENT: OnceLock<std::path::PathBuf> = OnceLock::new();
 
 /// How many tenants a test binary runs on its one real node at once. The node has the machine's
 /// 2 cores, and every tenant's CoreDNS asks 100m of them (as upstream's does) beside the test's
@@ -45,6 +46,12 @@ pub fn use_real_nodes() {
     );
 }
 
+/// The `tenantplane` binary the real node serves as the operator's image (the control planes'
+/// snapshot agent), for a binary that calls it before its plane starts (see [`Options::agent`]).
+pub fn serve_agent_from(tenantplane: impl Into<std::path::PathBuf>) {
+    let _ = AGENT.set(tenantplane.into());
+}
+
 /// The control plane of this test binary, started on first use and stopped when the binary exits.
 /// Panics (this is for tests) with the reason and the components' logs when it cannot start.
 pub fn shared() -> &'static ControlPlane {
@@ -54,6 +61,7 @@ pub fn shared() -> &'static ControlPlane {
             dir: None,
             progress,
             nodes: *NODES.get_or_init(Nodes::default),
+            agent: AGENT.get().cloned(),
         })
         .map_err(|e| e.to_string())?;
         process::remove_at_exit(plane.dir());

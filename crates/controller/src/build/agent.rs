@@ -170,24 +170,54 @@ mod tests {
     }
 
     #[test]
-    fn in_the_test_world_only_pods_the_local_runtime_stands_in_for_get_the_agent() {
+    fn a_restore_is_in_place_before_the_datastore_opens_it() {
+        for mut tc in [tenant(), kubernetes_tenant()] {
+            let restore = serde_json::json!({"restore": {"snapshot": "team/first", "id": "r-1"}});
+            tc.status = Some(serde_json::from_value(restore).unwrap());
+            let spec = pod(&tc, &BuildOptions::default());
+            let init: Vec<&Container> = spec.init_containers.iter().flatten().collect();
+            let at = init
+                .iter()
+                .position(|c| c.name == RESTORE_CONTAINER)
+                .unwrap_or_else(|| panic!("no restore step in {init:?}"));
+            assert_eq!(
+                pending_restore(&k8s_openapi::api::core::v1::Pod {
+                    spec: Some(spec.clone()),
+                    ..Default::default()
+                })
+                .as_deref(),
+                Some("r-1")
+            );
+            // No sidecar (kine in a `kubernetes` pod) starts before it: one that had opened the
+            // old file would go on with it.
+            assert!(
+                init[..at]
+                    .iter()
+                    .all(|c| c.restart_policy.as_deref() != Some("Always")),
+                "{:?}",
+                init.iter().map(|c| &c.name).collect::<Vec<_>>()
+            );
+            let kine_first = init.iter().position(|c| c.name == "kine");
+            assert!(kine_first.is_none_or(|k| k > at));
+        }
+    }
+
+    #[test]
+    fn the_local_runtime_keeps_the_agent_for_pods_the_real_node_runs() {
+        // A pod the local runtime stands in for runs the agent as a process of this build; one
+        // the real node runs pulls the operator's image (the test world builds it).
         let options = BuildOptions {
             local_runtime: true,
             ..Default::default()
         };
-        assert!(
-            pod(&tenant(), &options)
-                .containers
-                .iter()
-                .any(|c| c.name == CONTAINER)
-        );
-        assert!(
-            pod(&kubernetes_tenant(), &options)
-                .containers
-                .iter()
-                .all(|c| c.name != CONTAINER),
-            "the real node has no image of the operator"
-        );
+        for tc in [tenant(), kubernetes_tenant()] {
+            assert!(
+                pod(&tc, &options)
+                    .containers
+                    .iter()
+                    .any(|c| c.name == CONTAINER)
+            );
+        }
     }
 
     #[test]

@@ -127,16 +127,12 @@ pub fn running_version(pod: &k8s_openapi::api::core::v1::Pod) -> Option<String> 
     .then(|| version.to_string())
 }
 
-/// The snapshot agent's image for tenant `tc`'s pod, if it runs one. With the local runtime (tests,
-/// the dev cluster), a pod it stands in for runs the agent as a process of this build; a pod a
-/// real node runs would need the operator's image, which the test world's registry does not
-/// hold, so it gets none.
-pub fn agent_image<'a>(tc: &TenantCluster, options: &'a BuildOptions) -> Option<&'a str> {
-    let local = options.local_runtime && tc.spec.control_plane.distribution == Distribution::K3s;
-    options
-        .agent_image
-        .as_deref()
-        .filter(|_| local || !options.local_runtime)
+/// The snapshot agent's image for a control-plane pod, if it runs one: the operator's own. With
+/// the local runtime (tests, the dev cluster), a pod it stands in for runs the agent as a process
+/// of this build instead, and a pod the real node runs pulls the image the test world builds from
+/// this binary (testenv/agent-image.sh).
+pub fn agent_image(options: &BuildOptions) -> Option<&str> {
+    options.agent_image.as_deref()
 }
 
 /// The StatefulSet of tenant `tc`'s control plane. Its pod passes Pod Security `restricted`:
@@ -161,18 +157,24 @@ pub fn desired_statefulset(
     // The local runtime stands in for k3s only; a `kubernetes` pod runs on a real node as written.
     let local = options.local_runtime && distribution == Distribution::K3s;
     let mut init_containers = init_containers;
-    if let Some(image) = agent_image(tc, options) {
+    if let Some(image) = agent_image(options) {
         let (agent, scratch) = super::agent::container(image);
         containers.push(agent);
         volumes.push(scratch);
         // A restore accepted for this tenant: the pod puts it in place before kine starts (once;
-        // the mark it leaves lets later starts go straight on).
+        // the mark it leaves lets later starts go straight on). Before the first sidecar, then:
+        // in a `kubernetes` pod kine is one, started in order with the init containers, and a
+        // kine already running would keep the file the restore replaces open.
         if let Some(id) = tc
             .status
             .as_ref()
             .and_then(|s| s.restore.as_ref()?.id.as_deref())
         {
-            init_containers.push(super::agent::restore_container(image, id));
+            let first_sidecar = init_containers
+                .iter()
+                .position(|c| c.restart_policy.as_deref() == Some("Always"))
+                .unwrap_or(init_containers.len());
+            init_containers.insert(first_sidecar, super::agent::restore_container(image, id));
         }
     }
     let mut pod_labels = names::labels(&tenant);

@@ -113,6 +113,10 @@ pub async fn run(options: AgentOptions) -> Result<(), String> {
             let _ = std::fs::remove_file(entry.path());
         }
     }
+    // As PID 1 of its container, the agent would never see SIGTERM without a handler: the pod's
+    // every stop (an upgrade, a restore, sleep, delete) would wait out its grace period for it.
+    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .map_err(|e| format!("handling SIGTERM: {e}"))?;
     let (restored, mut done) = watch::channel(false);
     let agent = Arc::new(Agent {
         options,
@@ -141,6 +145,13 @@ pub async fn run(options: AgentOptions) -> Result<(), String> {
                 };
                 let (acceptor, agent) = (acceptor.clone(), agent.clone());
                 tokio::spawn(async move { serve_connection(tcp, peer, acceptor, agent).await });
+            }
+            _ = terminate.recv() => {
+                // The copy or restore under way finishes its file work first (a restore's
+                // rename is then whole), within the pod's grace period.
+                let _quiet = agent.copying.clone().lock_owned().await;
+                info!("SIGTERM: stopping");
+                return Ok(());
             }
             _ = done.wait_for(|d| *d) => {
                 // Let the answer reach the operator before the process ends.

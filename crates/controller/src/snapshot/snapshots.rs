@@ -284,7 +284,7 @@ async fn take(
         .map_err(|e| format!("reading the control-plane pod: {}", api_message(&e)))?;
     if !crate::build::agent::runs_in(&pod) {
         return Err(format!(
-            "the control-plane pod {} runs no snapshot agent: the operator made it without one (no --agent-image; in the dev cluster and the tests, a pod the real node runs, whose registry holds no operator image)",
+            "the control-plane pod {} runs no snapshot agent: the operator made it without one (no --agent-image)",
             pod.name_any()
         ));
     }

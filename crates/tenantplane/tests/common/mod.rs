@@ -19,6 +19,7 @@ use tenantplane_testenv::{
 };
 
 pub mod replica;
+pub mod snapshots;
 
 pub const WAIT: Duration = Duration::from_secs(90);
 

@@ -16,7 +16,7 @@ use tenantplane_testenv::binaries::kubernetes_versions;
 
 /// The seed tenant with the `kubernetes` distribution at `version`, Ready, with the operator's
 /// kubelet endpoint, on this binary's real node.
-async fn kubernetes_tenant(prefix: &str, version: &str) -> ReadyTenant {
+pub(crate) async fn kubernetes_tenant(prefix: &str, version: &str) -> ReadyTenant {
     use_real_nodes();
     let version = version.to_string();
     TestHost::start_with_kubelet(prefix)
@@ -29,7 +29,7 @@ async fn kubernetes_tenant(prefix: &str, version: &str) -> ReadyTenant {
 }
 
 /// The tenant's control-plane pod on the host.
-async fn control_plane_pod(world: &ReadyTenant) -> Pod {
+pub(crate) async fn control_plane_pod(world: &ReadyTenant) -> Pod {
     find_control_plane_pod(world)
         .await
         .expect("the control-plane pod")
@@ -77,7 +77,7 @@ fn kill_container_process(pod: &Pod, name: &str) -> bool {
 }
 
 /// Wait until the TenantCluster is Ready again after `what`, its pod Ready with the new run.
-async fn ready_again(world: &ReadyTenant, what: &str) -> TenantCluster {
+pub(crate) async fn ready_again(world: &ReadyTenant, what: &str) -> TenantCluster {
     let api = Api::<TenantCluster>::namespaced(world.host.clone(), &world.ns.name);
     let ready = eventually(Duration::from_secs(300), || async {
         let tc = api.get(&world.name).await.ok()?;
@@ -100,7 +100,7 @@ async fn ready_again(world: &ReadyTenant, what: &str) -> TenantCluster {
 }
 
 /// Write ConfigMap `default/name` in the tenant, its `written` key holding `text`.
-async fn write_config_map(tenant: &Client, name: &str, text: &str) -> ConfigMap {
+pub(crate) async fn write_config_map(tenant: &Client, name: &str, text: &str) -> ConfigMap {
     let map: ConfigMap = serde_json::from_value(serde_json::json!({
         "metadata": {"name": name}, "data": {"written": text}
     }))
@@ -132,7 +132,8 @@ async fn a_kubernetes_tenant_runs_as_written_and_walks_its_lifecycle() {
     );
     assert!(!pod.labels().contains_key(names::LABEL_RUNTIME));
     // The datastore's folder, then kine and the API server as sidecars, then the controller
-    // manager: it started once, after the API server was live (no exit on a first start).
+    // manager: it started once, after the API server was live (no exit on a first start); and
+    // the snapshot agent, from the operator's image.
     let images: Vec<&str> = spec
         .init_containers
         .iter()
@@ -147,9 +148,15 @@ async fn a_kubernetes_tenant_runs_as_written_and_walks_its_lifecycle() {
             names::DEFAULT_KINE_IMAGE.to_string(),
             format!("registry.k8s.io/kube-apiserver:{current}"),
             format!("registry.k8s.io/kube-controller-manager:{current}"),
+            names::DEFAULT_AGENT_IMAGE.to_string(),
         ]
     );
-    for name in ["kine", "kube-apiserver", "kube-controller-manager"] {
+    for name in [
+        "kine",
+        "kube-apiserver",
+        "kube-controller-manager",
+        "snapshot-agent",
+    ] {
         let status = container(&pod, name).unwrap();
         assert!(status.ready || name == "kine", "{name}: {status:?}");
         assert!(status.state.as_ref().unwrap().running.is_some(), "{name}");

@@ -16,6 +16,7 @@ mod network_policy;
 mod probes;
 mod run;
 mod services;
+mod snapshot;
 mod wake;
 
 use std::path::{Path, PathBuf};
@@ -27,11 +28,18 @@ use kube::api::{Api, PostParams};
 use kube::{Client, Resource};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
-use tenantplane_testenv::{eventually, shared, use_real_nodes};
+use tenantplane_testenv::{eventually, shared};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
 use tokio::process::{Child, ChildStdout, Command};
 
 use common::{ReadyTenant, TenantSetup, TestHost, WAIT, control_plane_report};
+
+/// This binary's control plane runs a real node, whose registry serves this test build of
+/// `tenantplane` as the operator's image (the snapshot agent of a `kubernetes` tenant's pod).
+pub fn use_real_nodes() {
+    tenantplane_testenv::serve_agent_from(env!("CARGO_BIN_EXE_tenantplane"));
+    tenantplane_testenv::use_real_nodes();
+}
 
 /// The seed tenant, Ready, with the operator's kubelet endpoint, on this binary's real node.
 pub async fn real_tenant(prefix: &str) -> ReadyTenant {

@@ -126,12 +126,34 @@ pub(super) fn prepare_network() -> Result<()> {
     Ok(())
 }
 
-/// The images' OCI layout, built by `testenv/images.sh` (cached; seconds when nothing changed).
-fn images(binaries: &crate::Binaries) -> Result<PathBuf> {
-    let script = crate::repo_path("testenv/images.sh");
+/// The images' OCI layouts: the test world's, built by `testenv/images.sh`, and the operator's own
+/// image (which holds the snapshot agent) from the `tenantplane` binary the runtime runs, built by
+/// `testenv/agent-image.sh` (both cached; seconds when nothing changed).
+fn images(binaries: &crate::Binaries) -> Result<Vec<PathBuf>> {
+    let mut layouts = vec![layout_from(
+        "testenv/images.sh",
+        &[binaries.dir().as_os_str()],
+    )?];
+    if let Some(agent) = binaries.agent() {
+        let image = tenantplane_controller::names::DEFAULT_AGENT_IMAGE;
+        layouts.push(layout_from(
+            "testenv/agent-image.sh",
+            &[
+                binaries.dir().as_os_str(),
+                agent.as_os_str(),
+                std::ffi::OsStr::new(image),
+            ],
+        )?);
+    }
+    Ok(layouts)
+}
+
+/// Run image script `script` with `args`: the layout folder it prints.
+fn layout_from(script: &str, args: &[&std::ffi::OsStr]) -> Result<PathBuf> {
+    let script = crate::repo_path(script);
     let out = Command::new("bash")
         .arg(&script)
-        .arg(binaries.dir())
+        .args(args)
         .output()
         .map_err(|e| Error::Io(format!("running {}: {e}", script.display())))?;
     if !out.status.success() {
@@ -191,18 +213,12 @@ impl ControlPlane {
         );
 
         say("starting the registry with the test world's images");
-        let layout = images(&self.binaries)?;
+        let layouts = images(&self.binaries)?;
         let registry_port = free_port()?;
         let registry = format!("127.0.0.1:{registry_port}");
-        self.spawn(
-            "registry",
-            vec![
-                "serve".into(),
-                format!("--address={registry}"),
-                format!("--layout={}", layout.display()),
-            ],
-            &[],
-        )?;
+        let mut args = vec!["serve".to_string(), format!("--address={registry}")];
+        args.extend(layouts.iter().map(|l| format!("--layout={}", l.display())));
+        self.spawn("registry", args, &[])?;
         let log = self.log_path("registry");
         self.wait_until("the registry to load its images", || {
             Ok(std::fs::read_to_string(&log).is_ok_and(|l| l.contains("ready ")))
