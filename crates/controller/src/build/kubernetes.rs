@@ -345,6 +345,15 @@ mod tests {
             startup.http_get.as_ref().unwrap().path.as_deref(),
             Some("/livez")
         );
+        // It stops within the pod's grace period: open watches are closed, not waited for.
+        let args = container(&spec, "kube-apiserver").args.clone().unwrap();
+        let drain = args
+            .iter()
+            .find_map(|a| a.strip_prefix("--shutdown-watch-termination-grace-period="))
+            .and_then(|d| d.strip_suffix('s')?.parse::<i64>().ok())
+            .expect("a watch drain period");
+        let grace = spec.termination_grace_period_seconds.unwrap_or(30);
+        assert!(drain > 0 && drain + 10 <= grace, "{drain}s of {grace}s");
     }
 
     #[test]
