@@ -157,13 +157,12 @@ async fn run_here(state_dir: PathBuf, nodes: Nodes) -> anyhow::Result<()> {
     // This binary is each control plane's snapshot agent: a process beside a control plane the
     // local runtime stands in for, the operator's image on the real node.
     let agent = std::env::current_exe().context("locating this binary")?;
-    let serve_agent = agent.clone();
     let plane = tokio::task::spawn_blocking(move || {
         ControlPlane::start(Options {
             dir: Some(cluster_dir),
             progress: true,
             nodes,
-            agent: Some(serve_agent),
+            agent: Some(agent),
         })
     })
     .await??;
@@ -207,7 +206,8 @@ async fn run_here(state_dir: PathBuf, nodes: Nodes) -> anyhow::Result<()> {
     ));
     let (_runtime, runtime_task) = local_runtime::start(
         client.clone(),
-        plane.binaries().clone().with_agent(agent),
+        // The plane's binaries name the agent (see above).
+        plane.binaries().clone(),
         state_dir.join("runtime"),
         None,
     );

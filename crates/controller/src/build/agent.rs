@@ -193,7 +193,8 @@ mod tests {
             assert!(
                 init[..at]
                     .iter()
-                    .all(|c| c.restart_policy.as_deref() != Some("Always")),
+                    .all(|c| c.restart_policy.as_deref()
+                        != Some(super::super::control_plane::SIDECAR)),
                 "{:?}",
                 init.iter().map(|c| &c.name).collect::<Vec<_>>()
             );

@@ -51,6 +51,8 @@ macro_rules! database_dir {
 pub const DATABASE_DIR: &str = database_dir!();
 /// kine's sqlite database on the claim, where k3s keeps it.
 pub const DATABASE: &str = concat!(database_dir!(), "/state.db");
+/// An init container's restart policy that makes it a sidecar (Kubernetes 1.29 and later).
+pub const SIDECAR: &str = "Always";
 /// The PKI Secret is mounted here.
 pub const PKI_MOUNT: &str = "/etc/tenantplane/pki";
 /// The API server's configuration files (a ConfigMap) are mounted here.
@@ -172,7 +174,7 @@ pub fn desired_statefulset(
         {
             let first_sidecar = init_containers
                 .iter()
-                .position(|c| c.restart_policy.as_deref() == Some("Always"))
+                .position(|c| c.restart_policy.as_deref() == Some(SIDECAR))
                 .unwrap_or(init_containers.len());
             init_containers.insert(first_sidecar, super::agent::restore_container(image, id));
         }

@@ -13,7 +13,7 @@ use super::BuildOptions;
 use super::admission::ADMISSION_CONFIG;
 use super::control_plane::{
     Addressing, CONFIG_MOUNT, CONFIG_VOLUME, DATABASE, DATABASE_DIR, PKI_MOUNT, PKI_VOLUME, Pod,
-    TMP_VOLUME, data_mount, mount, read_only_mount, scratch_volume, secret_volume,
+    SIDECAR, TMP_VOLUME, data_mount, mount, read_only_mount, scratch_volume, secret_volume,
     security_context, sqlite_temp_dir,
 };
 use super::k3s::{KUBELET_ADDRESS_ORDER, KUBELET_ADDRESS_TYPES, controllers};
@@ -217,9 +217,6 @@ pub(super) fn pod(
         ],
     }
 }
-
-/// An init container's restart policy that makes it a sidecar (Kubernetes 1.29 and later).
-const SIDECAR: &str = "Always";
 
 /// A component that exits with an error leaves the end of its log as its termination message,
 /// which the operator puts in the tenant's status (`ControlPlaneCrashing`).
