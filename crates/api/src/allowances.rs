@@ -3,6 +3,8 @@
 //! the field is left out of the host copy, where the object works without it), and the tenant is
 //! told why. The host's Pod Security level is checked on top of this, never instead of it.
 
+use std::collections::BTreeMap;
+
 use kube::KubeSchema;
 use serde::{Deserialize, Serialize};
 
@@ -69,9 +71,52 @@ pub struct Allowances {
     /// API server's own limit of about 1 MiB an object.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_data_bytes: Option<crate::QuantityString>,
-    /// Taint keys tenant pods may tolerate, beyond the node-condition taints
-    /// (`node.kubernetes.io/not-ready` and the like) every pod may tolerate. Other tolerations
-    /// are left out of the host copy.
+    /// Resources beyond `cpu`, `memory` and `ephemeral-storage` tenant pods may ask for
+    /// (extended resources such as `example.com/gpu`, huge pages such as `hugepages-2Mi`), each
+    /// with the most all of a tenant's pods may request together: the tenant's ResourceQuota
+    /// counts each as `requests.<name>`, so nothing a pod is given goes uncounted. A pod asking
+    /// for a resource not listed (in its containers' requests or limits, or pod-level
+    /// resources) is refused.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(extend("maxProperties" = 16))]
+    #[x_kube(validation = crate::rules::extra_resource_names())]
+    pub resources: BTreeMap<String, crate::QuantityString>,
+    /// The node disk tenant pods may use: a container's `ephemeral-storage`, `emptyDir` sizes,
+    /// and what all pods together may request.
+    #[serde(default)]
+    pub ephemeral_storage: EphemeralStorageCaps,
+    /// The most bytes of labels and annotations (keys and values together) one host copy may
+    /// carry, a quantity such as `64Ki`; a tenant object whose copy would carry more is not
+    /// copied, and the tenant is told. Unset: `64Ki`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_metadata_bytes: Option<crate::QuantityString>,
+    /// The most bytes one host copy may take as the host stores it (its JSON), by kind
+    /// (`Pod`, `Service`, `ConfigMap`, `Secret`, `Endpoints`, `EndpointSlice`, `Ingress`,
+    /// `PersistentVolumeClaim`, `ServiceAccount`), over the defaults: `Pod` 256Ki,
+    /// `ConfigMap` and `Secret` 1088Ki (1 MiB of data and its metadata; `maxDataBytes` caps the
+    /// data), `Endpoints` and `EndpointSlice` 256Ki, `Service` and `Ingress` 128Ki, the others
+    /// 32Ki. A tenant object whose copy (or what the syncer makes for it, such as a pod's
+    /// token Secret) would be larger is not copied, and the tenant is told.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(extend("maxProperties" = 16))]
+    #[x_kube(validation = crate::rules::object_bytes_kinds())]
+    pub max_object_bytes: BTreeMap<String, crate::QuantityString>,
+    /// The most ports one tenant Service may have; a Service with more is refused (every host
+    /// node's proxy programs each port of each copy). Unset: 100.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 10000))]
+    pub max_service_ports: Option<i32>,
+    /// The most ended (Succeeded or Failed) pod copies one tenant keeps on the host, as
+    /// kube-controller-manager's terminated-pod threshold bounds a cluster's: past it, the
+    /// copies that ended first are deleted, and their tenant pods with them (a pod's logs go
+    /// with its copy). The quota's `pods` counts only pods that run. Unset: 500.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 100000))]
+    pub max_ended_pods: Option<i32>,
+    /// Taint keys tenant pods may tolerate. Other tolerations are left out of the host copy,
+    /// the node lifecycle's too (`node.kubernetes.io/memory-pressure`, `unschedulable`, …: the
+    /// host keeps pods off such nodes), but for the stay of at most 300 s on a not-ready or
+    /// unreachable node every pod is given.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 32), inner(length(max = 317)))]
     pub toleration_keys: Vec<String>,
@@ -172,6 +217,60 @@ pub struct Allowances {
     pub annotations: AnnotationAllowances,
 }
 
+/// The node disk a tenant's pods may use. Defaults a real team's pods do not meet; a platform on
+/// small disks lowers them.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct EphemeralStorageCaps {
+    /// The `ephemeral-storage` limit a host copy's container gets when it sets none (its
+    /// request, when unset, stays 0): the kubelet evicts a container writing past it, so no
+    /// container fills a node's disk. Default `16Gi`.
+    #[serde(default = "default_container_disk")]
+    pub default_limit: crate::QuantityString,
+    /// The most `ephemeral-storage` one container may request or limit; a pod asking more is
+    /// refused. Default `64Gi`.
+    #[serde(default = "default_container_disk_max")]
+    pub max_per_container: crate::QuantityString,
+    /// The `sizeLimit` a host copy's `emptyDir` gets when it sets none. Default `16Gi`.
+    #[serde(default = "default_empty_dir")]
+    pub empty_dir_default: crate::QuantityString,
+    /// The largest `emptyDir` `sizeLimit`; a pod asking more is refused. Default `64Gi`.
+    #[serde(default = "default_container_disk_max")]
+    pub empty_dir_max: crate::QuantityString,
+    /// What all the tenant's pods may request together, the ResourceQuota's
+    /// `requests.ephemeral-storage`. Default `512Gi`.
+    #[serde(default = "default_total_disk")]
+    pub total: crate::QuantityString,
+}
+
+fn default_container_disk() -> crate::QuantityString {
+    "16Gi".into()
+}
+
+fn default_container_disk_max() -> crate::QuantityString {
+    "64Gi".into()
+}
+
+fn default_empty_dir() -> crate::QuantityString {
+    "16Gi".into()
+}
+
+fn default_total_disk() -> crate::QuantityString {
+    "512Gi".into()
+}
+
+impl Default for EphemeralStorageCaps {
+    fn default() -> Self {
+        Self {
+            default_limit: default_container_disk(),
+            max_per_container: default_container_disk_max(),
+            empty_dir_default: default_empty_dir(),
+            empty_dir_max: default_container_disk_max(),
+            total: default_total_disk(),
+        }
+    }
+}
+
 /// The longest durations a host copy keeps. A pod that asks for more gets the cap: a grace period
 /// of a year would keep a deleted tenant's container running on the host.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
@@ -258,6 +357,47 @@ impl AnnotationAllowances {
     }
 }
 
+/// How many objects of each kind the syncer writes (or has the host write for its copies) one
+/// tenant may hold on the host, where the profile's `resourceQuota.hard` says nothing: well above
+/// what a team's cluster holds, so only a runaway or an attack meets them. Pods count while
+/// they run (ended copies are the syncer's to bound: `allow.maxEndedPods`). Written as the API
+/// server writes them back (`1k`, not `1000`), so the quota the operator applies is the one it
+/// reads.
+pub const DEFAULT_COUNTS: &[(&str, &str)] = &[
+    ("pods", "1k"),
+    ("services", "500"),
+    ("persistentvolumeclaims", "500"),
+    ("count/configmaps", "1k"),
+    ("count/secrets", "2k"),
+    ("count/serviceaccounts", "500"),
+    ("count/endpoints", "500"),
+    ("count/endpointslices.discovery.k8s.io", "2k"),
+    ("count/ingresses.networking.k8s.io", "500"),
+];
+
+impl Allowances {
+    /// The quota keys the host always enforces for a tenant: the object counts of every kind
+    /// the syncer writes ([`DEFAULT_COUNTS`]); each of `resources` as `requests.<name>` with its
+    /// total; and node disk as `requests.ephemeral-storage`. So nothing a tenant puts on the
+    /// host goes uncounted, whatever the profile enforces besides.
+    pub fn quota_keys(&self) -> BTreeMap<String, String> {
+        let mut keys: BTreeMap<String, String> = DEFAULT_COUNTS
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        keys.extend(
+            self.resources
+                .iter()
+                .map(|(name, total)| (format!("requests.{name}"), total.0.clone())),
+        );
+        keys.insert(
+            "requests.ephemeral-storage".into(),
+            self.ephemeral_storage.total.0.clone(),
+        );
+        keys
+    }
+}
+
 /// Does `name` match `pattern`: equal, or under the domain of a `*.example.com` pattern?
 pub fn name_matches(pattern: &str, name: &str) -> bool {
     match pattern.strip_prefix("*.") {
@@ -291,5 +431,28 @@ mod tests {
         assert!(key_matches("prometheus.io/*", "prometheus.io/scrape"));
         assert!(!key_matches("prometheus.io/*", "prometheus.iox/scrape"));
         assert!(key_matches("a/b", "a/b") && !key_matches("a/b", "a/bc"));
+    }
+
+    #[test]
+    fn the_quota_counts_every_resource_the_profile_opens() {
+        let allow = Allowances {
+            resources: BTreeMap::from([
+                ("example.com/gpu".to_string(), "2".into()),
+                ("hugepages-2Mi".to_string(), "1Gi".into()),
+            ]),
+            ..Default::default()
+        };
+        let keys = allow.quota_keys();
+        for (k, v) in [
+            ("requests.ephemeral-storage", "512Gi"),
+            ("requests.example.com/gpu", "2"),
+            ("requests.hugepages-2Mi", "1Gi"),
+            ("count/endpointslices.discovery.k8s.io", "2k"),
+            ("count/secrets", "2k"),
+            ("pods", "1k"),
+        ] {
+            assert_eq!(keys.get(k).map(String::as_str), Some(v), "{k}");
+        }
+        assert_eq!(keys.len(), DEFAULT_COUNTS.len() + 3);
     }
 }

@@ -104,12 +104,14 @@ impl Default for NetworkPolicySettings {
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
 #[serde(rename_all = "camelCase")]
 pub struct ResourceQuotaSettings {
-    /// When true, the TenantCluster's `resources.cpu` / `resources.memory` become the caps of the
-    /// namespace's ResourceQuota.
+    /// When true, the TenantCluster's `resources.cpu` / `resources.memory` (and `storage`)
+    /// become caps of the namespace's ResourceQuota. The quota counts every kind the syncer
+    /// writes and every resource the profile opens either way.
     #[serde(default)]
     pub enforce: bool,
 
-    /// Extra hard limits, such as `pods: "50"` or `services.nodeports: "0"`.
+    /// Hard limits of the quota over its defaults, such as `pods: "50"` or
+    /// `services.nodeports: "0"`; applied whether or not `enforce` is on.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     #[schemars(extend("maxProperties" = 16))]
     pub hard: BTreeMap<String, QuantityString>,

@@ -194,6 +194,22 @@ pub fn quantity() -> Rule {
     )
 }
 
+/// The names of `allow.resources`: resources of their own, not those other fields decide.
+pub fn extra_resource_names() -> Rule {
+    rule(
+        "self.all(k, !(k in ['cpu', 'memory', 'ephemeral-storage', 'storage', 'pods']))",
+        "'allow.resources lists resources beyond cpu, memory and ephemeral-storage (such as example.com/gpu or hugepages-2Mi); cpu and memory are capped by each TenantCluster resources field, node disk by allow.ephemeralStorage'",
+    )
+}
+
+/// The kinds of `allow.maxObjectBytes`: those the syncer writes on the host.
+pub fn object_bytes_kinds() -> Rule {
+    rule(
+        "self.all(k, k in ['Pod', 'Service', 'ConfigMap', 'Secret', 'Endpoints', 'EndpointSlice', 'Ingress', 'PersistentVolumeClaim', 'ServiceAccount'])",
+        "'allow.maxObjectBytes is keyed by the kinds the syncer copies: Pod, Service, ConfigMap, Secret, Endpoints, EndpointSlice, Ingress, PersistentVolumeClaim, ServiceAccount'",
+    )
+}
+
 /// A duration in Go's format, as CEL's `duration()` reads it: numbers with units h, m, s or ms.
 pub fn go_duration(field: &str) -> Rule {
     rule(

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use kube::{Client, Resource, ResourceExt};
 use tenantplane_api::SyncPolicySpec;
 
+use crate::allow;
 use crate::converge::{self, Target, delete_if_present};
 use crate::error::{Error, Result};
 use crate::host::Scope;
@@ -76,24 +77,20 @@ pub enum Step<K> {
     Apply(K),
 }
 
-/// The step for tenant object `tenant` (if it should be synced) and its live copy: pure.
-pub fn step<S: CopyDown>(
-    translate: impl Fn(&S::Object) -> S::Object,
-    tenant: Option<&S::Object>,
-    live: Option<&S::Object>,
-) -> Step<S::Object> {
-    let tenant = tenant.filter(|t| t.meta().deletion_timestamp.is_none());
-    match (tenant, live) {
+/// The step for the desired copy (`None`: the tenant object is gone, going, or not to be
+/// synced) and the live copy: pure.
+pub fn step<S: CopyDown>(desired: Option<S::Object>, live: Option<&S::Object>) -> Step<S::Object> {
+    match (desired, live) {
         (None, None) => Step::Nothing,
         (None, Some(_)) => Step::Delete,
-        (Some(t), live) => {
-            let desired = translate(t);
-            match live {
-                Some(live) if S::must_replace(&desired, live) => Step::Replace,
-                _ => Step::Apply(desired),
-            }
-        }
+        (Some(desired), Some(live)) if S::must_replace(&desired, live) => Step::Replace,
+        (Some(desired), _) => Step::Apply(desired),
     }
+}
+
+/// The tenant object, unless it is being deleted: a going object's copy goes with it.
+pub fn syncable<K: Resource>(t: Option<&K>) -> Option<&K> {
+    t.filter(|t| t.meta().deletion_timestamp.is_none())
 }
 
 /// Converge the copy of `key`'s tenant object; the pair when both sides exist afterwards, for
@@ -108,14 +105,19 @@ pub async fn converge_copy<S: CopyDown>(cx: &Tenant, key: &Key) -> Result<Pair<S
     }
     let t = t.filter(|t| S::wanted(cx, t));
     let h = cx.host_copy::<S::Object>(&host_name, ns, name);
-    if let Some(t) = t
-        .as_deref()
-        .filter(|t| t.meta().deletion_timestamp.is_none())
-    {
-        tell::enforce(cx, t, h.as_deref(), &S::review_in(cx, t, h.as_deref())).await?;
+    let live_t = syncable(t.as_deref());
+    let mut desired = None;
+    if let Some(t) = live_t {
+        let mut review = S::review_in(cx, t, h.as_deref());
+        if review.refused.is_empty() {
+            // The copy as it would be written: its size is the host's to bear.
+            let copy = S::translate_in(cx, t, &host_name, h.as_deref());
+            review.refused = allow::byte_refusals(&cx.tr.allow, S::NAME, copy.meta(), &copy);
+            desired = Some(copy);
+        }
+        tell::enforce(cx, t, h.as_deref(), &review).await?;
     }
-    let translate = |t: &S::Object| S::translate_in(cx, t, &host_name, h.as_deref());
-    match step::<S>(translate, t.as_deref(), h.as_deref()) {
+    match step::<S>(desired, h.as_deref()) {
         Step::Nothing => Ok(None),
         // Made again on the next pass, once the delete is seen.
         Step::Delete | Step::Replace => {

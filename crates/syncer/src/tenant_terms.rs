@@ -37,7 +37,13 @@ pub struct Terms<'a> {
     pub copy: Lookup<'a, Option<Virtual>>,
     /// Is this the name of a host node the tenant is not shown?
     pub hidden_node: Lookup<'a, bool>,
+    /// May the tenant read this address (one of its own pods or Services, loopback)? Any other
+    /// (a node's, its resolver's, another team's pod) becomes [`HOST_ADDRESS`].
+    pub address: Lookup<'a, bool>,
 }
+
+/// What an address of the host reads as in the tenant.
+pub const HOST_ADDRESS: &str = "<host address>";
 
 /// Characters of the names the host writes (DNS labels and subdomains, label values).
 fn name_char(c: char) -> bool {
@@ -52,8 +58,9 @@ fn copy_shaped(word: &str) -> bool {
 /// `text` with host names replaced by the tenant's; `None` when it names what the tenant may not
 /// see (a hidden host node, a copy that is not this tenant's).
 pub fn in_tenant_terms(text: &str, terms: &Terms) -> Option<String> {
+    let text = without_host_addresses(text, &terms.address);
     let mut out = String::with_capacity(text.len());
-    let mut rest = text;
+    let mut rest = text.as_str();
     while let Some(start) = rest.find(name_char) {
         out.push_str(&rest[..start]);
         rest = &rest[start..];
@@ -67,6 +74,86 @@ pub fn in_tenant_terms(text: &str, terms: &Terms) -> Option<String> {
     }
     out.push_str(rest);
     Some(out)
+}
+
+/// Characters of a written address: IPv4 dotted, IPv6 with colons (and a port after either).
+fn address_char(c: char) -> bool {
+    c.is_ascii_hexdigit() || matches!(c, '.' | ':')
+}
+
+/// `text` with every address the tenant may not read (`shown` says no) replaced by
+/// [`HOST_ADDRESS`]: an image pull's error names the node's resolver, a probe's a node's port.
+fn without_host_addresses(text: &str, shown: &Lookup<bool>) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(start) = rest.find(address_char) {
+        out.push_str(&rest[..start]);
+        rest = &rest[start..];
+        let end = rest.find(|c| !address_char(c)).unwrap_or(rest.len());
+        let run = &rest[..end];
+        // Part of a longer word (`v1.2.3`, `sha256:ab…`) is no address.
+        let in_word = out
+            .chars()
+            .last()
+            .is_some_and(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_');
+        match address_in(run).filter(|_| !in_word) {
+            Some(ip) if !shown(ip) => {
+                let at = run.find(ip).unwrap_or(0);
+                out.push_str(&run[..at]);
+                out.push_str(HOST_ADDRESS);
+                out.push_str(&run[at + ip.len()..]);
+            }
+            _ => out.push_str(run),
+        }
+        rest = &rest[end..];
+    }
+    out.push_str(rest);
+    out
+}
+
+/// The address a run of address characters holds: all of it (`10.0.0.2`, `fd00::1`), or before
+/// a port (`10.0.0.2:53`); a sentence's full stop after it is not part of it.
+fn address_in(run: &str) -> Option<&str> {
+    let run = run.trim_end_matches(['.', ':']);
+    if run.parse::<std::net::IpAddr>().is_ok() {
+        return Some(run);
+    }
+    let (head, port) = run.rsplit_once(':')?;
+    (port.chars().all(|c| c.is_ascii_digit()) && head.parse::<std::net::Ipv4Addr>().is_ok())
+        .then_some(head)
+}
+
+/// Is `ip` an address the tenant of `cx` may read: loopback, the operator's kubelet endpoint
+/// (its virtual Nodes' address), one of its own pods' or Services', or a host node's where the
+/// profile shows node addresses?
+pub fn shown_address(cx: &Tenant, ip: &str) -> bool {
+    let Ok(parsed) = ip.parse::<std::net::IpAddr>() else {
+        return true;
+    };
+    if parsed.is_loopback() || parsed.is_unspecified() {
+        return true;
+    }
+    if cx.tr.kubelet.as_ref().is_some_and(|k| k.address == ip) {
+        return true;
+    }
+    let service = |s: &Service| {
+        s.spec
+            .as_ref()
+            .and_then(|s| s.cluster_ips.as_ref())
+            .is_some_and(|ips| ips.iter().any(|a| a == ip))
+    };
+    if crate::kinds::endpoints::own_pod_ips(cx).contains(ip)
+        || cx.tenant_list::<Service>().iter().any(|s| service(s))
+    {
+        return true;
+    }
+    cx.tr.allow.node_addresses
+        && cx.host_slice::<Node>().iter().any(|n| {
+            n.status
+                .as_ref()
+                .and_then(|s| s.addresses.as_ref())
+                .is_some_and(|a| a.iter().any(|a| a.address == ip))
+        })
 }
 
 /// One name, followed in the text by `after`.
@@ -201,11 +288,37 @@ mod tests {
             name: "web",
             copy: Box::new(copy),
             hidden_node: Box::new(hidden),
+            address: Box::new(|ip| ip == "10.244.0.7"),
         }
     }
 
     fn said(text: &str) -> Option<String> {
         in_tenant_terms(text, &terms())
+    }
+
+    /// Addresses of the host (a node's resolver in an image pull's error, another pod's) read
+    /// as such; the tenant's own pod's stays, and so do versions and digests.
+    #[test]
+    fn host_addresses_are_not_shown() {
+        let pull = "failed to pull image \"registry.example/app:v1.2.3\": dial tcp: lookup registry.example on 10.0.0.2:53: no such host";
+        assert_eq!(
+            said(pull).as_deref(),
+            Some(
+                "failed to pull image \"registry.example/app:v1.2.3\": dial tcp: lookup registry.example on <host address>:53: no such host"
+            )
+        );
+        assert_eq!(
+            said("Readiness probe failed: Get \"http://10.244.0.7:8080/\": dial tcp 10.244.0.7:8080: connect: connection refused").as_deref(),
+            Some("Readiness probe failed: Get \"http://10.244.0.7:8080/\": dial tcp 10.244.0.7:8080: connect: connection refused")
+        );
+        assert_eq!(
+            said("dial tcp [fd00:10::5]:443 and 192.168.1.10.").as_deref(),
+            Some("dial tcp [<host address>]:443 and <host address>.")
+        );
+        assert_eq!(
+            said("image sha256:1234abcd ok, at 12:30:45, counted 10.5 s").as_deref(),
+            Some("image sha256:1234abcd ok, at 12:30:45, counted 10.5 s")
+        );
     }
 
     #[test]

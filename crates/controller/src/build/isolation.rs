@@ -233,48 +233,46 @@ fn ip_blocks<'a>(cidrs: impl IntoIterator<Item = &'a str>) -> Vec<NetworkPolicyP
         .collect()
 }
 
-/// The ResourceQuota when the profile enforces quota: the tenant's cpu and memory as caps on what
-/// the namespace requests (control plane and synced pods together), its storage as the cap on
-/// what its claims request (`requests.storage`), plus the profile's extra hard limits, per
-/// StorageClass ones (`<class>.storageclass.storage.k8s.io/requests.storage`) among them. Limits
-/// are not capped in sum: the control plane's limit is the whole cap by itself.
+/// The ResourceQuota: every kind's object count and what the profile opens beyond cpu and
+/// memory ([`tenantplane_api::Allowances::quota_keys`]), the profile's own hard limits over
+/// them (per StorageClass ones, `<class>.storageclass.storage.k8s.io/requests.storage`, among
+/// them); and, when the profile enforces quota, the tenant's cpu and memory as caps on what the
+/// namespace requests (control plane and synced pods together) and its storage as the cap on
+/// what its claims request (`requests.storage`). Limits are not capped in sum: the control
+/// plane's limit is the whole cap by itself.
 pub fn resource_quota(
     tc: &TenantCluster,
     profile: &IsolationProfile,
-) -> Result<Option<ResourceQuota>, Error> {
+) -> Result<ResourceQuota, Error> {
     let quota = &profile.spec.resource_quota;
-    if !quota.enforce {
-        return Ok(None);
-    }
     let (tenant, _) = identity(tc)?;
-    let mut hard: BTreeMap<String, String> = quota
-        .hard
-        .iter()
-        .map(|(k, v)| (k.clone(), v.0.clone()))
-        .collect();
-    if let Some(cpu) = &tc.spec.resources.cpu {
-        hard.insert("requests.cpu".into(), cpu.to_string());
+    // Every kind's count and what the profile lets pods consume beyond cpu and memory are
+    // counted whether or not the tenant's own caps are enforced: nothing a tenant puts on the
+    // host goes uncounted. The profile's own hard limit of the same key wins.
+    let mut hard = profile.spec.allow.quota_keys();
+    hard.extend(quota.hard.iter().map(|(k, v)| (k.clone(), v.0.clone())));
+    if quota.enforce {
+        if let Some(cpu) = &tc.spec.resources.cpu {
+            hard.insert("requests.cpu".into(), cpu.to_string());
+        }
+        if let Some(memory) = &tc.spec.resources.memory {
+            hard.insert("requests.memory".into(), memory.to_string());
+        }
+        if let Some(storage) = storage_cap(
+            tc.spec.resources.storage.as_ref(),
+            hard.get(REQUESTS_STORAGE).map(String::as_str),
+        ) {
+            hard.insert(REQUESTS_STORAGE.into(), storage);
+        }
     }
-    if let Some(memory) = &tc.spec.resources.memory {
-        hard.insert("requests.memory".into(), memory.to_string());
-    }
-    if let Some(storage) = storage_cap(
-        tc.spec.resources.storage.as_ref(),
-        hard.get(REQUESTS_STORAGE).map(String::as_str),
-    ) {
-        hard.insert(REQUESTS_STORAGE.into(), storage);
-    }
-    if hard.is_empty() {
-        return Ok(None);
-    }
-    Ok(Some(ResourceQuota {
+    Ok(ResourceQuota {
         metadata: owned_metadata(tc, names::resource_quota(&tenant))?,
         spec: Some(ResourceQuotaSpec {
             hard: Some(hard.into_iter().map(|(k, v)| (k, Quantity(v))).collect()),
             ..Default::default()
         }),
         status: None,
-    }))
+    })
 }
 
 /// The LimitRange with the profile's container defaults, when it has any.
@@ -509,7 +507,7 @@ mod tests {
 
     #[test]
     fn quota_caps_come_from_the_tenant_resources() {
-        let quota = resource_quota(&tenant(), &profile()).unwrap().unwrap();
+        let quota = resource_quota(&tenant(), &profile()).unwrap();
         let hard = quota.spec.unwrap().hard.unwrap();
         assert_eq!(hard["requests.cpu"].0, "2");
         assert_eq!(hard["requests.memory"].0, "2Gi");
@@ -536,12 +534,12 @@ mod tests {
                     .hard
                     .insert(REQUESTS_STORAGE.into(), cap.into());
             }
-            let quota = resource_quota(&tc, &p).unwrap().unwrap();
+            let quota = resource_quota(&tc, &p).unwrap();
             let hard = quota.spec.unwrap().hard.unwrap();
             hard.get(REQUESTS_STORAGE).map(|q| q.0.clone())
         };
         // The shipped profile caps storage: every enforced quota counts it.
-        let shipped = resource_quota(&tenant(), &profile()).unwrap().unwrap();
+        let shipped = resource_quota(&tenant(), &profile()).unwrap();
         assert!(
             !shipped.spec.unwrap().hard.unwrap()[REQUESTS_STORAGE]
                 .0
@@ -577,15 +575,45 @@ mod tests {
         let mut p = profile();
         let key = "fast.storageclass.storage.k8s.io/requests.storage";
         p.spec.resource_quota.hard.insert(key.into(), "20Gi".into());
-        let quota = resource_quota(&tenant(), &p).unwrap().unwrap();
+        let quota = resource_quota(&tenant(), &p).unwrap();
         assert_eq!(quota.spec.unwrap().hard.unwrap()[key].0, "20Gi");
     }
 
+    /// Unenforced, the quota still counts every kind and what the profile opens beyond cpu and
+    /// memory (node disk, and any resource `allow.resources` lists), but not the tenant's cpu.
     #[test]
-    fn no_quota_unless_the_profile_enforces_it() {
+    fn an_unenforced_quota_still_counts_every_kind_and_what_the_profile_opens() {
         let mut p = profile();
         p.spec.resource_quota.enforce = false;
-        assert!(resource_quota(&tenant(), &p).unwrap().is_none());
+        p.spec
+            .allow
+            .resources
+            .insert("example.com/gpu".into(), "2".into());
+        let hard = resource_quota(&tenant(), &p)
+            .unwrap()
+            .spec
+            .unwrap()
+            .hard
+            .unwrap();
+        assert!(!hard.contains_key("requests.cpu"), "{hard:?}");
+        assert_eq!(hard["requests.ephemeral-storage"].0, "512Gi");
+        assert_eq!(hard["requests.example.com/gpu"].0, "2");
+        assert_eq!(hard["pods"].0, "100", "the profile's own count wins");
+        assert_eq!(hard["count/endpointslices.discovery.k8s.io"].0, "2k");
+        // Enforced, the profile's own hard limit of the same key wins over the default total.
+        p.spec.resource_quota.enforce = true;
+        p.spec
+            .resource_quota
+            .hard
+            .insert("requests.ephemeral-storage".into(), "50Gi".into());
+        let hard = resource_quota(&tenant(), &p)
+            .unwrap()
+            .spec
+            .unwrap()
+            .hard
+            .unwrap();
+        assert_eq!(hard["requests.ephemeral-storage"].0, "50Gi");
+        assert_eq!(hard["requests.example.com/gpu"].0, "2");
     }
 
     #[test]

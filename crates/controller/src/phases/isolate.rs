@@ -50,12 +50,10 @@ pub(crate) async fn namespace(
         }
     }
     let quotas: Api<ResourceQuota> = Api::namespaced(client.clone(), &ns);
-    apply::ensure_optional(
+    apply::ensure(
         &quotas,
         &caches.quotas,
-        build::isolation::resource_quota(tc, profile)?,
-        &ns,
-        &names::resource_quota(&tenant),
+        &build::isolation::resource_quota(tc, profile)?,
     )
     .await?;
     let limits: Api<LimitRange> = Api::namespaced(client.clone(), &ns);

@@ -4,6 +4,7 @@
 //! out of the host copy, where the object works without it. The syncer tells the tenant both
 //! (an Event on the object; a refusal also in `Synced`).
 
+mod bytes;
 mod claims;
 mod data;
 mod durations;
@@ -12,6 +13,7 @@ mod ingresses;
 mod placement;
 mod pod_fields;
 mod pods;
+mod resources;
 mod values;
 
 use std::collections::BTreeMap;
@@ -21,6 +23,7 @@ use tenantplane_api::Allowances;
 use tenantplane_api::allowances::{key_matches, name_matches};
 use tenantplane_api::cidr::Cidr;
 
+pub use bytes::{byte_refusals, metadata_bytes};
 pub use claims::claim_size_refusals;
 pub use data::{DataCap, data_bytes};
 pub use durations::{bound_durations, bound_grace};
@@ -32,6 +35,7 @@ pub use placement::{
 };
 pub use pod_fields::{Decision, FIELDS as POD_FIELDS};
 pub use pods::pod_refusals;
+pub use resources::{ALWAYS_ALLOWED as ALWAYS_ALLOWED_RESOURCES, bound_disk, resource_refusals};
 use values::listed;
 pub use values::{pattern_opens, points_elsewhere};
 
@@ -109,6 +113,9 @@ pub fn in_cidrs(cidrs: &[String], ip: &str) -> bool {
         .any(|c| c.contains(ip))
 }
 
+/// The most ports of one Service where the profile sets none.
+pub const DEFAULT_SERVICE_PORTS: i32 = 100;
+
 /// Why a Service may not reach the host under `allow`; empty when it may.
 pub fn service_refusals(
     allow: &Allowances,
@@ -141,6 +148,14 @@ pub fn service_refusals(
         out.push(format!(
             "loadBalancerClass {class:?} is not in the IsolationProfile's allow.loadBalancerClasses{}; name none for the host's default balancer",
             listed(&allow.load_balancer_classes)
+        ));
+    }
+    let ports = spec.ports.as_ref().map_or(0, Vec::len);
+    let most = allow.max_service_ports.unwrap_or(DEFAULT_SERVICE_PORTS);
+    if ports > usize::try_from(most).unwrap_or(0) {
+        out.push(format!(
+            "it has {ports} ports, more than the {most} the IsolationProfile's allow.maxServicePorts allows{} (every host node's proxy programs each port); split it into Services of fewer ports",
+            if allow.max_service_ports.is_none() { " by default" } else { "" }
         ));
     }
     for ip in spec.external_ips.iter().flatten() {
@@ -267,6 +282,25 @@ mod tests {
             .is_empty()
         );
         assert!(service_refusals(&allow, &svc(json!({"externalIPs": ["203.0.113.9"]}))).is_empty());
+        // Ports: every host node's proxy programs each.
+        let ports = |n: i32| {
+            svc(
+                json!({"ports": (1..=n).map(|p| json!({"name": format!("p{p}"), "port": p})).collect::<Vec<_>>()}),
+            )
+        };
+        assert!(service_refusals(&none, &ports(100)).is_empty());
+        let said = service_refusals(&none, &ports(1200));
+        assert_eq!(said.len(), 1);
+        assert!(
+            said[0].starts_with("it has 1200 ports, more than the 100 the IsolationProfile's allow.maxServicePorts allows by default"),
+            "{said:?}"
+        );
+        let few = Allowances {
+            max_service_ports: Some(4),
+            ..Default::default()
+        };
+        assert_eq!(service_refusals(&few, &ports(5)).len(), 1);
+        assert!(service_refusals(&few, &ports(4)).is_empty());
         let ing = |v: Value| {
             serde_json::from_value::<k8s_openapi::api::networking::v1::IngressSpec>(v).unwrap()
         };

@@ -8,17 +8,38 @@ use k8s_openapi::api::core::v1::{
 };
 use tenantplane_api::Allowances;
 
-/// Node-condition taints: the node controller puts them on nodes that are not fit, and the
-/// tenant's own admission adds tolerations of some to every pod. Tolerating them reaches no
-/// node a pod could not reach anyway.
-const CONDITION_TAINTS: &[&str] = &[
+/// The taints the node lifecycle puts on a node that is failing, full or being taken down (and
+/// a cloud's on one not yet ready or shut down): the host keeps pods away from such nodes, so a
+/// copy tolerates one only where the profile lists its key in `allow.tolerationKeys`.
+pub const LIFECYCLE_TAINTS: &[&str] = &[
     "node.kubernetes.io/not-ready",
     "node.kubernetes.io/unreachable",
+    "node.kubernetes.io/unschedulable",
     "node.kubernetes.io/memory-pressure",
     "node.kubernetes.io/disk-pressure",
     "node.kubernetes.io/pid-pressure",
     "node.kubernetes.io/network-unavailable",
+    "node.kubernetes.io/out-of-service",
+    "node.cloudprovider.kubernetes.io/uninitialized",
+    "node.cloudprovider.kubernetes.io/shutdown",
 ];
+
+/// How long the host's own admission (DefaultTolerationSeconds) lets every pod stay on a node
+/// that turned not-ready or unreachable: a tenant may ask for less, never for more.
+const DEFAULT_TOLERATION_SECONDS: i64 = 300;
+
+/// A toleration the host's admission gives every pod anyway (its own, or a shorter stay): the
+/// tenant's admission adds it to each tenant pod, so keeping it silently opens nothing.
+fn given_to_every_pod(t: &Toleration) -> bool {
+    let key = t.key.as_deref().unwrap_or_default();
+    matches!(
+        key,
+        "node.kubernetes.io/not-ready" | "node.kubernetes.io/unreachable"
+    ) && t.effect.as_deref() == Some("NoExecute")
+        && t.operator.as_deref().is_none_or(|o| o == "Exists")
+        && t.toleration_seconds
+            .is_some_and(|s| (0..=DEFAULT_TOLERATION_SECONDS).contains(&s))
+}
 
 /// Node labels every pod may select on, and every virtual Node shows: they say what a node is,
 /// not whose it is.
@@ -31,26 +52,40 @@ pub const WELL_KNOWN_NODE_LABELS: &[&str] = &[
     "node.kubernetes.io/instance-type",
 ];
 
-/// The tolerations a host copy keeps, and a sentence per one left out.
+/// The tolerations a host copy keeps, and a sentence per one left out: those of the keys the
+/// profile lists, and the bounded stay on a not-ready or unreachable node every pod has. A
+/// toleration of a lifecycle taint beyond that would put the copy on nodes the host keeps pods
+/// away from.
 pub fn tolerations(allow: &Allowances, all: &[Toleration]) -> (Vec<Toleration>, Vec<String>) {
     let mut kept = Vec::new();
     let mut dropped = Vec::new();
     for t in all {
         let key = t.key.as_deref().unwrap_or_default();
-        let ok = !key.is_empty()
-            && (CONDITION_TAINTS.contains(&key) || allow.toleration_keys.iter().any(|k| k == key));
-        if ok {
+        let listed = !key.is_empty() && allow.toleration_keys.iter().any(|k| k == key);
+        if listed || given_to_every_pod(t) {
             kept.push(t.clone());
-        } else {
-            let what = if key.is_empty() {
-                "a toleration of every taint".to_string()
-            } else {
-                format!("the toleration of {key}")
-            };
-            dropped.push(format!(
-                "{what} is left out (not in the IsolationProfile's allow.tolerationKeys)"
-            ));
+            continue;
         }
+        let what = if key.is_empty() {
+            "a toleration of every taint".to_string()
+        } else if LIFECYCLE_TAINTS.contains(&key) {
+            format!(
+                "the toleration of {key} (a node the host keeps pods away from{})",
+                if matches!(
+                    key,
+                    "node.kubernetes.io/not-ready" | "node.kubernetes.io/unreachable"
+                ) {
+                    format!("; NoExecute for at most {DEFAULT_TOLERATION_SECONDS}s is kept")
+                } else {
+                    String::new()
+                }
+            )
+        } else {
+            format!("the toleration of {key}")
+        };
+        dropped.push(format!(
+            "{what} is left out (not in the IsolationProfile's allow.tolerationKeys)"
+        ));
     }
     (kept, dropped)
 }
@@ -190,6 +225,28 @@ mod tests {
         let (kept, dropped) = tolerations(&Allowances::default(), &all);
         assert_eq!(kept.len(), 1);
         assert_eq!(dropped.len(), 2, "{dropped:?}");
+        // A daemon's tolerations of a failing or full node: the host keeps pods away from it.
+        let lifecycle: Vec<Toleration> = serde_json::from_value(json!([
+            {"key": "node.kubernetes.io/unreachable", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 30},
+            {"key": "node.kubernetes.io/not-ready", "operator": "Exists", "effect": "NoExecute"},
+            {"key": "node.kubernetes.io/unreachable", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 86400},
+            {"key": "node.kubernetes.io/memory-pressure", "operator": "Exists", "effect": "NoSchedule"},
+            {"key": "node.kubernetes.io/unschedulable", "operator": "Exists", "effect": "NoSchedule"},
+            {"key": "node.kubernetes.io/not-ready", "operator": "Exists", "effect": "NoSchedule"}
+        ]))
+        .unwrap();
+        let (kept, dropped) = tolerations(&Allowances::default(), &lifecycle);
+        assert_eq!(kept, lifecycle[..1].to_vec());
+        assert_eq!(dropped.len(), 5, "{dropped:?}");
+        assert!(dropped[0].contains("node.kubernetes.io/not-ready (a node the host keeps pods away from; NoExecute for at most 300s is kept)"), "{dropped:?}");
+        assert!(
+            dropped[2].contains("memory-pressure") && dropped[2].contains("allow.tolerationKeys")
+        );
+        let opened = Allowances {
+            toleration_keys: vec!["node.kubernetes.io/memory-pressure".into()],
+            ..Default::default()
+        };
+        assert_eq!(tolerations(&opened, &lifecycle).0.len(), 2);
         let selector = BTreeMap::from([
             ("kubernetes.io/os".to_string(), "linux".to_string()),
             (

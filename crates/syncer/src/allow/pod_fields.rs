@@ -86,7 +86,8 @@ pub const FIELDS: &[(&str, &[(&str, Decision)])] = &[
             ("priorityClassName", Check),
             ("readinessGates", Copy),
             ("resourceClaims", Check),
-            ("resources", Copy),
+            // Pod-level requests and limits: each resource name decided (`resources.rs`).
+            ("resources", Check),
             ("restartPolicy", Copy),
             ("runtimeClassName", Check),
             ("schedulerName", Clear),
@@ -99,7 +100,8 @@ pub const FIELDS: &[(&str, &[(&str, Decision)])] = &[
             ("securityContext", Copy),
             ("serviceAccount", Translate),
             ("serviceAccountName", Translate),
-            ("setHostnameAsFQDN", Copy),
+            // The host's full name would be the hostname: left out, said (`review`).
+            ("setHostnameAsFQDN", Translate),
             ("shareProcessNamespace", Copy),
             ("subdomain", Translate),
             ("terminationGracePeriodSeconds", Bound),
@@ -246,7 +248,8 @@ pub const FIELDS: &[(&str, &[(&str, Decision)])] = &[
             ("configMap", Translate),
             ("csi", Check),
             ("downwardAPI", Translate),
-            ("emptyDir", Copy),
+            // Its sizeLimit capped, and given where unset (`resources.rs`).
+            ("emptyDir", Check),
             ("ephemeral", Translate),
             ("hostPath", Check),
             // Its reference from a registry of `allow.imageRegistries` (`images.rs`); its pull
@@ -314,7 +317,8 @@ const CONTAINER: &[(&str, Decision)] = &[
     ("ports", Copy),
     ("readinessProbe", Copy),
     ("resizePolicy", Copy),
-    // Requests and limits are the quota's; `claims` (dynamic resource allocation) is refused.
+    // Each resource name decided, node disk capped (`resources.rs`), all counted by the quota;
+    // `claims` (dynamic resource allocation) is refused.
     ("resources", Check),
     ("restartPolicy", Copy),
     // Restart on given exit codes: the kubelet's, inside the pod.

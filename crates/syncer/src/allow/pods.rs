@@ -176,6 +176,7 @@ pub fn pod_refusals(allow: &Allowances, spec: &PodSpec) -> Vec<String> {
             "spec.resourceClaims: dynamic resource allocation is not offered to tenant pods".into(),
         );
     }
+    out.extend(super::resources::resource_refusals(allow, spec));
     out.extend(super::images::image_refusals(allow, spec));
     out.extend(super::pod_fields::field_refusals(allow, spec));
     out

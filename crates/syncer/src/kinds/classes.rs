@@ -1,5 +1,6 @@
-//! Host classes (StorageClasses, IngressClasses) shown in the tenant as the host has them, so
-//! the tenant's claims and Ingresses can name them. A tenant's own class of the same name wins.
+//! Host classes (StorageClasses, IngressClasses) shown in the tenant, so the tenant's claims and
+//! Ingresses can name them: only those the profile lets the tenant name, without their
+//! parameters. A tenant's own class of the same name wins.
 
 use std::marker::PhantomData;
 
@@ -8,7 +9,7 @@ use k8s_openapi::api::storage::v1::StorageClass;
 use kube::api::{Api, ObjectMeta};
 use kube::runtime::watcher;
 use kube::{Client, Resource, ResourceExt};
-use tenantplane_api::SyncPolicySpec;
+use tenantplane_api::{Allowances, SyncPolicySpec};
 
 use crate::converge::{self, Target, delete_if_present};
 use crate::error::Result;
@@ -25,6 +26,12 @@ pub trait Class: Object + Resource<Scope = k8s_openapi::ClusterResourceScope> {
     const SETTING: &'static str;
     /// Shown under `policy`?
     fn shown(policy: &SyncPolicySpec) -> bool;
+    /// May the tenant name host class `name` (the profile's list for the kind)? Only such a
+    /// class is shown: the others are another team's, or the platform's own.
+    fn allowed(allow: &Allowances, name: &str) -> bool;
+    /// Leave out what the tenant has no business reading: a class's parameters name the host's
+    /// storage, keys and controllers (a KMS key's Secret, a balancer's configuration).
+    fn without_parameters(&mut self);
 }
 
 impl Class for StorageClass {
@@ -33,6 +40,13 @@ impl Class for StorageClass {
     fn shown(policy: &SyncPolicySpec) -> bool {
         policy.from_host.storage_classes.enabled
     }
+    fn allowed(allow: &Allowances, name: &str) -> bool {
+        allow.storage_classes.iter().any(|c| c == name)
+    }
+    fn without_parameters(&mut self) {
+        self.parameters = None;
+        self.mount_options = None;
+    }
 }
 
 impl Class for IngressClass {
@@ -40,6 +54,14 @@ impl Class for IngressClass {
     const SETTING: &'static str = "fromHost.ingressClasses";
     fn shown(policy: &SyncPolicySpec) -> bool {
         policy.from_host.ingress_classes.enabled
+    }
+    fn allowed(allow: &Allowances, name: &str) -> bool {
+        allow.ingress_classes.iter().any(|c| c == name)
+    }
+    fn without_parameters(&mut self) {
+        if let Some(spec) = self.spec.as_mut() {
+            spec.parameters = None;
+        }
     }
 }
 
@@ -76,9 +98,11 @@ impl<K: Class> Kind for Classes<K> {
     }
 }
 
-/// The tenant's copy of host class `host`, labelled as shown by this tenant's syncer.
+/// The tenant's copy of host class `host`, labelled as shown by this tenant's syncer, without
+/// its parameters.
 pub fn shown_class<K: Class>(host: &K, tenant: &str) -> K {
     let mut copy = host.clone();
+    copy.without_parameters();
     let mut labels = naming::copyable(host.meta().labels.as_ref());
     labels.insert(naming::LABEL_SYNCED_FROM.into(), tenant.to_string());
     *copy.meta_mut() = ObjectMeta {
@@ -97,7 +121,10 @@ async fn show_class<K: Class>(cx: &Tenant, name: &str) -> Result<()> {
         .as_ref()
         .is_some_and(|c| c.labels().get(naming::LABEL_SYNCED_FROM) == Some(&cx.tr.tenant.name));
     let host = cx.host_get::<K>(false, name);
-    let Some(host) = host.filter(|_| Classes::<K>::enabled(&cx.policy)) else {
+    let Some(host) = host
+        .filter(|_| Classes::<K>::enabled(&cx.policy))
+        .filter(|_| K::allowed(&cx.tr.allow, name))
+    else {
         if let (Some(c), true) = (current, ours) {
             delete_if_present(&api, &*c, None).await?;
         }
@@ -127,11 +154,32 @@ mod tests {
         let host: StorageClass = serde_json::from_value(json!({
             "metadata": {"name": "standard", "uid": "h1", "resourceVersion": "3",
                          "labels": {"tier": "ssd", "tenantplane.io/synced-from": "x"}},
-            "provisioner": "example.org/disk"
+            "provisioner": "example.org/disk",
+            "parameters": {"csi.storage.k8s.io/provisioner-secret-name": "kms-key-team-b"},
+            "mountOptions": ["debug"]
         }))
         .unwrap();
         let shown = shown_class(&host, "dev");
         assert_eq!(shown.provisioner, "example.org/disk");
+        assert_eq!(
+            (shown.parameters.clone(), shown.mount_options.clone()),
+            (None, None)
+        );
+        let allow = Allowances {
+            storage_classes: vec!["standard".into()],
+            ..Default::default()
+        };
+        assert!(StorageClass::allowed(&allow, "standard"));
+        assert!(!StorageClass::allowed(&allow, "team-b-encrypted"));
+        assert!(!IngressClass::allowed(&allow, "standard"));
+        let ingress: IngressClass = serde_json::from_value(json!({
+            "metadata": {"name": "internal"},
+            "spec": {"controller": "example.org/lb", "parameters": {"kind": "LB", "name": "internal-only"}}
+        }))
+        .unwrap();
+        let shown_ingress = shown_class(&ingress, "dev").spec.unwrap();
+        assert_eq!(shown_ingress.parameters, None);
+        assert_eq!(shown_ingress.controller.as_deref(), Some("example.org/lb"));
         assert_eq!(shown.metadata.uid, None);
         let labels = shown.metadata.labels.unwrap();
         assert_eq!(labels["tier"], "ssd");

@@ -166,6 +166,10 @@ pub fn translate_with(
     (endpoints, dropped)
 }
 
+/// The most addresses one Endpoints copy holds, as kube-controller-manager's endpoints controller
+/// keeps (it marks the rest `endpoints.kubernetes.io/over-capacity`).
+pub const MAX_ADDRESSES: usize = 1000;
+
 /// The addresses of `ep` its copy keeps (see [`translate_with`]), and a sentence per address
 /// left out.
 fn host_subsets(
@@ -194,6 +198,39 @@ fn host_subsets(
             }
         }
     }
+    // Past the first MAX_ADDRESSES, as the host's own endpoints controller truncates: every host
+    // node's proxy programs each address.
+    let mut room = MAX_ADDRESSES;
+    let mut past = 0;
+    for s in subsets.iter_mut().flatten() {
+        for list in [s.addresses.as_mut(), s.not_ready_addresses.as_mut()]
+            .into_iter()
+            .flatten()
+        {
+            let keep = list.len().min(room);
+            past += list.len() - keep;
+            list.truncate(keep);
+            room -= keep;
+        }
+    }
+    if past > 0 {
+        dropped.push(format!(
+            "{past} addresses past the first {MAX_ADDRESSES} are left out of the host copy (the most one Endpoints holds, as Kubernetes' own endpoints controller keeps); use EndpointSlices"
+        ));
+    }
+    // A subset whose every address was left out is no subset: the host refuses one with ports
+    // and no address (422 "must specify addresses or notReadyAddresses"), and the refused write
+    // would keep the address the copy had. Without any, the copy has no subsets at all.
+    let subsets = subsets
+        .map(|all| {
+            all.into_iter()
+                .filter(|s| {
+                    let has = |l: &Option<Vec<_>>| l.as_ref().is_some_and(|l| !l.is_empty());
+                    has(&s.addresses) || has(&s.not_ready_addresses)
+                })
+                .collect::<Vec<_>>()
+        })
+        .filter(|all| !all.is_empty());
     (subsets, dropped)
 }
 
@@ -292,5 +329,51 @@ mod tests {
         assert!(subset.not_ready_addresses.as_ref().unwrap().is_empty());
         assert_eq!(dropped.len(), 2, "{dropped:?}");
         assert!(dropped[0].contains("10.96.0.1"));
+    }
+
+    #[test]
+    fn an_endpoints_copy_holds_at_most_a_thousand_addresses() {
+        let ips: Vec<String> = (0..1200)
+            .map(|i| format!("10.244.{}.{}", i / 250, i % 250))
+            .collect();
+        let ep: Endpoints = serde_json::from_value(json!({
+            "metadata": {"name": "db", "namespace": "default"},
+            "subsets": [{"addresses": ips.iter().map(|ip| json!({"ip": ip})).collect::<Vec<_>>(),
+                         "ports": [{"port": 5432}]}]
+        }))
+        .unwrap();
+        let tr = translator();
+        let own: BTreeSet<String> = ips.iter().cloned().collect();
+        let (host, dropped) = translate_with(&tr, &ep, &host_name_of(&tr, &ep.metadata), &own);
+        assert_eq!(addresses(&host).len(), MAX_ADDRESSES);
+        assert_eq!(dropped.len(), 1);
+        assert!(
+            dropped[0].starts_with("200 addresses past the first 1000"),
+            "{dropped:?}"
+        );
+    }
+
+    /// The host refuses a subset with ports and no address (422), and the refused write kept a
+    /// gone pod's address in the copy: a subset left empty goes, and so does the list.
+    #[test]
+    fn a_subset_left_without_addresses_is_no_subset() {
+        let ep: Endpoints = serde_json::from_value(json!({
+            "metadata": {"name": "db", "namespace": "default"},
+            "subsets": [{"addresses": [{"ip": "10.244.0.7"}], "ports": [{"port": 5432}]},
+                        {"notReadyAddresses": [{"ip": "10.244.0.9"}], "ports": [{"port": 80}]}]
+        }))
+        .unwrap();
+        let tr = translator();
+        let name = host_name_of(&tr, &ep.metadata);
+        let own = BTreeSet::from(["10.244.0.9".to_string()]);
+        let (host, _) = translate_with(&tr, &ep, &name, &own);
+        let subsets = host.subsets.unwrap();
+        assert_eq!(subsets.len(), 1);
+        assert_eq!(subsets[0].ports.as_ref().unwrap()[0].port, 80);
+        let (host, dropped) = translate_with(&tr, &ep, &name, &BTreeSet::new());
+        assert_eq!(host.subsets, None);
+        assert_eq!(dropped.len(), 2);
+        let body = serde_json::to_value(&host).unwrap();
+        assert!(body.get("subsets").is_none(), "{body}");
     }
 }

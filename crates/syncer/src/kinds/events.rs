@@ -153,6 +153,7 @@ async fn converge_event(cx: &Tenant, host_name: &str) -> Result<()> {
         name: &v.name,
         copy: Box::new(|w| tenant_terms::copy_named(cx, w)),
         hidden_node: Box::new(|w| tenant_terms::hidden_node(cx, w, &known)),
+        address: Box::new(|ip| tenant_terms::shown_address(cx, ip)),
     };
     let mut wanted = event_up(&e, &about, &tenant_name, &terms, &|n| nodes::shown(cx, n));
     wanted
@@ -282,6 +283,7 @@ mod tests {
             name: "web",
             copy: Box::new(|w| crate::tenant_terms::plain_copy_name(w, "dev")),
             hidden_node: Box::new(|w| w == "pool-b-7"),
+            address: Box::new(|_| false),
         }
     }
 

@@ -147,7 +147,7 @@ fn host_keys(s: &Secret, tenant: &str) -> Vec<Key> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::copy::{Step, step};
+    use crate::copy::{Step, step, syncable};
     use crate::translate::tests::{host_name_of, translator};
     use serde_json::json;
 
@@ -249,28 +249,20 @@ mod tests {
         let t = secret("Opaque", false);
         let host_name = host_name_of(&tr, &t.metadata);
         let copy = Secrets::translate(&tr, &t, &host_name);
-        let tr_of = |s: &Secret| Secrets::translate(&tr, s, &host_name);
-        assert_eq!(step::<Secrets>(tr_of, None, None), Step::Nothing);
-        assert_eq!(step::<Secrets>(tr_of, None, Some(&copy)), Step::Delete);
+        let tr_of = |s: &Secret| Some(Secrets::translate(&tr, s, &host_name));
+        assert_eq!(step::<Secrets>(None, None), Step::Nothing);
+        assert_eq!(step::<Secrets>(None, Some(&copy)), Step::Delete);
+        // A going object has no desired copy: its copy is deleted, or none is made.
         let going = secret("Opaque", true);
+        assert!(syncable(Some(&going)).is_none());
+        assert_eq!(syncable(Some(&t)), Some(&t));
+        assert_eq!(step::<Secrets>(tr_of(&t), None), Step::Apply(copy.clone()));
         assert_eq!(
-            step::<Secrets>(tr_of, Some(&going), Some(&copy)),
-            Step::Delete
-        );
-        assert_eq!(step::<Secrets>(tr_of, Some(&going), None), Step::Nothing);
-        assert_eq!(
-            step::<Secrets>(tr_of, Some(&t), None),
-            Step::Apply(copy.clone())
-        );
-        assert_eq!(
-            step::<Secrets>(tr_of, Some(&t), Some(&copy)),
+            step::<Secrets>(tr_of(&t), Some(&copy)),
             Step::Apply(copy.clone())
         );
         // A type cannot change in place.
         let tls = secret("kubernetes.io/tls", false);
-        assert_eq!(
-            step::<Secrets>(tr_of, Some(&tls), Some(&copy)),
-            Step::Replace
-        );
+        assert_eq!(step::<Secrets>(tr_of(&tls), Some(&copy)), Step::Replace);
     }
 }

@@ -11,6 +11,8 @@ use common::*;
 // one module per class, sharing the helpers below.
 mod fields;
 mod network;
+// Third round: every dimension of a tenant's footprint bounded.
+mod bounds;
 mod pod_security;
 mod redteam;
 mod sizes;

@@ -118,6 +118,18 @@ async fn an_endpoints_copy_drops_a_gone_pods_address_at_once() {
         );
     }
     assert_eq!(dropped, Some(vec![stays.clone()]));
+    // The last address goes too: the copy keeps no subset (the host refuses one with ports and
+    // no address, and a refused write left the address in the copy).
+    pods.delete("stays", &Default::default()).await.unwrap();
+    let emptied = eventually(WAIT, || async {
+        let e = copies.get_opt("db-x-default-x-dev").await.ok()??;
+        e.subsets.unwrap_or_default().is_empty().then_some(())
+    })
+    .await;
+    assert!(
+        emptied.is_some(),
+        "the copy kept the last pod's address {stays}"
+    );
 }
 
 /// The host copy of tenant Service `default/<name>` and the tenant Service, once the tenant

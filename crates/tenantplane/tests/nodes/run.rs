@@ -348,7 +348,7 @@ async fn a_safe_sysctl_is_set_in_the_pod_and_its_start_is_told() {
 /// pod, to make it again) rather than waiting; one named for a node the tenant has no access
 /// to is placed by the host scheduler.
 #[tokio::test(flavor = "multi_thread")]
-async fn a_pod_bound_by_name_runs_there_and_its_kubelet_admits_it() {
+async fn a_pod_bound_by_name_is_placed_there_by_the_host_scheduler_or_waits() {
     use_real_nodes();
     let world = TestHost::start_with_kubelet("nodes-byname")
         .await
@@ -367,22 +367,59 @@ async fn a_pod_bound_by_name_runs_there_and_its_kubelet_admits_it() {
         .spec
         .and_then(|s| s.node_name)
         .unwrap();
+    // Named for the node: its copy goes there through the host scheduler, which honours other
+    // teams' pods, taints and room; never bound around it.
+    create_pod(
+        tenant,
+        "beside",
+        json!({"nodeName": node, "containers": [busybox("c", "exec sleep 3600")]}),
+    )
+    .await;
+    running(tenant, "beside").await;
+    let copy = host_copy(&world, "beside").await;
+    let spec = copy.spec.unwrap();
+    assert_eq!(spec.node_name.as_deref(), Some(node.as_str()));
+    assert!(
+        serde_json::to_string(&spec.affinity)
+            .unwrap()
+            .contains("metadata.name"),
+        "the copy was not pinned by affinity"
+    );
+    // Its host port taken there: the scheduler keeps the copy waiting, as it would any pod;
+    // no kubelet is made to refuse it.
     create_pod(
         tenant,
         "clash",
         json!({"nodeName": node, "restartPolicy": "Never", "containers": [holder]}),
     )
     .await;
-    let clash = pod_where(tenant, "clash", "failed", |p| phase(p) == Some("Failed")).await;
-    let said = clash.status.and_then(|s| s.message).unwrap_or_default();
-    assert!(said.contains("port"), "{said}");
-    assert_eq!(
-        host_copy(&world, "clash")
+    let waiting = eventually(WAIT, || async {
+        let copy = Api::<Pod>::namespaced(world.host.clone(), &world.ns.name)
+            .get(&tenantplane_syncer::naming::host_name_for(
+                &world.name,
+                "default",
+                "clash",
+            ))
             .await
-            .spec
-            .and_then(|s| s.node_name),
-        Some(node)
+            .ok()?;
+        let status = copy.status?;
+        status
+            .conditions?
+            .iter()
+            .any(|c| c.type_ == "PodScheduled" && c.reason.as_deref() == Some("Unschedulable"))
+            .then_some(copy.spec?.node_name)
+    })
+    .await;
+    assert_eq!(
+        waiting,
+        Some(None),
+        "the copy of a pod whose port is taken was not held by the scheduler"
     );
+    let clash = Api::<Pod>::namespaced(tenant.clone(), "default")
+        .get("clash")
+        .await
+        .unwrap();
+    assert_eq!(phase(&clash), Some("Pending"));
     // A node the tenant cannot run on (here: none of that name): the host places the copy.
     create_pod(
         tenant,
@@ -502,4 +539,58 @@ async fn an_evicted_job_pod_ends_failed_and_the_policy_ignores_it() {
         0,
         "the disruption was counted as a failure"
     );
+}
+
+/// An image pull's error reaches the tenant without the host node's resolver, or any address of
+/// the host's: the kubelet's message names where the node looked the registry up.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_image_pull_error_names_no_address_of_the_host() {
+    let world = real_tenant("nodes-pull").await;
+    let tenant = &world.tenant;
+    let mut c = busybox("c", "true");
+    c["image"] = "registry.nosuch.invalid/app:1.0".into();
+    create_pod(tenant, "unpullable", json!({"containers": [c]})).await;
+    let waiting = |p: &Pod| {
+        p.status
+            .as_ref()?
+            .container_statuses
+            .as_ref()?
+            .first()?
+            .state
+            .as_ref()?
+            .waiting
+            .clone()
+            .and_then(|w| w.message)
+            .filter(|m| m.contains("registry.nosuch.invalid"))
+    };
+    let pod = pod_where(
+        tenant,
+        "unpullable",
+        "told why its image does not pull",
+        |p| waiting(p).is_some(),
+    )
+    .await;
+    let message = waiting(&pod).unwrap_or_default();
+    // What the host's kubelet said, on the copy: the addresses it named.
+    let copy = host_copy(&world, "unpullable").await;
+    let host_said = waiting(&copy).unwrap_or_default();
+    let addresses = |text: &str| -> Vec<String> {
+        text.split(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .map(|w| w.trim_matches('.'))
+            .filter(|w| {
+                w.parse::<std::net::Ipv4Addr>()
+                    .is_ok_and(|ip| !ip.is_loopback())
+            })
+            .map(str::to_string)
+            .collect()
+    };
+    println!("the host said: {host_said}\nthe tenant read: {message}");
+    assert_eq!(
+        addresses(&message),
+        Vec::<String>::new(),
+        "the tenant read a host address: {message}"
+    );
+    if !addresses(&host_said).is_empty() {
+        assert!(message.contains("<host address>"), "{message}");
+    }
 }

@@ -275,9 +275,10 @@ async fn a_node_port_answers_at_the_nodes_address_when_the_profile_shows_it() {
                 .allow(json!({"nodePorts": true, "nodeAddresses": true}))
                 // Node-port traffic reaches the pod from the node's own address (kube-proxy
                 // masquerades it), which the profile's NetworkPolicy does not admit; its quota
-                // holds no node ports.
+                // holds no node ports unless it says so.
                 .profile_spec(json!({"networkPolicy": {"enabled": false},
-                                     "resourceQuota": {"enforce": false}})),
+                                     "resourceQuota": {"enforce": false,
+                                                       "hard": {"services.nodeports": "10"}}})),
         )
         .await;
     let tenant = &world.tenant;

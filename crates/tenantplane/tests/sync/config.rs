@@ -7,8 +7,17 @@ use k8s_openapi::api::storage::v1::StorageClass;
 
 #[tokio::test]
 async fn a_policy_picks_what_syncs_selectors_accounts_and_classes() {
-    // Only pods labelled sync=yes go down; ServiceAccounts go down; StorageClasses come up.
+    // Only pods labelled sync=yes go down; ServiceAccounts go down; StorageClasses the profile
+    // lets the tenant name come up, without their parameters; another team's does not.
+    let foreign = format!("team-b-{}", std::process::id());
+    let other: StorageClass = serde_json::from_value(json!({
+        "metadata": {"name": foreign},
+        "provisioner": "example.org/disk",
+        "parameters": {"csi.storage.k8s.io/provisioner-secret-name": "kms-key-team-b"}
+    }))
+    .unwrap();
     let world = TenantSetup::seed()
+        .allow(json!({"storageClasses": ["standard"]}))
         .sync_policy(json!({
             "toHost": {
                 "pods": {"enabled": true, "selector": {"matchLabels": {"sync": "yes"}}},
@@ -20,6 +29,8 @@ async fn a_policy_picks_what_syncs_selectors_accounts_and_classes() {
         .await;
     let (ns, host, tenant) = (&world.ns, &world.host, &world.tenant);
     let policy_name = world.sync_policy.clone().unwrap();
+    let host_classes = Api::<StorageClass>::all(host.clone());
+    let _ = host_classes.create(&PostParams::default(), &other).await;
 
     let pods: Api<Pod> = Api::namespaced(tenant.clone(), "default");
     for (name, sync) in [("kept", "yes"), ("skipped", "no")] {
@@ -53,6 +64,20 @@ async fn a_policy_picks_what_syncs_selectors_accounts_and_classes() {
     assert_eq!(virtual_name(&copies[0]), "kept");
     assert_eq!(account.automount_service_account_token, Some(false));
     assert_eq!(class.labels()[naming::LABEL_SYNCED_FROM], "dev");
+    assert_eq!(class.parameters, None);
+    let shown: Vec<String> = Api::<StorageClass>::all(tenant.clone())
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .map(|c| c.name_any())
+        .collect();
+    assert!(
+        !shown.contains(&foreign),
+        "another team's class shows: {shown:?}"
+    );
+    let _ = host_classes.delete(&foreign, &Default::default()).await;
     let skipped = pods.get("skipped").await.unwrap();
     assert!(
         skipped.spec.unwrap().node_name.is_none(),

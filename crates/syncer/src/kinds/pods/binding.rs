@@ -4,7 +4,9 @@
 
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{Binding, Node, ObjectReference, Pod};
+use k8s_openapi::api::core::v1::{
+    Binding, Node, NodeSelectorRequirement, NodeSelectorTerm, ObjectReference, Pod, PodSpec,
+};
 use kube::ResourceExt;
 use kube::api::{ObjectMeta, PostParams};
 use serde_json::Value;
@@ -18,11 +20,11 @@ use crate::stages::Stage;
 use crate::tenant::Tenant;
 
 /// The host node a tenant pod bound by name (`spec.nodeName`, written so or bound before its copy
-/// was made again) runs on: its own, as on the host, where the kubelet admits or rejects it
-/// (a host port taken, no room) rather than a scheduler. Only a node the profile lets the
-/// tenant run on: its `nodeSelector` matches, it is not cordoned, and `copy`'s tolerations (the
-/// profile's and those the tenant may add) cover its taints, since a kubelet checks no
-/// scheduling taint. Otherwise the host scheduler places the copy.
+/// was made again) asks for: its copy is pinned there by node affinity ([`pin_to_node`]), never
+/// bound by name, so the host scheduler still judges it (other teams' anti-affinity, taints,
+/// room, ports) and a copy that does not fit waits unscheduled. Only a node the profile lets the
+/// tenant run on: its `nodeSelector` matches, it is not cordoned, and `copy`'s tolerations cover
+/// its taints. Otherwise the host scheduler places the copy wherever it fits.
 pub fn bound_by_name(cx: &Tenant, t: &Pod, copy: &Pod) -> Option<String> {
     let node = t.spec.as_ref()?.node_name.clone()?;
     let host = cx.host_get::<Node>(false, &node)?;
@@ -32,6 +34,34 @@ pub fn bound_by_name(cx: &Tenant, t: &Pod, copy: &Pod) -> Option<String> {
         .and_then(|s| s.tolerations.clone())
         .unwrap_or_default();
     nodes::schedulable(&host, &cx.tr.node_selector, &tolerations).then_some(node)
+}
+
+/// Pin a copy's spec to host node `node` the way the DaemonSet controller pins its pods: a
+/// `metadata.name` field term ANDed into every required node affinity term (or the only term),
+/// so the node must also meet every term the copy already had. The scheduler binds it.
+pub fn pin_to_node(spec: &mut PodSpec, node: &str) {
+    let pin = NodeSelectorRequirement {
+        key: "metadata.name".into(),
+        operator: "In".into(),
+        values: Some(vec![node.to_string()]),
+    };
+    let required = spec
+        .affinity
+        .get_or_insert_with(Default::default)
+        .node_affinity
+        .get_or_insert_with(Default::default)
+        .required_during_scheduling_ignored_during_execution
+        .get_or_insert_with(Default::default);
+    if required.node_selector_terms.is_empty() {
+        required
+            .node_selector_terms
+            .push(NodeSelectorTerm::default());
+    }
+    for term in required.node_selector_terms.iter_mut() {
+        let fields = term.match_fields.get_or_insert_with(Vec::new);
+        fields.retain(|f| f.key != "metadata.name");
+        fields.push(pin.clone());
+    }
 }
 
 /// Bind the tenant pod to the virtual node of its copy's host node. Only to a virtual node that
@@ -77,5 +107,49 @@ pub async fn bind(cx: &Tenant, t: &Pod, h: &Pod) -> Result<()> {
         // Bound meanwhile (our own earlier write, not yet in the cache).
         Err(kube::Error::Api(e)) if e.code == 409 => Ok(()),
         Err(e) => Err(e.into()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    /// A pod bound by name is placed by the scheduler: on the node it named, and only where the
+    /// terms it had hold too (the field term is ANDed into each of them).
+    #[test]
+    fn a_pin_is_an_affinity_term_the_scheduler_judges() {
+        let mut bare = PodSpec::default();
+        pin_to_node(&mut bare, "node-a");
+        let terms = serde_json::to_value(&bare.affinity).unwrap();
+        assert_eq!(
+            terms,
+            json!({"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [{"matchFields": [
+                    {"key": "metadata.name", "operator": "In", "values": ["node-a"]}]}]}}})
+        );
+        assert_eq!(bare.node_name, None);
+        let mut zoned: PodSpec = serde_json::from_value(json!({"containers": [],
+            "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [
+                    {"matchExpressions": [{"key": "topology.kubernetes.io/zone", "operator": "In", "values": ["a"]}]},
+                    {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["node-z"]}]}]}}}}))
+        .unwrap();
+        pin_to_node(&mut zoned, "node-b");
+        let required = zoned
+            .affinity
+            .and_then(|a| a.node_affinity)
+            .and_then(|n| n.required_during_scheduling_ignored_during_execution)
+            .unwrap();
+        assert_eq!(required.node_selector_terms.len(), 2);
+        for term in &required.node_selector_terms {
+            let fields = term.match_fields.as_ref().unwrap();
+            assert_eq!(fields.len(), 1, "the tenant's own name term is replaced");
+            assert_eq!(
+                fields[0].values.as_deref(),
+                Some(&["node-b".to_string()][..])
+            );
+        }
+        assert!(required.node_selector_terms[0].match_expressions.is_some());
     }
 }

@@ -33,6 +33,7 @@ use crate::tenant_terms::{self, Terms};
 
 pub mod binding;
 pub mod carry;
+pub mod ended;
 pub mod ephemeral;
 pub mod hosts;
 pub mod references;
@@ -253,16 +254,19 @@ async fn converge_pod(cx: &Tenant, ns: &str, name: &str) -> Result<()> {
     if review.dropped.is_empty() {
         tell::forget(cx, &t_uid);
     }
+    if ended::ended(&h) {
+        // Its final status is the tenant pod's now: past the bound, the oldest ended copies go.
+        ended::trim(cx).await?;
+    }
     Ok(())
 }
 
 /// Why tenant pod `p` may not run on the host for the data it uses: each ConfigMap and Secret
-/// it uses that holds more than `allow.maxDataBytes`. Each is told so too, as its own converge
-/// would (it has no copy to converge while no pod of it runs).
+/// it uses that is not copied for its size (more data than `allow.maxDataBytes`, a copy past
+/// its byte bounds). Each is told so too, as its own converge would (it has no copy to converge
+/// while no pod of it runs).
 async fn too_large_for(cx: &Tenant, p: &Pod) -> Vec<String> {
-    let Some(cap) = crate::allow::DataCap::of(&cx.tr.allow) else {
-        return vec![];
-    };
+    let cap = crate::allow::DataCap::of(&cx.tr.allow);
     let ns = p.namespace().unwrap_or_default();
     let r = references(p);
     let mut out = Vec::new();
@@ -271,14 +275,12 @@ async fn too_large_for(cx: &Tenant, p: &Pod) -> Vec<String> {
             .config_maps
             .iter()
             .filter_map(|n| cx.tenant_get::<ConfigMap>(&ns, n))
+            .filter(|cm| cx.selected(ConfigMaps::NAME, &cm.metadata))
         {
             let bytes = crate::allow::data_bytes(cm.data.as_ref(), cm.binary_data.as_ref());
-            if cx.selected(ConfigMaps::NAME, &cm.metadata)
-                && let Some(why) = cap.pod_refusal(ConfigMaps::NAME, &cm.name_any(), bytes)
-            {
-                out.push(why);
-                secrets::tell_refused(cx, &*cm, &ConfigMaps::review(&cx.tr, &cm)).await;
-            }
+            let copy = ConfigMaps::translate(&cx.tr, &cm, &cx.tr.host_name(&ns, &cm.name_any()));
+            let review = ConfigMaps::review(&cx.tr, &cm);
+            out.extend(not_copied(cx, &*cm, cap.as_ref(), bytes, &copy, review).await);
         }
     }
     if Secrets::enabled(&cx.policy) {
@@ -286,18 +288,49 @@ async fn too_large_for(cx: &Tenant, p: &Pod) -> Vec<String> {
             .secrets
             .iter()
             .filter_map(|n| cx.tenant_get::<Secret>(&ns, n))
+            .filter(|s| cx.selected(Secrets::NAME, &s.metadata))
+            .filter(|s| s.type_.as_deref() != Some(secrets::TOKEN_TYPE))
         {
             let bytes = crate::allow::data_bytes(s.string_data.as_ref(), s.data.as_ref());
-            if cx.selected(Secrets::NAME, &s.metadata)
-                && s.type_.as_deref() != Some(secrets::TOKEN_TYPE)
-                && let Some(why) = cap.pod_refusal(Secrets::NAME, &s.name_any(), bytes)
-            {
-                out.push(why);
-                secrets::tell_refused(cx, &*s, &Secrets::review(&cx.tr, &s)).await;
-            }
+            let copy = Secrets::translate(&cx.tr, &s, &cx.tr.host_name(&ns, &s.name_any()));
+            let review = Secrets::review(&cx.tr, &s);
+            out.extend(not_copied(cx, &*s, cap.as_ref(), bytes, &copy, review).await);
         }
     }
     out
+}
+
+/// Why data object `obj` (holding `bytes` of data, copied as `copy`) is not copied, as a pod
+/// using it is told; the object is told too, with its own `review` and the size refusals.
+async fn not_copied<K>(
+    cx: &Tenant,
+    obj: &K,
+    cap: Option<&crate::allow::DataCap>,
+    bytes: usize,
+    copy: &K,
+    mut review: tell::Review,
+) -> Vec<String>
+where
+    K: kube::Resource<DynamicType = ()> + serde::Serialize,
+{
+    let kind = K::kind(&());
+    let name = obj.meta().name.clone().unwrap_or_default();
+    let mut why: Vec<String> = cap
+        .and_then(|c| c.pod_refusal(&kind, &name, bytes))
+        .into_iter()
+        .collect();
+    let sized = crate::allow::byte_refusals(&cx.tr.allow, &kind, copy.meta(), copy);
+    if !sized.is_empty() {
+        why.push(format!(
+            "{kind} {name} is not copied to the host, so the pod could not run there: {}",
+            sized.join("; ")
+        ));
+        review.refused.extend(sized);
+    }
+    if !why.is_empty() {
+        secrets::tell_refused(cx, obj, &review).await;
+    }
+    why
 }
 
 /// How host text about the copy of tenant pod `t`, on host node `node`, reads in the tenant
@@ -310,6 +343,7 @@ fn terms_for<'a>(cx: &'a Tenant, t: &'a Pod, node: Option<String>) -> Terms<'a> 
         name: t.metadata.name.as_deref().unwrap_or_default(),
         copy: Box::new(|w| tenant_terms::copy_named(cx, w)),
         hidden_node: Box::new(move |w| tenant_terms::hidden_node(cx, w, &known)),
+        address: Box::new(|ip| tenant_terms::shown_address(cx, ip)),
     }
 }
 
@@ -379,7 +413,16 @@ async fn create_host_pod(cx: &Tenant, t: &Pod, host_name: &str) -> Result<()> {
     if let Some(node) = binding::bound_by_name(cx, t, &desired)
         && let Some(spec) = desired.spec.as_mut()
     {
-        spec.node_name = Some(node);
+        binding::pin_to_node(spec, &node);
+    }
+    // The copy as it would be written, environment and all: its size is the host's to bear.
+    let too_large = tell::Review {
+        refused: crate::allow::byte_refusals(&cx.tr.allow, Pods::NAME, &desired.metadata, &desired),
+        dropped: vec![],
+    };
+    if let Some(refused) = too_large.refusal() {
+        mark_unschedulable(cx, t, tell::NOT_ALLOWED, &refused.to_string()).await;
+        tell::enforce(cx, t, None, &too_large).await?;
     }
     let hash = hash_of(&changeable(&desired));
     let (mut body, _) = converge::stamped(&desired)?;

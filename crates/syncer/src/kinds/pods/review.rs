@@ -69,6 +69,9 @@ fn node_affinity(tr: &Translator, na: Option<&mut NodeAffinity>) -> Vec<String> 
     dropped
 }
 
+/// Why a pod's `setHostnameAsFQDN` does not reach its copy.
+pub const SET_HOSTNAME_AS_FQDN: &str = "setHostnameAsFQDN is left out of the host copy: the host would make the hostname a full name of the host's (its namespace and the copy's name); the pod's hostname is its short name, and its full name resolves from its hosts file";
+
 /// What the host copy of `pod` leaves out and why it may have none (see [`crate::allow`]).
 pub fn review(tr: &Translator, pod: &Pod) -> Review {
     let Some(spec) = pod.spec.as_ref() else {
@@ -85,13 +88,24 @@ pub fn review(tr: &Translator, pod: &Pod) -> Review {
     dropped
         .extend(allow::tolerations(&tr.allow, spec.tolerations.as_deref().unwrap_or_default()).1);
     dropped.extend(allow::priority_class(&tr.allow, spec.priority_class_name.as_deref()).1);
+    if spec.set_hostname_as_fqdn == Some(true) {
+        dropped.push(SET_HOSTNAME_AS_FQDN.into());
+    }
     let mut na = spec.affinity.as_ref().and_then(|a| a.node_affinity.clone());
     dropped.extend(node_affinity(tr, na.as_mut()));
     let mut copy = spec.clone();
     dropped.extend(allow::topology(&tr.allow, &mut copy));
     dropped.extend(allow::bound_durations(&tr.allow.durations, &mut copy));
-    Review {
-        refused: allow::pod_refusals(&tr.allow, spec),
-        dropped,
+    let mut refused = allow::pod_refusals(&tr.allow, spec);
+    let tokens = super::tokens::token_sources(pod).len();
+    if tokens > MAX_TOKENS {
+        refused.push(format!(
+            "the pod projects {tokens} service account tokens; at most {MAX_TOKENS} reach the host (the syncer mints each and keeps it in a host Secret of the pod's)"
+        ));
     }
+    Review { refused, dropped }
 }
+
+/// The most service-account tokens one pod may project: the host Secret that holds them grows
+/// by about 1 KiB a token, and real pods project one or two.
+pub const MAX_TOKENS: usize = 16;

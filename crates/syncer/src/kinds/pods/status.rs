@@ -277,6 +277,7 @@ mod tests {
                 name: "web",
                 copy: Box::new(copy),
                 hidden_node: Box::new(|w| w == "pool-b-7"),
+                address: Box::new(|_| true),
             },
             Some(&KubeletEndpoint {
                 address: "10.96.0.42".into(),
@@ -338,6 +339,7 @@ mod tests {
             name: "web",
             copy: Box::new(copy),
             hidden_node: Box::new(|_| false),
+            address: Box::new(|_| true),
         };
         let status = |h: &Pod, observed| pod_status_up(h, &terms, None, false, observed);
         let before = status(&copy_at(1, Some(1), Some(1)), None);

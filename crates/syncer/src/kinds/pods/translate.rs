@@ -87,6 +87,10 @@ pub fn pod(
     if spec.hostname.is_none() && pod.name_any().len() <= 63 && !pod.name_any().contains('.') {
         spec.hostname = Some(pod.name_any());
     }
+    // The host's kubelet would make the hostname the copy's full name, which names the host
+    // namespace and the copy (`review` tells the tenant): the pod keeps its short hostname, and
+    // its full name is in its hosts file (`hosts`).
+    spec.set_hostname_as_fqdn = None;
     let tenant_subdomain = spec.subdomain.take();
     if let Some(sub) = &tenant_subdomain {
         spec.subdomain = Some(tr.host_name(&ns, sub));
@@ -95,6 +99,7 @@ pub fn pod(
     placement(tr, &mut spec);
     allow::topology(&tr.allow, &mut spec);
     allow::bound_durations(&tr.allow.durations, &mut spec);
+    allow::bound_disk(&tr.allow.ephemeral_storage, &mut spec);
     // A gated pod gets no copy (see `pods`): a copy's gate would wait for a host controller.
     spec.scheduling_gates = None;
     if let Some(secrets) = spec.image_pull_secrets.as_mut() {

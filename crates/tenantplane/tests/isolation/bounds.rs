@@ -1,0 +1,427 @@
+//! Isolation, third round: a tenant's footprint on the host is bounded in every dimension. Every
+//! resource a pod asks for is decided and counted, node disk is capped, every copy's bytes and
+//! counts are bounded, placement stays the host scheduler's, and nothing of the host comes up.
+//! Each attack is the red team's, made by a tenant admin against the real control plane.
+
+use super::*;
+use k8s_openapi::api::core::v1::{Node, ResourceQuota};
+use kube::api::DeleteParams;
+
+/// The tenant's quota on the host, once it holds `key`.
+async fn quota_with(host: &Client, ns: &str, key: &str) -> ResourceQuota {
+    let quotas: Api<ResourceQuota> = Api::namespaced(host.clone(), ns);
+    eventually(WAIT, || async {
+        quotas
+            .list(&ListParams::default())
+            .await
+            .ok()?
+            .items
+            .into_iter()
+            .find(|q| {
+                q.spec
+                    .as_ref()
+                    .and_then(|s| s.hard.as_ref())
+                    .is_some_and(|h| h.contains_key(key))
+            })
+    })
+    .await
+    .unwrap_or_else(|| panic!("the quota never counted {key}"))
+}
+
+fn resources(limits: serde_json::Value) -> serde_json::Value {
+    let mut c = container("c");
+    c["resources"] = json!({"limits": limits});
+    c
+}
+
+#[tokio::test]
+async fn every_resource_a_pod_asks_for_is_decided_counted_and_capped() {
+    let world = TenantSetup::seed()
+        .allow(json!({"resources": {"example.com/gpu": "2"}}))
+        .start("iso-res")
+        .await;
+    let (ns, host, tenant) = (&world.ns, &world.host, &world.tenant);
+    // Every resource a pod may consume has a key that counts it, whatever the profile enforces.
+    let quota = quota_with(host, &ns.name, "requests.example.com/gpu").await;
+    let hard = quota.spec.unwrap().hard.unwrap();
+    for (key, value) in [
+        ("requests.example.com/gpu", "2"),
+        ("requests.ephemeral-storage", "512Gi"),
+        ("count/endpointslices.discovery.k8s.io", "2k"),
+        ("count/serviceaccounts", "500"),
+        ("pods", "100"),
+    ] {
+        assert_eq!(hard.get(key).map(|q| q.0.as_str()), Some(value), "{key}");
+    }
+    let pods: Api<Pod> = Api::namespaced(tenant.clone(), "default");
+    let mut huge = resources(json!({"hugepages-2Mi": "2Gi", "memory": "2Gi"}));
+    huge["resources"]["requests"] = json!({"hugepages-2Mi": "2Gi", "memory": "2Gi"});
+    create(
+        &pods,
+        &pod("huge", json!({}), json!({"containers": [huge]})),
+    )
+    .await;
+    create(
+        &pods,
+        &pod(
+            "disk",
+            json!({}),
+            json!({"containers": [resources(json!({"ephemeral-storage": "1Ti"}))]}),
+        ),
+    )
+    .await;
+    create(
+        &pods,
+        &pod(
+            "scratch",
+            json!({}),
+            json!({"volumes": [{"name": "s", "emptyDir": {"sizeLimit": "1Ti"}}]}),
+        ),
+    )
+    .await;
+    // An opened resource past its total: the host's quota refuses the copy.
+    create(
+        &pods,
+        &pod(
+            "gpus",
+            json!({}),
+            json!({"containers": [resources(json!({"example.com/gpu": "4"}))]}),
+        ),
+    )
+    .await;
+    create(
+        &pods,
+        &pod(
+            "plain",
+            json!({}),
+            json!({"volumes": [{"name": "s", "emptyDir": {}}, {"name": "m", "emptyDir": {"medium": "Memory"}}]}),
+        ),
+    )
+    .await;
+    for (name, needle) in [
+        (
+            "huge",
+            "asks for resource hugepages-2Mi (limits), which the IsolationProfile's allow.resources does not list",
+        ),
+        (
+            "disk",
+            "resources.limits.ephemeral-storage 1Ti is more than the IsolationProfile's allow.ephemeralStorage.maxPerContainer of 64Gi",
+        ),
+        (
+            "scratch",
+            "emptyDir.sizeLimit 1Ti is more than the IsolationProfile's allow.ephemeralStorage.emptyDirMax of 64Gi",
+        ),
+    ] {
+        let message = told(tenant, name, "NotAllowed").await;
+        assert!(message.contains(needle), "{name}: {message}");
+        assert!(!has_copy::<Pod>(host, &ns.name, name).await, "{name}");
+    }
+    let refused = told(tenant, "gpus", "HostRejected").await;
+    assert!(
+        refused.contains("exceeded quota") && refused.contains("requests.example.com/gpu"),
+        "{refused}"
+    );
+    assert!(!has_copy::<Pod>(host, &ns.name, "gpus").await);
+    // A copy gets the profile's node disk defaults where the tenant set none.
+    let copy: Pod = host_copy(host, &ns.name, "plain").await;
+    let spec = copy.spec.unwrap();
+    let r = spec.containers[0].resources.clone().unwrap();
+    assert_eq!(r.limits.unwrap()["ephemeral-storage"].0, "16Gi");
+    assert_eq!(r.requests.unwrap()["ephemeral-storage"].0, "0");
+    let sizes: Vec<Option<String>> = spec
+        .volumes
+        .unwrap()
+        .iter()
+        .filter_map(|v| v.empty_dir.as_ref())
+        .map(|e| e.size_limit.clone().map(|q| q.0))
+        .collect();
+    assert_eq!(sizes, [Some("16Gi".to_string()), None]);
+}
+
+#[tokio::test]
+async fn no_copy_is_larger_than_its_kind_allows_nor_a_service_wider() {
+    let world = TenantSetup::seed()
+        .allow(json!({}))
+        .start("iso-bytes")
+        .await;
+    let (ns, host, tenant) = (&world.ns, &world.host, &world.tenant);
+    // 7,003 labels, little data: the data bound does not see labels.
+    let labels: serde_json::Map<String, serde_json::Value> = (0..7003)
+        .map(|i| (format!("l{i:05}"), json!("v".repeat(60))))
+        .collect();
+    let labelled: ConfigMap = serde_json::from_value(json!({
+        "metadata": {"name": "labelled", "namespace": "default", "labels": labels},
+        "data": {"k": "v"}
+    }))
+    .unwrap();
+    create(&Api::namespaced(tenant.clone(), "default"), &labelled).await;
+    let pods: Api<Pod> = Api::namespaced(tenant.clone(), "default");
+    // A ConfigMap is copied once a pod uses it; the pod could not run without the copy.
+    create(
+        &pods,
+        &pod(
+            "reader",
+            json!({}),
+            json!({"volumes": [{"name": "c", "configMap": {"name": "labelled"}}]}),
+        ),
+    )
+    .await;
+    // Seven environment values of 100,000 characters: a 700 KB pod spec.
+    let mut big = container("c");
+    big["env"] = json!(
+        (0..7)
+            .map(|i| json!({"name": format!("V{i}"), "value": "x".repeat(100_000)}))
+            .collect::<Vec<_>>()
+    );
+    create(
+        &pods,
+        &pod("wordy", json!({}), json!({"containers": [big]})),
+    )
+    .await;
+    // Twenty projected tokens: the syncer's token Secret would hold them all.
+    let sources: Vec<_> = (0..20)
+        .map(|i| json!({"serviceAccountToken": {"path": format!("t{i}"), "audience": format!("a{i}")}}))
+        .collect();
+    create(
+        &pods,
+        &pod(
+            "tokens",
+            json!({}),
+            json!({"volumes": [{"name": "t", "projected": {"sources": sources}}]}),
+        ),
+    )
+    .await;
+    // 1,200 ports: every host node's proxy would program each.
+    let ports: Vec<_> = (1..=1200)
+        .map(|p| json!({"name": format!("p{p}"), "port": p}))
+        .collect();
+    let wide: Service = serde_json::from_value(json!({
+        "metadata": {"name": "wide", "namespace": "default"},
+        "spec": {"selector": {"app": "x"}, "ports": ports}
+    }))
+    .unwrap();
+    create(&Api::namespaced(tenant.clone(), "default"), &wide).await;
+    create(&pods, &pod("small", json!({}), json!({}))).await;
+    host_copy::<Pod>(host, &ns.name, "small").await;
+    let message = told(tenant, "labelled", "NotAllowed").await;
+    assert!(
+        message.contains("its labels and annotations take")
+            && message.contains("the IsolationProfile's allow.maxMetadataBytes (the default)"),
+        "{message}"
+    );
+    let message = told(tenant, "reader", "NotAllowed").await;
+    assert!(
+        message.contains("ConfigMap labelled is not copied to the host, so the pod could not run there: its labels and annotations take"),
+        "{message}"
+    );
+    let message = told(tenant, "wordy", "NotAllowed").await;
+    assert!(
+        message.contains("more than the 256Ki allowed by the IsolationProfile's allow.maxObjectBytes.Pod (the default)"),
+        "{message}"
+    );
+    let message = told(tenant, "tokens", "NotAllowed").await;
+    assert!(
+        // Twenty, and the one the tenant's admission adds (kube-api-access).
+        message.contains("the pod projects 21 service account tokens; at most 16"),
+        "{message}"
+    );
+    let message = told(tenant, "wide", "NotAllowed").await;
+    assert!(
+        message.contains("it has 1200 ports, more than the 100 the IsolationProfile's allow.maxServicePorts allows by default"),
+        "{message}"
+    );
+    assert!(!has_copy::<ConfigMap>(host, &ns.name, "labelled").await);
+    assert!(!has_copy::<Service>(host, &ns.name, "wide").await);
+    for name in ["wordy", "tokens", "reader"] {
+        assert!(!has_copy::<Pod>(host, &ns.name, name).await, "{name}");
+    }
+}
+
+#[tokio::test]
+async fn ended_pods_past_the_bound_leave_the_host_oldest_first() {
+    let world = TenantSetup::seed()
+        .allow(json!({"maxEndedPods": 2}))
+        .start("iso-ended")
+        .await;
+    let (ns, host, tenant) = (&world.ns, &world.host, &world.tenant);
+    let pods: Api<Pod> = Api::namespaced(tenant.clone(), "default");
+    // kwok ends a pod that never restarts five seconds after it runs.
+    for i in 0..5 {
+        create(
+            &pods,
+            &pod(
+                &format!("done-{i}"),
+                json!({}),
+                json!({"restartPolicy": "Never"}),
+            ),
+        )
+        .await;
+        tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
+    }
+    let copies: Api<Pod> = Api::namespaced(host.clone(), &ns.name);
+    let last = std::sync::Mutex::new(String::new());
+    let settled = eventually(WAIT, || async {
+        let tenant_pods: Vec<String> = pods
+            .list(&ListParams::default())
+            .await
+            .ok()?
+            .items
+            .iter()
+            .filter(|p| p.metadata.deletion_timestamp.is_none())
+            .map(|p| p.name_any())
+            .collect();
+        let ended = copies
+            .list(&ListParams::default().labels(naming::LABEL_SYNCED_FROM))
+            .await
+            .ok()?
+            .items
+            .iter()
+            .filter(|p| p.metadata.deletion_timestamp.is_none())
+            .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Succeeded"))
+            .count();
+        *last.lock().unwrap() = format!("tenant pods {tenant_pods:?}, ended copies {ended}");
+        (ended == 2 && tenant_pods == ["done-3", "done-4"]).then_some(())
+    })
+    .await;
+    assert!(
+        settled.is_some(),
+        "the ended copies were not bounded: {}",
+        last.lock().unwrap()
+    );
+}
+
+/// A simulated node of this test's own, tainted so only what tolerates `taint` goes there.
+async fn guarded_node(host: &Client, name: &str, cidr: &str, taint: &str) {
+    let node: Node = serde_json::from_value(json!({
+        "metadata": {"name": name, "annotations": {"kwok.x-k8s.io/node": "fake"},
+            "labels": {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux", "type": "kwok"}},
+        "spec": {"podCIDR": cidr, "podCIDRs": [cidr],
+            "taints": [{"key": taint, "value": "yes", "effect": "NoSchedule"}]}
+    }))
+    .unwrap();
+    create(&Api::<Node>::all(host.clone()), &node).await;
+    let ready = eventually(WAIT, || async {
+        let n = Api::<Node>::all(host.clone()).get(name).await.ok()?;
+        n.status?
+            .conditions?
+            .iter()
+            .any(|c| c.type_ == "Ready" && c.status == "True")
+            .then_some(())
+    })
+    .await;
+    assert!(ready.is_some(), "kwok never made {name} Ready");
+}
+
+#[tokio::test]
+async fn placement_stays_the_host_schedulers_and_host_names_stay_below() {
+    let world = TestHost::start("iso-place").await;
+    let (ns, host) = (&world.ns, &world.host);
+    let taint = "example.com/guarded";
+    let node = format!("guarded-{}", ns.name.replace("iso-", ""));
+    guarded_node(host, &node, "10.244.231.0/24", taint).await;
+    // Another team's pod there, whose required anti-affinity keeps every other team away.
+    let other = tenantplane_testenv::namespace("iso-place-b").await;
+    let victim: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "victim", "namespace": other.name, "labels": {"team": "b"}},
+        "spec": {"nodeName": node, "containers": [container("c")],
+            "tolerations": [{"key": taint, "operator": "Exists"}],
+            "affinity": {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [{
+                "labelSelector": {"matchExpressions": [{"key": "team", "operator": "NotIn", "values": ["b"]}]},
+                "namespaceSelector": {}, "topologyKey": "kubernetes.io/hostname"}]}}}
+    }))
+    .unwrap();
+    create(&Api::namespaced(host.clone(), &other.name), &victim).await;
+    let tenant = TenantSetup::seed()
+        .allow(json!({"tolerationKeys": [taint]}))
+        .ready_in(ns)
+        .await;
+    let pods: Api<Pod> = Api::namespaced(tenant.clone(), "default");
+    let tolerate = json!([{"key": taint, "operator": "Exists"},
+        {"key": "node.kubernetes.io/memory-pressure", "operator": "Exists", "effect": "NoSchedule"},
+        {"key": "node.kubernetes.io/unschedulable", "operator": "Exists", "effect": "NoSchedule"}]);
+    create(
+        &pods,
+        &pod(
+            "intruder",
+            json!({}),
+            json!({"nodeName": node, "tolerations": tolerate}),
+        ),
+    )
+    .await;
+    create(
+        &pods,
+        &pod(
+            "named",
+            json!({}),
+            json!({"hostname": "db-0", "subdomain": "db", "setHostnameAsFQDN": true}),
+        ),
+    )
+    .await;
+    // The copy is pinned by affinity, not bound: the scheduler judges it, and the other team's
+    // anti-affinity holds.
+    let copy: Pod = host_copy(host, &ns.name, "intruder").await;
+    let spec = copy.spec.clone().unwrap();
+    let pin = serde_json::to_string(&spec.affinity).unwrap();
+    assert!(
+        pin.contains("metadata.name") && pin.contains(&node),
+        "{pin}"
+    );
+    let keys: Vec<String> = spec
+        .tolerations
+        .iter()
+        .flatten()
+        .filter_map(|t| t.key.clone())
+        .collect();
+    assert!(keys.contains(&taint.to_string()), "{keys:?}");
+    assert!(
+        !keys
+            .iter()
+            .any(|k| k.ends_with("memory-pressure") || k.ends_with("unschedulable")),
+        "lifecycle tolerations reached the host: {keys:?}"
+    );
+    let unschedulable = eventually(WAIT, || async {
+        let c: Pod = Api::namespaced(host.clone(), &ns.name)
+            .get(&copy.name_any())
+            .await
+            .ok()?;
+        let status = c.status?;
+        status
+            .conditions?
+            .iter()
+            .find(|c| c.type_ == "PodScheduled" && c.status == "False")
+            .and(Some(()))
+    })
+    .await;
+    assert!(
+        unschedulable.is_some(),
+        "the scheduler never judged the copy"
+    );
+    tokio::time::sleep(std::time::Duration::from_secs(3)).await;
+    let still: Pod = Api::namespaced(host.clone(), &ns.name)
+        .get(&copy.name_any())
+        .await
+        .unwrap();
+    assert_eq!(
+        still.spec.and_then(|s| s.node_name),
+        None,
+        "the copy went beside the other team's pod"
+    );
+    let message = told(&tenant, "intruder", "NotCopied").await;
+    assert!(
+        message
+            .contains("node.kubernetes.io/memory-pressure (a node the host keeps pods away from)")
+            && message.contains("allow.tolerationKeys"),
+        "{message}"
+    );
+    // The host's full name is no pod's hostname.
+    let named: Pod = host_copy(host, &ns.name, "named").await;
+    assert_eq!(named.spec.unwrap().set_hostname_as_fqdn, None);
+    let message = told(&tenant, "named", "NotCopied").await;
+    assert!(
+        message.contains("setHostnameAsFQDN is left out"),
+        "{message}"
+    );
+    let _ = Api::<Node>::all(host.clone())
+        .delete(&node, &DeleteParams::default())
+        .await;
+}
