@@ -425,3 +425,173 @@ async fn placement_stays_the_host_schedulers_and_host_names_stay_below() {
         .delete(&node, &DeleteParams::default())
         .await;
 }
+
+/// `n` labels of 60 characters: a copy's size without a field of its own to carry it.
+fn labels(n: usize) -> serde_json::Value {
+    (0..n)
+        .map(|i| (format!("l{i:03}"), json!("v".repeat(60))))
+        .collect::<serde_json::Map<_, _>>()
+        .into()
+}
+
+/// Every kind the syncer writes, one object of each past its kind's byte bound and one within:
+/// the host ends with the small ones' copies and none of the large.
+#[tokio::test]
+async fn every_kind_past_its_byte_bound_stays_off_the_host() {
+    let caps = json!({"Pod": "16Ki", "Service": "4Ki", "ConfigMap": "4Ki", "Secret": "4Ki",
+        "Endpoints": "4Ki", "EndpointSlice": "4Ki", "Ingress": "4Ki",
+        "PersistentVolumeClaim": "4Ki", "ServiceAccount": "4Ki"});
+    let world = TenantSetup::seed()
+        .allow(json!({"maxObjectBytes": caps, "ingressHosts": ["*.example.com"]}))
+        .sync_policy(json!({"toHost": {
+            "serviceAccounts": {"enabled": true}, "ingresses": {"enabled": true},
+            "configMaps": {"enabled": true, "all": true}, "secrets": {"enabled": true, "all": true}}}))
+        .start("iso-kinds")
+        .await;
+    let (ns, host, tenant) = (&world.ns, &world.host, &world.tenant);
+    let make = |kind: &str, name: &str, big: bool, rest: serde_json::Value| {
+        let mut obj = json!({"apiVersion": "v1", "kind": kind,
+            "metadata": {"name": name, "namespace": "default",
+                "labels": if big { labels(if kind == "Pod" { 200 } else { 60 }) } else { json!({}) }}});
+        if let (Some(o), Some(r)) = (obj.as_object_mut(), rest.as_object()) {
+            o.extend(r.clone());
+        }
+        obj
+    };
+    let claim = json!({"spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}}});
+    let ingress = |svc: &str| {
+        json!({"apiVersion": "networking.k8s.io/v1", "spec": {"rules": [{"host": "a.example.com",
+        "http": {"paths": [{"path": "/", "pathType": "Prefix",
+            "backend": {"service": {"name": svc, "port": {"number": 80}}}}]}}]}})
+    };
+    let selectorless = json!({"spec": {"ports": [{"port": 80}]}});
+    let slice = |svc: &str| {
+        json!({"apiVersion": "discovery.k8s.io/v1", "addressType": "IPv4", "endpoints": [],
+        "metadata": {"labels": {"kubernetes.io/service-name": svc}}})
+    };
+    // (kind, small, big, the rest of each)
+    let cases: Vec<(&str, &str, &str, serde_json::Value)> = vec![
+        (
+            "ConfigMap",
+            "cm-small",
+            "cm-big",
+            json!({"data": {"k": "v"}}),
+        ),
+        (
+            "Secret",
+            "secret-small",
+            "secret-big",
+            json!({"stringData": {"k": "v"}}),
+        ),
+        ("ServiceAccount", "sa-small", "sa-big", json!({})),
+        ("PersistentVolumeClaim", "pvc-small", "pvc-big", claim),
+        ("Service", "svc-small", "svc-big", selectorless.clone()),
+        (
+            "Pod",
+            "pod-small",
+            "pod-big",
+            json!({"spec": {"containers": [container("c")]}}),
+        ),
+    ];
+    let api = |kind: &str, v: &serde_json::Value| -> (kube::api::ApiResource, serde_json::Value) {
+        let av = v["apiVersion"].as_str().unwrap_or("v1").to_string();
+        let (group, version) = av.rsplit_once('/').unwrap_or(("", &av));
+        let gvk = kube::api::GroupVersionKind::gvk(group, version, kind);
+        (kube::api::ApiResource::from_gvk(&gvk), v.clone())
+    };
+    let create_any = |kind: &str, obj: serde_json::Value| {
+        let tenant = tenant.clone();
+        let (ar, obj) = api(kind, &obj);
+        async move {
+            let dyn_api: Api<kube::api::DynamicObject> =
+                Api::namespaced_with(tenant, "default", &ar);
+            let obj: kube::api::DynamicObject = serde_json::from_value(obj).unwrap();
+            dyn_api.create(&PostParams::default(), &obj).await.unwrap();
+        }
+    };
+    for (kind, small, big, rest) in &cases {
+        create_any(kind, make(kind, small, false, rest.clone())).await;
+        create_any(kind, make(kind, big, true, rest.clone())).await;
+    }
+    // Endpoints and EndpointSlices written by hand for selector-less Services; an Ingress.
+    for svc in ["ep-small", "ep-big", "slice-svc"] {
+        create_any("Service", make("Service", svc, false, selectorless.clone())).await;
+    }
+    create_any("Endpoints", make("Endpoints", "ep-small", false, json!({}))).await;
+    create_any("Endpoints", make("Endpoints", "ep-big", true, json!({}))).await;
+    let mut small_slice = slice("slice-svc");
+    small_slice["metadata"]["name"] = json!("slice-small");
+    small_slice["metadata"]["namespace"] = json!("default");
+    small_slice["kind"] = json!("EndpointSlice");
+    let mut big_slice = small_slice.clone();
+    big_slice["metadata"]["name"] = json!("slice-big");
+    if let (Some(l), Some(extra)) = (
+        big_slice["metadata"]["labels"].as_object_mut(),
+        labels(60).as_object(),
+    ) {
+        l.extend(extra.clone());
+    }
+    create_any("EndpointSlice", small_slice).await;
+    create_any("EndpointSlice", big_slice).await;
+    create_any(
+        "Ingress",
+        make("Ingress", "ing-small", false, ingress("svc-small")),
+    )
+    .await;
+    create_any(
+        "Ingress",
+        make("Ingress", "ing-big", true, ingress("svc-small")),
+    )
+    .await;
+    let all = [
+        ("ConfigMap", "cm"),
+        ("Secret", "secret"),
+        ("ServiceAccount", "sa"),
+        ("PersistentVolumeClaim", "pvc"),
+        ("Service", "svc"),
+        ("Pod", "pod"),
+        ("Endpoints", "ep"),
+        ("EndpointSlice", "slice"),
+        ("Ingress", "ing"),
+    ];
+    let host_has = |kind: &'static str, name: String| {
+        let host = host.clone();
+        let ns = ns.name.clone();
+        async move {
+            let av = match kind {
+                "EndpointSlice" => ("discovery.k8s.io", "v1"),
+                "Ingress" => ("networking.k8s.io", "v1"),
+                _ => ("", "v1"),
+            };
+            let ar = kube::api::ApiResource::from_gvk(&kube::api::GroupVersionKind::gvk(
+                av.0, av.1, kind,
+            ));
+            let dyn_api: Api<kube::api::DynamicObject> = Api::namespaced_with(host, &ns, &ar);
+            dyn_api
+                .get_opt(&format!("{name}-x-default-x-dev"))
+                .await
+                .ok()
+                .flatten()
+                .is_some()
+        }
+    };
+    for (kind, stem) in all {
+        let small = format!("{stem}-small");
+        let copied = eventually(WAIT, || async {
+            host_has(kind, small.clone()).await.then_some(())
+        })
+        .await;
+        assert!(copied.is_some(), "the small {kind} was never copied");
+        let message = told(tenant, &format!("{stem}-big"), "NotAllowed").await;
+        assert!(
+            message.contains(&format!(
+                "the IsolationProfile's allow.maxObjectBytes.{kind}"
+            )),
+            "{kind}: {message}"
+        );
+        assert!(
+            !host_has(kind, format!("{stem}-big")).await,
+            "the large {kind} reached the host"
+        );
+    }
+}

@@ -133,6 +133,15 @@ async fn converge_service(cx: &Tenant, ns: &str, name: &str) -> Result<()> {
     };
     // Node ports likewise: the tenant's asked for.
     let asked = with_node_ports(desired.clone(), &t);
+    // The copy as it would be written: its size is the host's to bear.
+    let sized = crate::allow::byte_refusals(&cx.tr.allow, Services::NAME, &asked.metadata, &asked);
+    if !sized.is_empty() {
+        let review = Review {
+            refused: sized,
+            dropped: vec![],
+        };
+        tell::enforce(cx, &*t, h.as_deref(), &review).await?;
+    }
     match apply_copy(cx, Services::NAME, ns, name, h.as_deref(), &asked).await {
         // The host holds the tenant's address already, or its range lacks it: the copy takes
         // one of the host's choosing, and the tenant Service is made again with that.
