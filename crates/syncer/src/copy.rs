@@ -16,6 +16,7 @@ use crate::kind_trait::{Kind, scoped_api};
 use crate::naming::SYNCER_MANAGER;
 use crate::tell::{self, Review};
 use crate::tenant::Tenant;
+use crate::tenant_terms;
 use crate::translate::Translator;
 
 /// A kind copied down by [`converge_copy`].
@@ -127,7 +128,14 @@ pub async fn converge_copy<S: CopyDown>(cx: &Tenant, key: &Key) -> Result<Pair<S
             Ok(None)
         }
         Step::Apply(desired) => {
-            apply_copy(cx, S::NAME, ns, name, h.as_deref(), &desired).await?;
+            let applied = apply_copy(cx, S::NAME, ns, name, h.as_deref(), &desired).await;
+            if let (Err(e @ Error::HostRejected(_)), Some(t)) = (&applied, &t) {
+                // The host's refusal (its quota, its admission) is the tenant's to read too.
+                let terms = tenant_terms::about(cx, ns, name);
+                let message = tenant_terms::status_message(&e.to_string(), &terms);
+                tell::tell(cx, &**t, e.reason(), &message).await;
+            }
+            applied?;
             if let Some(t) = &t {
                 tell::forget(cx, &t.uid().unwrap_or_default());
             }

@@ -123,6 +123,19 @@ fn address_in(run: &str) -> Option<&str> {
         .then_some(head)
 }
 
+/// How host names read in text about tenant object `namespace/name` of `cx`'s tenant (not a
+/// pod: no node of its own to name).
+pub fn about<'a>(cx: &'a Tenant, namespace: &'a str, name: &'a str) -> Terms<'a> {
+    Terms {
+        host_namespace: &cx.tr.host_namespace,
+        namespace,
+        name,
+        copy: Box::new(|w| copy_named(cx, w)),
+        hidden_node: Box::new(|w| hidden_node(cx, w, &[])),
+        address: Box::new(|ip| shown_address(cx, ip)),
+    }
+}
+
 /// Is `ip` an address the tenant of `cx` may read: loopback, the operator's kubelet endpoint
 /// (its virtual Nodes' address), one of its own pods' or Services', or a host node's where the
 /// profile shows node addresses?

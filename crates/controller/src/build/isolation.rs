@@ -581,6 +581,15 @@ mod tests {
 
     /// Unenforced, the quota still counts every kind and what the profile opens beyond cpu and
     /// memory (node disk, and any resource `allow.resources` lists), but not the tenant's cpu.
+    fn hard_of(p: &IsolationProfile) -> BTreeMap<String, Quantity> {
+        resource_quota(&tenant(), p)
+            .unwrap()
+            .spec
+            .unwrap()
+            .hard
+            .unwrap()
+    }
+
     #[test]
     fn an_unenforced_quota_still_counts_every_kind_and_what_the_profile_opens() {
         let mut p = profile();
@@ -589,12 +598,7 @@ mod tests {
             .allow
             .resources
             .insert("example.com/gpu".into(), "2".into());
-        let hard = resource_quota(&tenant(), &p)
-            .unwrap()
-            .spec
-            .unwrap()
-            .hard
-            .unwrap();
+        let hard = hard_of(&p);
         assert!(!hard.contains_key("requests.cpu"), "{hard:?}");
         assert_eq!(hard["requests.ephemeral-storage"].0, "512Gi");
         assert_eq!(hard["requests.example.com/gpu"].0, "2");
@@ -606,12 +610,7 @@ mod tests {
             .resource_quota
             .hard
             .insert("requests.ephemeral-storage".into(), "50Gi".into());
-        let hard = resource_quota(&tenant(), &p)
-            .unwrap()
-            .spec
-            .unwrap()
-            .hard
-            .unwrap();
+        let hard = hard_of(&p);
         assert_eq!(hard["requests.ephemeral-storage"].0, "50Gi");
         assert_eq!(hard["requests.example.com/gpu"].0, "2");
     }

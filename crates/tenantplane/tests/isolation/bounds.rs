@@ -517,6 +517,10 @@ async fn every_kind_past_its_byte_bound_stays_off_the_host() {
     for svc in ["ep-small", "ep-big", "slice-svc"] {
         create_any("Service", make("Service", svc, false, selectorless.clone())).await;
     }
+    // Hand-written addresses are judged against their Service: once the syncer has it.
+    for svc in ["ep-small", "ep-big", "slice-svc"] {
+        host_copy::<Service>(host, &ns.name, svc).await;
+    }
     create_any("Endpoints", make("Endpoints", "ep-small", false, json!({}))).await;
     create_any("Endpoints", make("Endpoints", "ep-big", true, json!({}))).await;
     let mut small_slice = slice("slice-svc");
@@ -594,4 +598,100 @@ async fn every_kind_past_its_byte_bound_stays_off_the_host() {
             "the large {kind} reached the host"
         );
     }
+}
+
+/// Every count key the operator writes is one the host's quota counts (a misspelt key would
+/// count nothing), and past a count the host keeps the copy off.
+#[tokio::test]
+async fn every_kind_the_syncer_writes_is_counted_by_the_host() {
+    let world = TenantSetup::seed()
+        .allow(json!({}))
+        .sync_policy(json!({"toHost": {"configMaps": {"enabled": true, "all": true}}}))
+        .start("iso-counts")
+        .await;
+    let (ns, host, tenant) = (&world.ns, &world.host, &world.tenant);
+    let quotas: Api<ResourceQuota> = Api::namespaced(host.clone(), &ns.name);
+    let last = std::sync::Mutex::new(String::new());
+    let counted = eventually(WAIT, || async {
+        let q = quota_with(host, &ns.name, "count/endpointslices.discovery.k8s.io").await;
+        let used = q.status?.used?;
+        let missing: Vec<&str> = tenantplane_api::allowances::DEFAULT_COUNTS
+            .iter()
+            .map(|(k, _)| *k)
+            .filter(|k| !used.contains_key(*k))
+            .collect();
+        *last.lock().unwrap() = format!("{missing:?}");
+        missing.is_empty().then_some(used)
+    })
+    .await;
+    let used =
+        counted.unwrap_or_else(|| panic!("the host does not count {}", last.lock().unwrap()));
+    // The ConfigMaps the host holds now, and room for two more.
+    let now: i64 = used["count/configmaps"].0.parse().unwrap();
+    let quota_name = quotas.list(&ListParams::default()).await.unwrap().items[0].name_any();
+    let profile = format!("{}-profile", ns.name);
+    Api::<tenantplane_api::IsolationProfile>::all(host.clone())
+        .patch(
+            &profile,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"resourceQuota": {"hard": {"count/configmaps": (now + 2).to_string()}}}})),
+        )
+        .await
+        .unwrap();
+    let lowered = eventually(WAIT, || async {
+        let q = quotas.get(&quota_name).await.ok()?;
+        let hard = q.spec?.hard?;
+        (hard["count/configmaps"].0 == (now + 2).to_string()).then_some(())
+    })
+    .await;
+    assert!(
+        lowered.is_some(),
+        "the profile's count never reached the quota"
+    );
+    let cms: Api<ConfigMap> = Api::namespaced(tenant.clone(), "default");
+    for i in 0..4 {
+        let cm: ConfigMap = serde_json::from_value(json!({
+            "metadata": {"name": format!("cm-{i}"), "namespace": "default"},
+            "data": {"k": "v"}
+        }))
+        .unwrap();
+        create(&cms, &cm).await;
+    }
+    let message = eventually(WAIT, || async {
+        let events: Api<Event> = Api::namespaced(tenant.clone(), "default");
+        events
+            .list(&ListParams::default())
+            .await
+            .ok()?
+            .items
+            .into_iter()
+            .find(|e| {
+                e.reason.as_deref() == Some("HostRejected")
+                    && e.involved_object
+                        .name
+                        .as_deref()
+                        .is_some_and(|n| n.starts_with("cm-"))
+            })
+            .and_then(|e| e.message)
+    })
+    .await
+    .expect("no ConfigMap past the count was refused by the host");
+    assert!(message.contains("exceeded quota"), "{message}");
+    // Nothing past the bound: the host holds at most the count (the tenant's other ConfigMaps,
+    // copied meanwhile, may take the room).
+    let q = quotas.get(&quota_name).await.unwrap().status.unwrap();
+    let (held, most) = (
+        q.used.unwrap()["count/configmaps"].0.clone(),
+        q.hard.unwrap()["count/configmaps"].0.clone(),
+    );
+    let held_now = Api::<ConfigMap>::namespaced(host.clone(), &ns.name)
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .len();
+    assert!(
+        held_now as i64 <= now + 2 && held.parse::<i64>().unwrap() <= most.parse::<i64>().unwrap(),
+        "the host holds {held_now} ConfigMaps ({held} counted) past a count of {most}"
+    );
 }

@@ -74,6 +74,12 @@ pub fn judged(
                         .into_iter()
                         .next()
                         .unwrap_or_default();
+                    // The API refuses resources on an ephemeral container (it runs in the pod's
+                    // own): none of the node disk defaults a container of the copy gets.
+                    let c = Container {
+                        resources: None,
+                        ..c
+                    };
                     let mut value = serde_json::to_value(&c).unwrap_or_default();
                     value["targetContainerName"] = json!(ec.target_container_name);
                     Ok(serde_json::from_value(value).unwrap_or_default())
@@ -178,6 +184,9 @@ mod tests {
                 .flatten()
                 .all(|m| m.sub_path.is_none())
         );
+        // No resources, which the API refuses on an ephemeral container (a copy's containers
+        // get node disk defaults; this one must not).
+        assert_eq!(ec.resources, None);
         // Started once: a copy that runs it is not asked again.
         let mut running = copy.clone();
         running.spec.as_mut().unwrap().ephemeral_containers = Some(vec![ec.clone()]);
