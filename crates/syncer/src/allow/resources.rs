@@ -25,25 +25,33 @@ pub fn resource_refusals(allow: &Allowances, spec: &PodSpec) -> Vec<String> {
     let mut out = Vec::new();
     let extra: Vec<String> = allow.resources.keys().cloned().collect();
     let mut judge = |who: &str, r: Option<&ResourceRequirements>| {
-        for (field, map) in [
-            ("requests", r.and_then(|r| r.requests.as_ref())),
-            ("limits", r.and_then(|r| r.limits.as_ref())),
-        ] {
-            for (name, asked) in map.into_iter().flatten() {
-                if !ALWAYS_ALLOWED.contains(&name.as_str()) && !allow.resources.contains_key(name) {
-                    out.push(format!(
-                        "{who} asks for resource {name} ({field}), which the IsolationProfile's allow.resources does not list{}",
-                        listed(&extra)
-                    ));
-                } else if name == DISK
-                    && let Some(why) = over_cap(
-                        &asked.0,
-                        &allow.ephemeral_storage.max_per_container,
-                        "allow.ephemeralStorage.maxPerContainer",
-                    )
-                {
-                    out.push(format!("{who}: resources.{field}.ephemeral-storage {why}"));
-                }
+        let requests = r.and_then(|r| r.requests.as_ref());
+        let limits = r.and_then(|r| r.limits.as_ref());
+        // Each name once, whether requested, limited or both (an extended resource's request
+        // defaults to its limit).
+        let names: std::collections::BTreeSet<&String> = requests
+            .into_iter()
+            .chain(limits)
+            .flat_map(|m| m.keys())
+            .collect();
+        for name in names {
+            if !ALWAYS_ALLOWED.contains(&name.as_str()) && !allow.resources.contains_key(name) {
+                out.push(format!(
+                    "{who} asks for resource {name}, which the IsolationProfile's allow.resources does not list{}",
+                    listed(&extra)
+                ));
+            }
+        }
+        for (field, map) in [("requests", requests), ("limits", limits)] {
+            let Some(asked) = map.and_then(|m| m.get(DISK)) else {
+                continue;
+            };
+            if let Some(why) = over_cap(
+                &asked.0,
+                &allow.ephemeral_storage.max_per_container,
+                "allow.ephemeralStorage.maxPerContainer",
+            ) {
+                out.push(format!("{who}: resources.{field}.ephemeral-storage {why}"));
             }
         }
     };
@@ -161,8 +169,8 @@ mod tests {
     fn every_resource_name_is_decided_and_node_disk_is_capped() {
         let text = resource_refusals(&Allowances::default(), &greedy()).join("\n");
         for needle in [
-            "container \"init\" asks for resource hugepages-2Mi (limits), which the IsolationProfile's allow.resources does not list, which is empty",
-            "container \"gpu\" asks for resource example.com/gpu (limits)",
+            "container \"init\" asks for resource hugepages-2Mi, which the IsolationProfile's allow.resources does not list, which is empty",
+            "container \"gpu\" asks for resource example.com/gpu, which",
             "container \"disk\": resources.limits.ephemeral-storage 1Ti is more than the IsolationProfile's allow.ephemeralStorage.maxPerContainer of 64Gi; ask for at most 64Gi",
             "volume \"scratch\": emptyDir.sizeLimit 1Ti is more than the IsolationProfile's allow.ephemeralStorage.emptyDirMax of 64Gi",
         ] {

@@ -101,7 +101,7 @@ async fn every_resource_a_pod_asks_for_is_decided_counted_and_capped() {
     for (name, needle) in [
         (
             "huge",
-            "asks for resource hugepages-2Mi (limits), which the IsolationProfile's allow.resources does not list",
+            "asks for resource hugepages-2Mi, which the IsolationProfile's allow.resources does not list",
         ),
         (
             "disk",
