@@ -93,8 +93,8 @@ pub struct Allowances {
     /// The most bytes one host copy may take as the host stores it (its JSON), by kind
     /// (`Pod`, `Service`, `ConfigMap`, `Secret`, `Endpoints`, `EndpointSlice`, `Ingress`,
     /// `PersistentVolumeClaim`, `ServiceAccount`), over the defaults: `Pod` 256Ki,
-    /// `ConfigMap` and `Secret` 1088Ki (1 MiB of data and its metadata; `maxDataBytes` caps the
-    /// data), `Endpoints` and `EndpointSlice` 256Ki, `Service` and `Ingress` 128Ki, the others
+    /// `ConfigMap` and `Secret` 1536Ki (1 MiB of data in base64 and its metadata; `maxDataBytes`
+    /// caps the data), `Endpoints` and `EndpointSlice` 256Ki, `Service` and `Ingress` 128Ki, the others
     /// 32Ki. A tenant object whose copy (or what the syncer makes for it, such as a pod's
     /// token Secret) would be larger is not copied, and the tenant is told.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]

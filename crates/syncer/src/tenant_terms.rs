@@ -90,12 +90,16 @@ fn without_host_addresses(text: &str, shown: &Lookup<bool>) -> String {
         out.push_str(&rest[..start]);
         rest = &rest[start..];
         let end = rest.find(|c| !address_char(c)).unwrap_or(rest.len());
-        let run = &rest[..end];
+        // The colon or dot that ends a word (`host:10.0.0.2`) is not the address's.
+        let lead = rest[..end].len() - rest[..end].trim_start_matches([':', '.']).len();
+        out.push_str(&rest[..lead]);
+        let run = &rest[lead..end];
         // Part of a longer word (`v1.2.3`, `sha256:ab…`) is no address.
-        let in_word = out
-            .chars()
-            .last()
-            .is_some_and(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_');
+        let in_word = lead == 0
+            && out
+                .chars()
+                .last()
+                .is_some_and(|c| c.is_ascii_alphanumeric() || c == '_');
         match address_in(run).filter(|_| !in_word) {
             Some(ip) if !shown(ip) => {
                 let at = run.find(ip).unwrap_or(0);
@@ -327,6 +331,10 @@ mod tests {
         assert_eq!(
             said("dial tcp [fd00:10::5]:443 and 192.168.1.10.").as_deref(),
             Some("dial tcp [<host address>]:443 and <host address>.")
+        );
+        assert_eq!(
+            said("host:10.0.0.2 and 10.0.0.1-10.0.0.9, addr:fd00::1").as_deref(),
+            Some("host:<host address> and <host address>-<host address>, addr:<host address>")
         );
         assert_eq!(
             said("image sha256:1234abcd ok, at 12:30:45, counted 10.5 s").as_deref(),

@@ -11,12 +11,13 @@ use tenantplane_api::quantity::Quantity;
 /// The metadata bound when the profile sets none.
 const DEFAULT_METADATA: &str = "64Ki";
 
-/// The bound of a kind's copies when the profile sets none: well above what real workloads write
-/// (a ConfigMap or Secret holds up to 1 MiB of data, the API server's own limit).
+/// The bound of a kind's copies when the profile sets none: well above what real workloads write.
+/// A ConfigMap or Secret holds up to 1 MiB of data, which its JSON carries in base64 (a third
+/// more) beside its metadata: the API server's request limit of 1.5 MiB is its bound.
 fn default_object_bytes(kind: &str) -> &'static str {
     match kind {
         "Pod" | "Endpoints" | "EndpointSlice" => "256Ki",
-        "ConfigMap" | "Secret" => "1088Ki",
+        "ConfigMap" | "Secret" => "1536Ki",
         "Service" | "Ingress" => "128Ki",
         _ => "32Ki",
     }
@@ -155,9 +156,19 @@ mod tests {
             let cap = Quantity::parse(default_object_bytes(kind)).unwrap();
             assert!(!Quantity::parse("32Ki").unwrap().exceeds(cap), "{kind}");
         }
-        // A Secret of 1 MiB of data and 64Ki of metadata fits; one byte of data more does not
-        // fit the data bound (maxDataBytes), checked apart.
-        let full = config_map(600, 1 << 20);
-        assert!(serde_json::to_vec(&full).unwrap().len() < 1088 << 10);
+        // A Secret of 1 MiB of data (base64 in its JSON) and 64Ki of metadata fits.
+        let secret = k8s_openapi::api::core::v1::Secret {
+            metadata: config_map(600, 0).metadata,
+            data: Some(BTreeMap::from([(
+                "k".to_string(),
+                k8s_openapi::ByteString(vec![7; 1 << 20]),
+            )])),
+            ..Default::default()
+        };
+        let allow = Allowances::default();
+        assert_eq!(
+            byte_refusals(&allow, "Secret", &secret.metadata, &secret),
+            Vec::<String>::new()
+        );
     }
 }

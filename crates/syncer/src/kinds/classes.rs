@@ -32,6 +32,11 @@ pub trait Class: Object + Resource<Scope = k8s_openapi::ClusterResourceScope> {
     /// Leave out what the tenant has no business reading: a class's parameters name the host's
     /// storage, keys and controllers (a KMS key's Secret, a balancer's configuration).
     fn without_parameters(&mut self);
+    /// Does the shown copy `self` hold a field that `wanted` changes and the API server never
+    /// lets change (a StorageClass's parameters)? Such a copy is made again.
+    fn immutably_differs(&self, _wanted: &Self) -> bool {
+        false
+    }
 }
 
 impl Class for StorageClass {
@@ -46,6 +51,12 @@ impl Class for StorageClass {
     fn without_parameters(&mut self) {
         self.parameters = None;
         self.mount_options = None;
+    }
+    fn immutably_differs(&self, wanted: &Self) -> bool {
+        self.parameters != wanted.parameters
+            || self.provisioner != wanted.provisioner
+            || self.reclaim_policy != wanted.reclaim_policy
+            || self.volume_binding_mode != wanted.volume_binding_mode
     }
 }
 
@@ -133,11 +144,19 @@ async fn show_class<K: Class>(cx: &Tenant, name: &str) -> Result<()> {
     if current.is_some() && !ours {
         return Ok(()); // the tenant's own object of that name wins
     }
+    let wanted = shown_class(&*host, cx.tr.name());
+    let mut current = current;
+    if let Some(c) = current.as_deref().filter(|c| c.immutably_differs(&wanted)) {
+        // Shown before its parameters were left out (or the host's class was made again): a
+        // field that cannot change in place, so the copy is made again.
+        delete_if_present(&api, c, None).await?;
+        current = None;
+    }
     converge::converge(
         &api,
         SYNCER_MANAGER,
         current.as_deref(),
-        &shown_class(&*host, cx.tr.name()),
+        &wanted,
         Target::Any,
     )
     .await?;
@@ -161,6 +180,9 @@ mod tests {
         .unwrap();
         let shown = shown_class(&host, "dev");
         assert_eq!(shown.provisioner, "example.org/disk");
+        // A copy shown with its parameters (before they were left out) is made again.
+        assert!(host.immutably_differs(&shown));
+        assert!(!shown.immutably_differs(&shown_class(&host, "dev")));
         assert_eq!(
             (shown.parameters.clone(), shown.mount_options.clone()),
             (None, None)

@@ -62,7 +62,7 @@ pub fn resize_patch(host: &PodSpec, want: &PodSpec) -> Option<Value> {
                     h.name == w.name && !resources_hold(h.resources.as_ref(), w.resources.as_ref())
                 })
             })
-            .map(|w| json!({"name": w.name, "resources": w.resources}))
+            .map(|w| json!({"name": w.name, "resources": resizable(w.resources.as_ref())}))
             .collect()
     };
     let containers = changed(&host.containers, &want.containers);
@@ -149,12 +149,37 @@ pub fn carries_all(host: &PodSpec, want: &PodSpec) -> bool {
 
 /// Does `host` hold every request and limit `want` names, at its value? (The host may add
 /// defaults of its own, a LimitRange's.)
+/// The resources a running pod's container can change: cpu and memory. The rest cannot
+/// change on either side (the tenant's API refuses it too), and the copy's own defaults for
+/// them (node disk, `allow::bound_disk`) are the syncer's: a copy made before a default changed
+/// keeps the one it had, rather than asking the host for a resize it refuses.
+const RESIZABLE: &[&str] = &["cpu", "memory"];
+
+/// `r` with only the [`RESIZABLE`] resources.
+fn resizable(r: Option<&ResourceRequirements>) -> Option<ResourceRequirements> {
+    let only =
+        |m: Option<&BTreeMap<String, k8s_openapi::apimachinery::pkg::api::resource::Quantity>>| {
+            m.map(|m| {
+                m.iter()
+                    .filter(|(k, _)| RESIZABLE.contains(&k.as_str()))
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect::<BTreeMap<_, _>>()
+            })
+        };
+    r.map(|r| ResourceRequirements {
+        requests: only(r.requests.as_ref()),
+        limits: only(r.limits.as_ref()),
+        ..Default::default()
+    })
+}
+
 fn resources_hold(
     host: Option<&ResourceRequirements>,
     want: Option<&ResourceRequirements>,
 ) -> bool {
     let empty = BTreeMap::new();
-    let Some(want) = want else {
+    let want = resizable(want);
+    let Some(want) = want.as_ref() else {
         return true;
     };
     let host_requests = host.and_then(|h| h.requests.as_ref()).unwrap_or(&empty);
@@ -254,6 +279,34 @@ mod tests {
         let patch = resize_patch(&running(), &want).unwrap();
         assert_eq!(patch["spec"]["initContainers"][0]["name"], "i");
         assert!(patch["spec"].get("containers").is_none());
+    }
+
+    /// A copy made before the node disk defaults (or under other ones) is not resized for them:
+    /// the host refuses any resize but of cpu and memory, and the copy would never settle.
+    #[test]
+    fn node_disk_defaults_are_never_resized() {
+        let mut want = running();
+        want.containers[0].resources = Some(
+            serde_json::from_value(
+                json!({"requests": {"cpu": "100m", "memory": "10Mi", "ephemeral-storage": "0"},
+                "limits": {"ephemeral-storage": "16Gi"}}),
+            )
+            .unwrap(),
+        );
+        assert_eq!(resize_patch(&running(), &want), None);
+        assert!(carries_all(&running(), &want));
+        want.containers[0].resources = Some(
+            serde_json::from_value(
+                json!({"requests": {"cpu": "300m", "ephemeral-storage": "0"},
+                "limits": {"ephemeral-storage": "16Gi"}}),
+            )
+            .unwrap(),
+        );
+        assert_eq!(
+            resize_patch(&running(), &want).unwrap(),
+            json!({"spec": {"containers": [{"name": "c", "resources":
+                {"requests": {"cpu": "300m"}, "limits": {}}}]}})
+        );
     }
 
     #[test]

@@ -42,10 +42,19 @@ pub fn past_bound(copies: &[Arc<Pod>], max: usize) -> Vec<Arc<Pod>> {
 /// Delete this tenant's ended copies past the profile's bound.
 pub async fn trim(cx: &Tenant) -> Result<()> {
     let max = cx.tr.allow.max_ended_pods.unwrap_or(DEFAULT_MAX_ENDED);
+    // Only copies whose end the tenant has read: a copy that ended while the syncer was away
+    // keeps its final status for its tenant pod first (deleted before, the pod would be run
+    // again as one whose copy never ran).
+    let told = |p: &Pod| {
+        cx.tr.copy_of(&p.metadata).is_some_and(|v| {
+            cx.tenant_get::<Pod>(&v.namespace, &v.name)
+                .is_none_or(|t| ended(&t))
+        })
+    };
     let copies: Vec<Arc<Pod>> = cx
         .host_slice::<Pod>()
         .into_iter()
-        .filter(|p| cx.tr.copy_of(&p.metadata).is_some())
+        .filter(|p| told(p))
         .collect();
     let api = cx.host_api::<Pod>();
     for p in past_bound(&copies, usize::try_from(max).unwrap_or(0)) {

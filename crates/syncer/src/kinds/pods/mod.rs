@@ -415,11 +415,19 @@ async fn create_host_pod(cx: &Tenant, t: &Pod, host_name: &str) -> Result<()> {
     {
         binding::pin_to_node(spec, &node);
     }
-    // The copy as it would be written, environment and all: its size is the host's to bear.
+    // The copy as it would be written, but for the Services' variables the syncer adds (the
+    // tenant's kubelet would add as many): its size is the host's to bear.
+    let measured = translate::pod(&cx.tr, t, host_name, &[], dns.as_deref());
     let too_large = tell::Review {
-        refused: crate::allow::byte_refusals(&cx.tr.allow, Pods::NAME, &desired.metadata, &desired),
+        refused: crate::allow::byte_refusals(
+            &cx.tr.allow,
+            Pods::NAME,
+            &measured.metadata,
+            &measured,
+        ),
         dropped: vec![],
     };
+
     if let Some(refused) = too_large.refusal() {
         mark_unschedulable(cx, t, tell::NOT_ALLOWED, &refused.to_string()).await;
         tell::enforce(cx, t, None, &too_large).await?;
