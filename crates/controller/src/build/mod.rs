@@ -12,6 +12,7 @@ pub mod kubernetes;
 pub mod lean;
 mod meta;
 pub mod pod;
+pub mod quota;
 pub mod services;
 
 pub use meta::owner_reference;

@@ -44,8 +44,8 @@ proptest! {
         prop_assert!(control_plane::desired_statefulset(&tc, &addressing(), &options, "digest").is_ok());
         prop_assert!(services::desired_service(&tc).is_ok());
         prop_assert_eq!(isolation::network_policies(&tc, &p, &options).unwrap().len(), if net { 2 } else { 0 });
-        prop_assert!(isolation::resource_quota(&tc, &p).is_ok());
-        prop_assert!(isolation::limit_range(&tc, &p).is_ok());
+        prop_assert!(quota::resource_quota(&tc, &p).is_ok());
+        prop_assert!(quota::limit_range(&tc, &p).is_ok());
         let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::now());
         let status = desired_status(&tc, &Progress::Accepted, "https://x", &now);
         prop_assert_eq!(status.conditions.len(), 3);

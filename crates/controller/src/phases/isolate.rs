@@ -53,14 +53,14 @@ pub(crate) async fn namespace(
     apply::ensure(
         &quotas,
         &caches.quotas,
-        &build::isolation::resource_quota(tc, profile)?,
+        &build::quota::resource_quota(tc, profile)?,
     )
     .await?;
     let limits: Api<LimitRange> = Api::namespaced(client.clone(), &ns);
     apply::ensure_optional(
         &limits,
         &caches.limit_ranges,
-        build::isolation::limit_range(tc, profile)?,
+        build::quota::limit_range(tc, profile)?,
         &ns,
         &names::limit_range(&tenant),
     )
