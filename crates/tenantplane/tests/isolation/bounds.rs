@@ -657,25 +657,9 @@ async fn every_kind_the_syncer_writes_is_counted_by_the_host() {
         .unwrap();
         create(&cms, &cm).await;
     }
-    let message = eventually(WAIT, || async {
-        let events: Api<Event> = Api::namespaced(tenant.clone(), "default");
-        events
-            .list(&ListParams::default())
-            .await
-            .ok()?
-            .items
-            .into_iter()
-            .find(|e| {
-                e.reason.as_deref() == Some("HostRejected")
-                    && e.involved_object
-                        .name
-                        .as_deref()
-                        .is_some_and(|n| n.starts_with("cm-"))
-            })
-            .and_then(|e| e.message)
-    })
-    .await
-    .expect("no ConfigMap past the count was refused by the host");
+    let message = told_where(tenant, "HostRejected", |n| n.starts_with("cm-"))
+        .await
+        .expect("no ConfigMap past the count was refused by the host");
     assert!(message.contains("exceeded quota"), "{message}");
     // Nothing past the bound: of the four, at most the two the room held were copied (the
     // tenant's own ConfigMaps, copied meanwhile, may have taken some of it).

@@ -83,6 +83,18 @@ where
 
 /// The message of the Warning Event with `reason` on tenant object `default/<name>`, once there.
 pub(crate) async fn told(tenant: &Client, name: &str, reason: &str) -> String {
+    told_where(tenant, reason, |n| n == name)
+        .await
+        .unwrap_or_else(|| panic!("no {reason} Event on {name}"))
+}
+
+/// The message of a Warning Event with `reason` on a tenant object of `default` whose name
+/// `about` accepts, once there.
+pub(crate) async fn told_where(
+    tenant: &Client,
+    reason: &str,
+    about: impl Fn(&str) -> bool,
+) -> Option<String> {
     let events: Api<Event> = Api::namespaced(tenant.clone(), "default");
     eventually(WAIT, || async {
         events
@@ -93,12 +105,11 @@ pub(crate) async fn told(tenant: &Client, name: &str, reason: &str) -> String {
             .into_iter()
             .find(|e| {
                 e.reason.as_deref() == Some(reason)
-                    && e.involved_object.name.as_deref() == Some(name)
+                    && e.involved_object.name.as_deref().is_some_and(&about)
             })
             .and_then(|e| e.message)
     })
     .await
-    .unwrap_or_else(|| panic!("no {reason} Event on {name}"))
 }
 
 /// Wait until `Synced` is False with `reason` and a message containing `needle`.

@@ -187,6 +187,19 @@ pub fn container<'a>(pod: &'a Pod, name: &str) -> Option<&'a ContainerStatus> {
     .find(|c| c.name == name)
 }
 
+/// The first container's waiting state, if it waits.
+pub fn waiting(pod: &Pod) -> Option<&k8s_openapi::api::core::v1::ContainerStateWaiting> {
+    pod.status
+        .as_ref()?
+        .container_statuses
+        .as_ref()?
+        .first()?
+        .state
+        .as_ref()?
+        .waiting
+        .as_ref()
+}
+
 pub fn terminated(pod: &Pod) -> Option<&k8s_openapi::api::core::v1::ContainerStateTerminated> {
     pod.status
         .as_ref()?

@@ -550,30 +550,23 @@ async fn an_image_pull_error_names_no_address_of_the_host() {
     let mut c = busybox("c", "true");
     c["image"] = "registry.nosuch.invalid/app:1.0".into();
     create_pod(tenant, "unpullable", json!({"containers": [c]})).await;
-    let waiting = |p: &Pod| {
-        p.status
-            .as_ref()?
-            .container_statuses
-            .as_ref()?
-            .first()?
-            .state
-            .as_ref()?
-            .waiting
+    let pull_error = |p: &Pod| {
+        waiting(p)?
+            .message
             .clone()
-            .and_then(|w| w.message)
             .filter(|m| m.contains("registry.nosuch.invalid"))
     };
     let pod = pod_where(
         tenant,
         "unpullable",
         "told why its image does not pull",
-        |p| waiting(p).is_some(),
+        |p| pull_error(p).is_some(),
     )
     .await;
-    let message = waiting(&pod).unwrap_or_default();
+    let message = pull_error(&pod).unwrap_or_default();
     // What the host's kubelet said, on the copy: the addresses it named.
     let copy = host_copy(&world, "unpullable").await;
-    let host_said = waiting(&copy).unwrap_or_default();
+    let host_said = pull_error(&copy).unwrap_or_default();
     let addresses = |text: &str| -> Vec<String> {
         text.split(|c: char| !(c.is_ascii_digit() || c == '.'))
             .map(|w| w.trim_matches('.'))
