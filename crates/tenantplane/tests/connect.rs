@@ -283,6 +283,8 @@ async fn connect_reaches_the_tenant_through_the_host_api_server() {
 
     // The tenant's API server crashes: a connection meanwhile fails with a line on stderr, connect
     // stays up, and once the runtime restarted it (after its back-off) connections work again.
+    // Held down until connect has said so, not raced against the runtime's restart.
+    assert!(operator.runtime.hold_down(n, "dev-0", true));
     assert!(operator.runtime.crash_api_server(n, "dev-0"));
     let (code, _, _) = version_within_5s(&out_arg).await;
     assert_ne!(code, 0, "the tenant's API server is down");
@@ -299,6 +301,7 @@ async fn connect_reaches_the_tenant_through_the_host_api_server() {
         connect.child.try_wait().unwrap().is_none(),
         "connect is still running"
     );
+    assert!(operator.runtime.hold_down(n, "dev-0", false));
     let back = eventually(WAIT, || async {
         let (code, _, _) = version_within_5s(&out_arg).await;
         (code == 0).then_some(())

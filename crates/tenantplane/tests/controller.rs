@@ -340,6 +340,9 @@ async fn a_tenant_api_server_that_goes_away_degrades_and_recovers() {
     let operator = &world.operator;
     example_ready(ns).await;
 
+    // Held down until the status says so: a restart five seconds later can come before a busy
+    // operator's next reconcile, and the outage would go unseen.
+    assert!(operator.runtime.hold_down(&ns.name, "dev-0", true));
     assert!(operator.runtime.crash_api_server(&ns.name, "dev-0"));
     // The syncer's watches can fail first (Degraded by SyncFailed, Ready still True); the
     // reconcile that finds the API server gone says Ready False.
@@ -355,6 +358,7 @@ async fn a_tenant_api_server_that_goes_away_degrades_and_recovers() {
         ["TenantUnreachable", "ControlPlaneNotReady"].contains(&ready.reason.as_str()),
         "{ready:?}"
     );
+    assert!(operator.runtime.hold_down(&ns.name, "dev-0", false));
     wait_for_phase(c, &ns.name, "dev", Phase::Ready).await;
 }
 

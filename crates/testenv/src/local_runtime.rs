@@ -73,6 +73,9 @@ struct Tenant {
     restarts: i32,
     /// When the processes were first seen dead, for the restart back-off.
     died_at: Option<std::time::Instant>,
+    /// Held down by a test: dead processes stay dead until released, as a kubelet's back-off,
+    /// which doubles after each crash, would keep a crash-looping pod down for minutes.
+    held: bool,
     /// The pod's probe windows, and what the liveness probe saw of this run.
     windows: probes::Windows,
     /// When `/readyz` was last asked.
@@ -520,6 +523,7 @@ impl LocalRuntime {
             ready: false,
             restarts: 0,
             died_at: None,
+            held: false,
             windows: probes::windows(pod),
             probed_at: None,
             liveness: probes::Liveness::started(std::time::Instant::now()),

@@ -99,7 +99,7 @@ impl LocalRuntime {
                 return;
             };
             let died_at = *t.died_at.get_or_insert_with(std::time::Instant::now);
-            if died_at.elapsed() < RESTART_BACKOFF {
+            if t.held || died_at.elapsed() < RESTART_BACKOFF {
                 return;
             }
             t.died_at = None;

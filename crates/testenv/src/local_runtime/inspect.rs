@@ -82,6 +82,25 @@ impl LocalRuntime {
         self.signal(namespace, pod, "kube-apiserver", libc::SIGSTOP)
     }
 
+    /// Keep the tenant pod `namespace/pod` down once its processes die (`true`), until released
+    /// (`false`): a test that must see the outage, not race a restart five seconds later, holds it
+    /// down first. Whether the pod was found.
+    pub fn hold_down(&self, namespace: &str, pod: &str, held: bool) -> bool {
+        let Ok(mut tenants) = self.tenants.lock() else {
+            return false;
+        };
+        match tenants
+            .values_mut()
+            .find(|t| t.namespace == namespace && t.pod == pod)
+        {
+            Some(t) => {
+                t.held = held;
+                true
+            }
+            None => false,
+        }
+    }
+
     fn crash(&self, namespace: &str, pod: &str, binary: &str) -> bool {
         self.signal(namespace, pod, binary, libc::SIGKILL)
     }
