@@ -220,6 +220,8 @@ pub struct Allowances {
 /// The node disk a tenant's pods may use. Defaults a real team's pods do not meet; a platform on
 /// small disks lowers them.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[x_kube(validation = crate::rules::default_within_cap("defaultLimit", "maxPerContainer"))]
+#[x_kube(validation = crate::rules::default_within_cap("emptyDirDefault", "emptyDirMax"))]
 #[serde(rename_all = "camelCase")]
 pub struct EphemeralStorageCaps {
     /// The `ephemeral-storage` limit a host copy's container gets when it sets none (its

@@ -253,6 +253,20 @@ pub fn request_within_limit() -> Rule {
     .message("limitRange.defaultRequest must not exceed limitRange.default for the same resource")
 }
 
+/// A default that fits under its cap (`allow.ephemeralStorage`): a default above it would give
+/// every pod that sets no size a size the syncer then refuses.
+pub fn default_within_cap(default: &str, cap: &str) -> Rule {
+    let (d, c) = (format!("self.{default}"), format!("self.{cap}"));
+    rule(
+        format!(
+            "!isQuantity({d}) || !isQuantity({c}) || quantity({d}).compareTo(quantity({c})) <= 0"
+        ),
+        format!(
+            "'allow.ephemeralStorage.{default} (' + {d} + ') must not exceed allow.ephemeralStorage.{cap} (' + {c} + '): lower {default} too, or raise {cap}'"
+        ),
+    )
+}
+
 /// The rule behind every string enum: the value is one of `allowed`.
 pub fn one_of(field: &str, allowed: &[&str]) -> Rule {
     let list = allowed

@@ -83,7 +83,7 @@ fn address_char(c: char) -> bool {
 
 /// `text` with every address the tenant may not read (`shown` says no) replaced by
 /// [`HOST_ADDRESS`]: an image pull's error names the node's resolver, a probe's a node's port.
-fn without_host_addresses(text: &str, shown: &Lookup<bool>) -> String {
+pub fn without_host_addresses(text: &str, shown: &dyn Fn(&str) -> bool) -> String {
     let mut out = String::with_capacity(text.len());
     let mut rest = text;
     while let Some(start) = rest.find(address_char) {

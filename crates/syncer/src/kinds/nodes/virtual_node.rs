@@ -5,7 +5,8 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{
-    DaemonEndpoint, Node, NodeAddress, NodeDaemonEndpoints, NodeStatus, NodeSystemInfo,
+    DaemonEndpoint, Node, NodeAddress, NodeCondition, NodeDaemonEndpoints, NodeStatus,
+    NodeSystemInfo,
 };
 use kube::api::ObjectMeta;
 use serde_json::Value;
@@ -13,6 +14,7 @@ use serde_json::Value;
 use crate::allow::WELL_KNOWN_NODE_LABELS;
 use crate::naming;
 use crate::spec::KubeletEndpoint;
+use crate::tenant_terms;
 
 /// The labels of host node labels `host` a virtual Node shows: the topology ones and those the
 /// SyncPolicy lists (`fromHost.nodes.labels`: keys, or prefixes ending in `*`); never reserved ones.
@@ -102,13 +104,24 @@ pub fn virtual_node(
         status: Some(NodeStatus {
             capacity: status.capacity,
             allocatable: status.allocatable,
-            conditions: status.conditions,
+            conditions: status.conditions.map(|c| conditions(c, node_addresses)),
             addresses: Some(addresses),
             node_info: status.node_info.as_ref().map(system_info),
             daemon_endpoints,
             ..Default::default()
         }),
     }
+}
+
+/// A host node's conditions as the tenant reads them: a kubelet's message can name the node's
+/// addresses (a runtime or network plugin error), which the tenant reads only when shown them.
+fn conditions(mut conditions: Vec<NodeCondition>, node_addresses: bool) -> Vec<NodeCondition> {
+    for c in conditions.iter_mut() {
+        if let Some(m) = c.message.as_mut() {
+            *m = tenant_terms::without_host_addresses(m, &|_| node_addresses);
+        }
+    }
+    conditions
 }
 
 /// Does the tenant Node show the host node's state as [`virtual_node`] would put it?
@@ -297,6 +310,31 @@ mod tests {
             }
         }))
         .unwrap()
+    }
+
+    #[test]
+    fn condition_messages_name_no_host_address_unless_addresses_are_shown() {
+        let mut host = identifying_host();
+        host.status.as_mut().unwrap().conditions = Some(vec![NodeCondition {
+            type_: "Ready".into(),
+            status: "False".into(),
+            reason: Some("KubeletNotReady".into()),
+            message: Some("network not ready: dial tcp 10.0.0.5:6443: connection refused".into()),
+            ..Default::default()
+        }]);
+        let message = |shown: bool| {
+            let node = virtual_node(&host, "dev", None, &[], shown);
+            let status = node.status.unwrap();
+            status.conditions.unwrap()[0].message.clone().unwrap()
+        };
+        assert_eq!(
+            message(false),
+            "network not ready: dial tcp <host address>:6443: connection refused"
+        );
+        assert_eq!(
+            message(true),
+            "network not ready: dial tcp 10.0.0.5:6443: connection refused"
+        );
     }
 
     #[test]
