@@ -7,13 +7,20 @@ export CARGO_TARGET_DIR ?= $(CACHE)/target
 export GOTOOLCHAIN := local
 CARGO ?= cargo
 
-.PHONY: test testenv lint crds build demo bench-controller bench-sync bench-sleep bench-snapshot conformance docs
+.PHONY: test unit testenv lint crds build demo bench-controller bench-sync bench-sleep bench-snapshot conformance docs
 
 ## test: every test, unit and against the real control plane (builds the control plane if missing),
-## built first, then run in network, mount and PID namespaces of their own (testenv/isolated.sh)
+## built first, then run in network, mount and PID namespaces of their own (testenv/isolated.sh);
+## prints the seconds of each test binary at the end, slowest first (testenv/timed.sh)
 test: testenv
 	$(CARGO) test --workspace --locked --no-run
-	bash testenv/isolated.sh $(CARGO) test --workspace --locked --offline
+	bash testenv/isolated.sh bash testenv/timed.sh $(CARGO) test --workspace --locked --offline
+
+## unit: every test that needs no cluster (each crate's own tests, the admission rules run offline,
+## the doc tests); builds no Go and starts no control plane
+unit:
+	bash testenv/timed.sh $(CARGO) test --workspace --locked --lib --bins --test admission
+	$(CARGO) test --workspace --locked --doc -q
 
 ## demo: the local dev cluster with the example tenant, until Ctrl-C (state in .tenantplane/dev)
 demo: testenv
