@@ -103,11 +103,13 @@ fn start_operator_using(
     client: Client,
     kubelet: Option<KubeletOptions>,
 ) -> Operator {
-    // The operator's log, shown for failing tests; `RUST_LOG` picks the detail.
+    // The operator's log, shown for failing tests; `RUST_LOG` picks the detail. Without it, not
+    // kube-client's line per failed request: a test that stops an API server got thousands, and
+    // they buried the test's own message (the operator reports those errors in status).
     let _ = tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,kube_client=off")),
         )
         .with_test_writer()
         .try_init();
