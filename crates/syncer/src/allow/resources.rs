@@ -18,7 +18,8 @@ use super::values::listed;
 /// TenantCluster's resources set, node disk by `allow.ephemeralStorage`).
 pub const ALWAYS_ALLOWED: &[&str] = &["cpu", "memory", "ephemeral-storage"];
 
-const DISK: &str = "ephemeral-storage";
+/// The node disk resource.
+pub const DISK: &str = "ephemeral-storage";
 
 /// Why a pod's resources may not reach the host under `allow`; empty when they may.
 pub fn resource_refusals(allow: &Allowances, spec: &PodSpec) -> Vec<String> {

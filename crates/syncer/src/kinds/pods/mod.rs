@@ -235,6 +235,7 @@ async fn converge_pod(cx: &Tenant, ns: &str, name: &str) -> Result<()> {
         observed,
     );
     status::keep_tenant_conditions(&mut wanted, &t);
+    status::disk_as_asked(&mut wanted, &t);
     if h.status.is_some() && status::pod_status_differs(t.status.as_ref(), &wanted) {
         let t_ip = t.status.as_ref().and_then(|s| s.pod_ip.as_ref());
         if t_ip != wanted.pod_ip.as_ref() {

@@ -5,7 +5,9 @@
 use k8s_openapi::api::core::v1::{
     ContainerState, ContainerStateTerminated, ContainerStatus, Pod, PodCondition, PodStatus,
 };
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use serde_json::json;
+use std::collections::BTreeMap;
 
 use crate::naming::ANNOTATION_TENANT_GENERATION;
 use crate::spec::KubeletEndpoint;
@@ -37,6 +39,54 @@ pub fn keep_tenant_conditions(wanted: &mut PodStatus, tenant: &Pod) {
             TENANT_CONDITIONS.contains(&c.type_.as_str()) || gates.contains(&c.type_.as_str());
         if tenants && !conditions.iter().any(|h| h.type_ == c.type_) {
             conditions.push(c.clone());
+        }
+    }
+}
+
+/// Leave out of `wanted`'s container statuses the node disk the syncer gave the copy's containers
+/// that ask for none ([`crate::allow::bound_disk`]: a default limit, a request of 0).
+/// That bound is the host's: a tenant container's `resources` and `allocatedResources` show
+/// `ephemeral-storage` only where the tenant pod's container asks for it, as in a cluster of its
+/// own (a resize is checked against exactly what the container asked).
+pub fn disk_as_asked(wanted: &mut PodStatus, tenant: &Pod) {
+    use crate::allow::DISK;
+    let Some(spec) = tenant.spec.as_ref() else {
+        return;
+    };
+    let asks = |name: &str, limits: bool| {
+        spec.init_containers
+            .iter()
+            .flatten()
+            .chain(&spec.containers)
+            .find(|c| c.name == name)
+            .and_then(|c| c.resources.as_ref())
+            .and_then(|r| if limits { &r.limits } else { &r.requests }.as_ref())
+            .is_some_and(|m| m.contains_key(DISK))
+    };
+    let drop_disk = |map: &mut Option<BTreeMap<String, Quantity>>| {
+        if let Some(m) = map.as_mut() {
+            m.remove(DISK);
+            if m.is_empty() {
+                *map = None;
+            }
+        }
+    };
+    let statuses = [
+        wanted.init_container_statuses.as_mut(),
+        wanted.container_statuses.as_mut(),
+        wanted.ephemeral_container_statuses.as_mut(),
+    ];
+    for c in statuses.into_iter().flatten().flatten() {
+        if !asks(&c.name, false) {
+            drop_disk(&mut c.allocated_resources);
+            if let Some(r) = c.resources.as_mut() {
+                drop_disk(&mut r.requests);
+            }
+        }
+        if !asks(&c.name, true)
+            && let Some(r) = c.resources.as_mut()
+        {
+            drop_disk(&mut r.limits);
         }
     }
 }
@@ -229,6 +279,34 @@ pub fn terminal_status(t: &Pod) -> Option<serde_json::Value> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn container_statuses_show_only_the_node_disk_the_tenant_asked_for() {
+        // As a kubelet reports the copy after `bound_disk`: c1 asked no disk, c2 its own.
+        let host: PodStatus = serde_json::from_value(json!({"containerStatuses": [
+            {"name": "c1", "image": "i", "imageID": "", "ready": true, "restartCount": 0,
+             "allocatedResources": {"cpu": "20m", "ephemeral-storage": "0"},
+             "resources": {"requests": {"cpu": "20m", "ephemeral-storage": "0"},
+                           "limits": {"ephemeral-storage": "16Gi"}}},
+            {"name": "c2", "image": "i", "imageID": "", "ready": true, "restartCount": 0,
+             "allocatedResources": {"ephemeral-storage": "1Gi"},
+             "resources": {"requests": {"ephemeral-storage": "1Gi"},
+                           "limits": {"ephemeral-storage": "2Gi"}}}]}))
+        .unwrap();
+        let tenant: Pod = serde_json::from_value(json!({"metadata": {"name": "p"}, "spec": {
+            "containers": [
+                {"name": "c1", "resources": {"requests": {"cpu": "20m"}}},
+                {"name": "c2", "resources": {"requests": {"ephemeral-storage": "1Gi"},
+                                             "limits": {"ephemeral-storage": "2Gi"}}}]}}))
+        .unwrap();
+        let mut wanted = host.clone();
+        disk_as_asked(&mut wanted, &tenant);
+        let statuses = wanted.container_statuses.unwrap();
+        let c1 = serde_json::to_value(&statuses[0]).unwrap();
+        assert_eq!(c1["allocatedResources"], json!({"cpu": "20m"}));
+        assert_eq!(c1["resources"], json!({"requests": {"cpu": "20m"}}));
+        assert_eq!(statuses[1], host.container_statuses.unwrap()[1]);
+    }
 
     #[test]
     fn a_deleted_pod_ends_failed_unless_it_ended_already() {
