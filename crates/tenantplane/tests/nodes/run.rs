@@ -343,12 +343,12 @@ async fn a_safe_sysctl_is_set_in_the_pod_and_its_start_is_told() {
     assert!(reasons.is_some(), "the tenant pod was never told Started");
 }
 
-/// A pod bound by name runs on that node as on the host: its kubelet, not a scheduler, admits
-/// it, so a pod whose host port is taken there fails (as a StatefulSet expects of an evicted
-/// pod, to make it again) rather than waiting; one named for a node the tenant has no access
-/// to is placed by the host scheduler.
+/// A pod bound by name runs on that node, placed there by the host scheduler (so other teams'
+/// pods, taints and room hold); one that node cannot take fails, as a kubelet refuses such a pod
+/// at admission (a StatefulSet then makes its evicted pod again), and its copy goes; one named
+/// for a node the tenant has no access to is placed by the host scheduler.
 #[tokio::test(flavor = "multi_thread")]
-async fn a_pod_bound_by_name_is_placed_there_by_the_host_scheduler_or_waits() {
+async fn a_pod_bound_by_name_is_placed_there_by_the_host_scheduler_or_fails() {
     use_real_nodes();
     let world = TestHost::start_with_kubelet("nodes-byname")
         .await
@@ -385,41 +385,50 @@ async fn a_pod_bound_by_name_is_placed_there_by_the_host_scheduler_or_waits() {
             .contains("metadata.name"),
         "the copy was not pinned by affinity"
     );
-    // Its host port taken there: the scheduler keeps the copy waiting, as it would any pod;
-    // no kubelet is made to refuse it.
+    // Its host port taken there: the scheduler holds the copy, and the tenant pod fails as a
+    // kubelet would refuse it; the copy goes, and is not made again.
     create_pod(
         tenant,
         "clash",
         json!({"nodeName": node, "restartPolicy": "Never", "containers": [holder]}),
     )
     .await;
-    let waiting = eventually(WAIT, || async {
-        let copy = Api::<Pod>::namespaced(world.host.clone(), &world.ns.name)
-            .get(&tenantplane_syncer::naming::host_name_for(
-                &world.name,
-                "default",
-                "clash",
-            ))
+    let tenant_pods = Api::<Pod>::namespaced(tenant.clone(), "default");
+    let failed = eventually(WAIT, || async {
+        let clash = tenant_pods.get("clash").await.ok()?;
+        (phase(&clash) == Some("Failed")).then_some(clash.status?)
+    })
+    .await
+    .expect("the pod whose host port is taken never failed");
+    assert_eq!(
+        failed.reason.as_deref(),
+        Some(tenantplane_syncer::kinds::pods::binding::REJECTED)
+    );
+    assert!(
+        failed
+            .message
+            .as_deref()
+            .unwrap_or_default()
+            .contains(&node),
+        "{failed:?}"
+    );
+    let copies = Api::<Pod>::namespaced(world.host.clone(), &world.ns.name);
+    let clash_copy = tenantplane_syncer::naming::host_name_for(&world.name, "default", "clash");
+    let gone = eventually(WAIT, || async {
+        copies
+            .get_opt(&clash_copy)
             .await
-            .ok()?;
-        let status = copy.status?;
-        status
-            .conditions?
-            .iter()
-            .any(|c| c.type_ == "PodScheduled" && c.reason.as_deref() == Some("Unschedulable"))
-            .then_some(copy.spec?.node_name)
+            .ok()?
+            .is_none()
+            .then_some(())
     })
     .await;
-    assert_eq!(
-        waiting,
-        Some(None),
-        "the copy of a pod whose port is taken was not held by the scheduler"
+    assert!(gone.is_some(), "the refused pod's copy stayed");
+    tokio::time::sleep(std::time::Duration::from_secs(3)).await;
+    assert!(
+        copies.get_opt(&clash_copy).await.unwrap().is_none(),
+        "a copy of the ended pod was made again"
     );
-    let clash = Api::<Pod>::namespaced(tenant.clone(), "default")
-        .get("clash")
-        .await
-        .unwrap();
-    assert_eq!(phase(&clash), Some("Pending"));
     // A node the tenant cannot run on (here: none of that name): the host places the copy.
     create_pod(
         tenant,

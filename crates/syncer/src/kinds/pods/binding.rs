@@ -8,10 +8,11 @@ use k8s_openapi::api::core::v1::{
     Binding, Node, NodeSelectorRequirement, NodeSelectorTerm, ObjectReference, Pod, PodSpec,
 };
 use kube::ResourceExt;
-use kube::api::{ObjectMeta, PostParams};
-use serde_json::Value;
+use kube::api::{ObjectMeta, Patch, PatchParams, PostParams};
+use serde_json::{Value, json};
 
 use super::Pods;
+use crate::converge::delete_if_present;
 use crate::error::Result;
 use crate::key::Key;
 use crate::kind_trait::Kind;
@@ -22,9 +23,9 @@ use crate::tenant::Tenant;
 /// The host node a tenant pod bound by name (`spec.nodeName`, written so or bound before its copy
 /// was made again) asks for: its copy is pinned there by node affinity ([`pin_to_node`]), never
 /// bound by name, so the host scheduler still judges it (other teams' anti-affinity, taints,
-/// room, ports) and a copy that does not fit waits unscheduled. Only a node the profile lets the
-/// tenant run on: its `nodeSelector` matches, it is not cordoned, and `copy`'s tolerations cover
-/// its taints. Otherwise the host scheduler places the copy wherever it fits.
+/// room, ports); one that does not fit fails its tenant pod ([`reject_unplaceable`]). Only a
+/// node the profile lets the tenant run on: its `nodeSelector` matches, it is not cordoned, and
+/// `copy`'s tolerations cover its taints. Otherwise the host scheduler places the copy wherever it fits.
 pub fn bound_by_name(cx: &Tenant, t: &Pod, copy: &Pod) -> Option<String> {
     let node = t.spec.as_ref()?.node_name.clone()?;
     let host = cx.host_get::<Node>(false, &node)?;
@@ -63,6 +64,61 @@ pub fn pin_to_node(spec: &mut PodSpec, node: &str) {
         fields.push(pin.clone());
     }
 }
+
+/// The node tenant pod `t`, bound by name, cannot have: its copy `h` is pinned there
+/// ([`pin_to_node`]) and the host scheduler found it unfit (`PodScheduled` False,
+/// `Unschedulable`).
+fn unplaceable<'a>(t: &'a Pod, h: &Pod) -> Option<&'a str> {
+    let node = t.spec.as_ref()?.node_name.as_deref()?;
+    let spec = h.spec.as_ref()?;
+    let pinned = spec
+        .affinity
+        .as_ref()?
+        .node_affinity
+        .as_ref()?
+        .required_during_scheduling_ignored_during_execution
+        .as_ref()?
+        .node_selector_terms
+        .iter()
+        .flat_map(|term| term.match_fields.iter().flatten())
+        .any(|f| {
+            f.key == "metadata.name"
+                && f.values
+                    .as_ref()
+                    .is_some_and(|v| v.iter().any(|n| n == node))
+        });
+    let held = h.status.as_ref()?.conditions.iter().flatten().any(|c| {
+        c.type_ == "PodScheduled"
+            && c.status == "False"
+            && c.reason.as_deref() == Some("Unschedulable")
+    });
+    (spec.node_name.is_none() && pinned && held).then_some(node)
+}
+
+/// A tenant pod bound by name whose pinned copy the host scheduler cannot place fails, as a
+/// kubelet refuses at admission a pod given to it by name that does not fit (its host ports
+/// taken, no room): the tenant pod ends `Failed` and says why, its controller makes a new one (a
+/// StatefulSet does so for an evicted pod), and the copy goes. Whether it did.
+pub async fn reject_unplaceable(cx: &Tenant, t: &Pod, h: &Pod) -> Result<bool> {
+    let Some(node) = unplaceable(t, h) else {
+        return Ok(false);
+    };
+    let message = format!(
+        "Pod was rejected: node {node} cannot take it now (its room, its host ports or other pods' affinity rule it out)"
+    );
+    let patch = json!({
+        "metadata": {"uid": t.uid()},
+        "status": {"phase": "Failed", "reason": REJECTED, "message": message},
+    });
+    cx.tenant_api::<Pod>(&t.namespace().unwrap_or_default())
+        .patch_status(&t.name_any(), &PatchParams::default(), &Patch::Merge(patch))
+        .await?;
+    delete_if_present(&cx.host_api::<Pod>(), h, Some(0)).await?;
+    Ok(true)
+}
+
+/// The reason a tenant pod bound by name to a node that cannot take it ends with.
+pub const REJECTED: &str = "NodeRejected";
 
 /// Bind the tenant pod to the virtual node of its copy's host node. Only to a virtual node that
 /// exists: the tenant's pod garbage collector deletes pods bound to missing nodes. Without
@@ -151,5 +207,36 @@ mod tests {
             );
         }
         assert!(required.node_selector_terms[0].match_expressions.is_some());
+    }
+
+    /// Only a pinned copy the scheduler holds makes its tenant pod bound by name fail; one still
+    /// being looked at, placed, or not pinned (the tenant pod bound later) does not.
+    #[test]
+    fn a_pinned_copy_the_scheduler_holds_is_unplaceable() {
+        let tenant: Pod = serde_json::from_value(
+            json!({"metadata": {"name": "p"}, "spec": {"containers": [], "nodeName": "n1"}}),
+        )
+        .unwrap();
+        let mut spec = PodSpec::default();
+        pin_to_node(&mut spec, "n1");
+        let held = json!({"conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}]});
+        let copy = |spec: &PodSpec, status: serde_json::Value| -> Pod {
+            serde_json::from_value(
+                json!({"metadata": {"name": "c"}, "spec": spec, "status": status}),
+            )
+            .unwrap()
+        };
+        assert_eq!(unplaceable(&tenant, &copy(&spec, held.clone())), Some("n1"));
+        assert_eq!(unplaceable(&tenant, &copy(&spec, json!({}))), None);
+        let mut placed = spec.clone();
+        placed.node_name = Some("n1".into());
+        assert_eq!(unplaceable(&tenant, &copy(&placed, held.clone())), None);
+        assert_eq!(
+            unplaceable(&tenant, &copy(&PodSpec::default(), held.clone())),
+            None
+        );
+        let mut unbound = tenant.clone();
+        unbound.spec.as_mut().unwrap().node_name = None;
+        assert_eq!(unplaceable(&unbound, &copy(&spec, held)), None);
     }
 }

@@ -193,6 +193,11 @@ async fn converge_pod(cx: &Tenant, ns: &str, name: &str) -> Result<()> {
     // A copy could not run without the data it uses, which is not copied when too large.
     review.refused.extend(data::too_large_for(cx, &t).await);
     let Some(h) = h else {
+        let phase = t.status.as_ref().and_then(|s| s.phase.as_deref());
+        if matches!(phase, Some("Failed" | "Succeeded")) {
+            // Ended (refused by its node, `binding::reject_unplaceable`): never run again.
+            return Ok(());
+        }
         if t.spec
             .as_ref()
             .and_then(|s| s.scheduling_gates.as_ref())
@@ -222,6 +227,9 @@ async fn converge_pod(cx: &Tenant, ns: &str, name: &str) -> Result<()> {
     wake_references(cx, &t);
     tokens::ensure_tokens(cx, &Key::of::<Pods>(ns, name), &t, &h).await?;
     if h.metadata.deletion_timestamp.is_some() {
+        return Ok(());
+    }
+    if binding::reject_unplaceable(cx, &t, &h).await? {
         return Ok(());
     }
     binding::bind(cx, &t, &h).await?;
