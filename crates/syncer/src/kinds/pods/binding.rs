@@ -120,6 +120,14 @@ pub async fn reject_unplaceable(cx: &Tenant, t: &Pod, h: &Pod) -> Result<bool> {
 /// The reason a tenant pod bound by name to a node that cannot take it ends with.
 pub const REJECTED: &str = "NodeRejected";
 
+/// Did tenant pod `t` end refused by its node ([`reject_unplaceable`])? It never gets a copy
+/// again.
+pub fn rejected(t: &Pod) -> bool {
+    t.status.as_ref().is_some_and(|s| {
+        s.phase.as_deref() == Some("Failed") && s.reason.as_deref() == Some(REJECTED)
+    })
+}
+
 /// Bind the tenant pod to the virtual node of its copy's host node. Only to a virtual node that
 /// exists: the tenant's pod garbage collector deletes pods bound to missing nodes. Without
 /// virtual nodes the tenant pod stays unbound.

@@ -193,17 +193,16 @@ async fn converge_pod(cx: &Tenant, ns: &str, name: &str) -> Result<()> {
     // A copy could not run without the data it uses, which is not copied when too large.
     review.refused.extend(data::too_large_for(cx, &t).await);
     let Some(h) = h else {
-        let phase = t.status.as_ref().and_then(|s| s.phase.as_deref());
-        if matches!(phase, Some("Failed" | "Succeeded")) {
-            // Ended (refused by its node, `binding::reject_unplaceable`): never run again.
-            return Ok(());
-        }
         if t.spec
             .as_ref()
             .and_then(|s| s.scheduling_gates.as_ref())
             .is_some_and(|g| !g.is_empty())
         {
             // Not to be scheduled yet: the copy is made once the tenant lifts its gates.
+            return Ok(());
+        }
+        if binding::rejected(&t) {
+            // Refused by its node (`binding::reject_unplaceable`): it ended, and stays so.
             return Ok(());
         }
         if ran {
