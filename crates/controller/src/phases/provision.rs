@@ -332,7 +332,9 @@ fn for_too_long(tc: &TenantCluster) -> bool {
 }
 
 /// Whether the control plane had come up: Ready was True, or it went Degraded because it went
-/// away (and stays so until it is back).
+/// away (and stays so until it is back). Going away can first read as an API server that does
+/// not answer while its pod is still Ready; the pod's readiness then follows, and the tenant
+/// must stay Degraded rather than fall back to Provisioning.
 fn was_up(tc: &TenantCluster) -> bool {
     let Some(status) = tc.status.as_ref() else {
         return false;
@@ -342,8 +344,41 @@ fn was_up(tc: &TenantCluster) -> bool {
     ready.is_some_and(|c| {
         c.status == "True"
             || (status.phase == Some(tenantplane_api::Phase::Degraded)
-                && c.reason == "ControlPlaneNotReady")
+                && ["ControlPlaneNotReady", "TenantUnreachable"].contains(&c.reason.as_str()))
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tenant(phase: &str, ready: &str, reason: &str) -> TenantCluster {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "tenantplane.io/v1alpha1", "kind": "TenantCluster",
+            "metadata": {"name": "dev", "namespace": "team-dev"},
+            "spec": {"kubernetesVersion": "v1.31.4"},
+            "status": {"phase": phase, "conditions": [{
+                "type": "Ready", "status": ready, "reason": reason, "message": "m",
+                "lastTransitionTime": "2026-12-06T22:42:42Z"
+            }]}
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_tenant_that_was_up_stays_up_through_every_way_of_going_away() {
+        assert!(was_up(&tenant("Ready", "True", "ControlPlaneReady")));
+        assert!(was_up(&tenant("Degraded", "True", "ControlPlaneReady")));
+        assert!(was_up(&tenant("Degraded", "False", "ControlPlaneNotReady")));
+        assert!(was_up(&tenant("Degraded", "False", "TenantUnreachable")));
+        assert!(!was_up(&tenant(
+            "Provisioning",
+            "False",
+            "ControlPlaneNotReady"
+        )));
+        assert!(!was_up(&tenant("Degraded", "False", "PolicyMissing")));
+        assert!(!was_up(&tenant("Pending", "Unknown", "Accepted")));
+    }
 }
 
 /// The tenant's data claims, deleted with it: the StatefulSet's retention policy does so, and this
