@@ -81,6 +81,11 @@ fi
 BIN="${CONFORMANCE_BIN:?}"
 E2E_BIN="${CONFORMANCE_E2E_BIN:?}"
 ip link set lo up
+# The real node's pods' network namespaces are named in a /run/netns of this mount namespace's
+# own, so none is left on the machine however the run ends.
+if [[ "$(id -u)" == 0 ]] && mkdir -p /run/netns 2>/dev/null; then
+  mount -t tmpfs -o mode=0755 netns /run/netns
+fi
 # check_isolated [DEVICE_REGEXP]: refuse to go on if this namespace has a route or link other
 # than loopback's and those of the devices named (the real node's bridge and the pods' veths,
 # once the dev cluster runs), or any default route.

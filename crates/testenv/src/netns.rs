@@ -4,7 +4,7 @@
 //! When `tenantplane dev` is started in one that has other interfaces, it runs itself again in new
 //! network, mount and PID namespaces ([`spawn_isolated`]): when that child ends, or is killed with
 //! the process that started it, every process in it ends and the namespaces (interfaces, nftables
-//! tables, mounts) go with them. [`mirror_loopback`] then makes each loopback port the child
+//! tables, mounts, the pods' named network namespaces) go with them. [`mirror_loopback`] then makes each loopback port the child
 //! listens on answer on the same port here, so the kubeconfigs it writes (`127.0.0.1:<port>`)
 //! work from both sides.
 //!
@@ -22,8 +22,8 @@ use std::time::Duration;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::oneshot;
 
-/// `program args…` in new network, mount and PID namespaces (loopback up), killed with this
-/// process.
+/// `program args…` in new network, mount and PID namespaces (loopback up, a /run/netns of its
+/// own), killed with this process.
 pub fn spawn_isolated(program: &Path, args: &[String]) -> std::io::Result<tokio::process::Child> {
     let mut cmd = tokio::process::Command::new("unshare");
     cmd.args([
@@ -36,7 +36,9 @@ pub fn spawn_isolated(program: &Path, args: &[String]) -> std::io::Result<tokio:
         "--",
         "sh",
         "-c",
-        "ip link set lo up && exec \"$@\"",
+        // The pods' network namespaces are named in a /run/netns of the mount namespace's own
+        // (root only, as a real node), so none is left on the machine however the child ends.
+        "ip link set lo up && { [ \"$(id -u)\" != 0 ] || { mkdir -p /run/netns && mount -t tmpfs -o mode=0755 netns /run/netns; }; } && exec \"$@\"",
         "tenantplane-dev",
     ])
     .arg(program)

@@ -11,8 +11,9 @@ use crate::{Error, Result};
 const CGROUP_FS: &str = "/sys/fs/cgroup";
 const PARENT: &str = "tenantplane";
 
-/// The folders of every hierarchy the kubelet uses: each v1 controller mount (those with a
-/// `tasks` file), or the one v2 hierarchy.
+/// The folders of every hierarchy the kubelet and runc use: each v1 controller mount (those with
+/// a `tasks` file) and, on a hybrid machine, the v2 one beside them (`unified`, where runc makes
+/// its cgroups too); or the one v2 hierarchy.
 fn hierarchies() -> Vec<PathBuf> {
     let root = Path::new(CGROUP_FS);
     if root.join("cgroup.controllers").exists() {
@@ -22,7 +23,7 @@ fn hierarchies() -> Vec<PathBuf> {
         .map(|entries| {
             entries
                 .filter_map(|e| e.ok().map(|e| e.path()))
-                .filter(|p| p.join("tasks").exists())
+                .filter(|p| p.join("tasks").exists() || p.join("cgroup.controllers").exists())
                 .collect()
         })
         .unwrap_or_default();
