@@ -209,20 +209,6 @@ pub fn first_entries_named(
     Ok((cluster, user, context))
 }
 
-/// The operator's own kubeconfig of a tenant, from its kubeconfig Secret, or why not.
-pub fn operator_text(
-    secret: &k8s_openapi::api::core::v1::Secret,
-) -> std::result::Result<String, String> {
-    crate::build::kubeconfig::operator_text(secret)
-        .map(str::to_string)
-        .ok_or_else(|| {
-            format!(
-                "the kubeconfig Secret has no {} key yet",
-                crate::names::OPERATOR_KUBECONFIG_KEY
-            )
-        })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

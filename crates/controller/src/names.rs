@@ -129,15 +129,6 @@ pub fn kubernetes_image(repository: &str, component: &str, kubernetes_version: &
     format!("{repository}/{component}:{kubernetes_version}")
 }
 
-/// `v1.30.4` runs `<repository>:v1.30.4-k3s1`; a respun release its latest build
-/// ([`crate::build::k3s::k3s_tag`]).
-pub fn k3s_image(repository: &str, kubernetes_version: &str) -> String {
-    format!(
-        "{repository}:{}",
-        crate::build::k3s::k3s_tag(kubernetes_version)
-    )
-}
-
 /// Labels on every object the controller creates for a tenant.
 pub fn labels(tenant: &str) -> BTreeMap<String, String> {
     BTreeMap::from([
@@ -236,10 +227,6 @@ mod tests {
         assert_eq!(kubeconfig_secret("dev"), "dev-kubeconfig");
         assert_eq!(control_plane_pod("dev"), "dev-0");
         assert_eq!(endpoint("dev", "team-dev"), "https://dev.team-dev.svc:6443");
-        assert_eq!(
-            k3s_image(DEFAULT_K3S_REPOSITORY, "v1.30.4"),
-            "rancher/k3s:v1.30.4-k3s1"
-        );
         assert_eq!(service_dns_names("dev", "t")[3], "dev.t.svc.cluster.local");
     }
 

@@ -142,7 +142,7 @@ impl ControlPlane {
         std::fs::create_dir_all(dir.join("kwok"))?;
 
         say("writing the PKI");
-        let (pki, ca) = write_pki(&dir)?;
+        let (pki, ca) = write_pki(&dir, real_node::NODE_IP)?;
         let admin = ca.issue(&Leaf::client(
             "tenantplane-testenv-admin",
             &["system:masters"],

@@ -10,7 +10,7 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use serde_json::json;
 use tenantplane_api::{PodSecurityLevel, TenantCluster};
 
-use super::control_plane::CONFIG_MOUNT;
+use super::layout::CONFIG_MOUNT;
 use super::meta::{identity, owned_metadata};
 use crate::{Error, names};
 

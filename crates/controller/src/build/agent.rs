@@ -5,7 +5,7 @@
 use k8s_openapi::api::core::v1::{Container, ContainerPort, ResourceRequirements, Volume};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
-use super::control_plane::{
+use super::layout::{
     DATA_VOLUME_SIZE, DATABASE, PKI_MOUNT, PKI_VOLUME, data_mount, mount, read_only_mount,
     scratch_volume, security_context,
 };
@@ -143,11 +143,7 @@ mod tests {
             assert_eq!(
                 mounts,
                 [
-                    (
-                        names::DATA_VOLUME,
-                        super::super::control_plane::DATA_DIR,
-                        false
-                    ),
+                    (names::DATA_VOLUME, super::super::layout::DATA_DIR, false),
                     (PKI_VOLUME, PKI_MOUNT, true),
                     (SCRATCH_VOLUME, SCRATCH, false),
                 ]
@@ -193,8 +189,7 @@ mod tests {
             assert!(
                 init[..at]
                     .iter()
-                    .all(|c| c.restart_policy.as_deref()
-                        != Some(super::super::control_plane::SIDECAR)),
+                    .all(|c| c.restart_policy.as_deref() != Some(super::super::layout::SIDECAR)),
                 "{:?}",
                 init.iter().map(|c| &c.name).collect::<Vec<_>>()
             );

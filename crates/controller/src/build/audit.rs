@@ -8,7 +8,7 @@
 
 use serde_json::json;
 
-use super::control_plane::CONFIG_MOUNT;
+use super::layout::CONFIG_MOUNT;
 use crate::tenant_pki::OPERATOR_USER;
 
 /// The policy's key in the ConfigMap, and its path in the pod.

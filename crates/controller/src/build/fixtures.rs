@@ -2,7 +2,7 @@
 //! profile, and options with a kubelet endpoint.
 
 use super::BuildOptions;
-use super::control_plane::Addressing;
+use super::layout::Addressing;
 use tenantplane_api::{Distribution, IsolationProfile, TenantCluster};
 
 /// The seed example, as the API server would hand it over (uid set).

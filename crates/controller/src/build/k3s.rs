@@ -6,7 +6,7 @@ use k8s_openapi::api::core::v1::{Container, ContainerPort, EnvVar};
 use tenantplane_api::TenantCluster;
 
 use super::BuildOptions;
-use super::control_plane::{
+use super::layout::{
     Addressing, CONFIG_MOUNT, CONFIG_VOLUME, CONTROL_PLANE_CPU_REQUEST,
     CONTROL_PLANE_MEMORY_REQUEST, DATA_DIR, PKI_MOUNT, PKI_VOLUME, Pod, TMP_VOLUME, data_mount,
     mount, read_only_mount, scratch_volume, security_context, sqlite_temp_dir,
@@ -30,7 +30,12 @@ pub fn control_plane_image(tc: &TenantCluster, options: &BuildOptions) -> String
         .control_plane
         .image
         .clone()
-        .unwrap_or_else(|| names::k3s_image(&options.k3s_repository, &tc.spec.kubernetes_version))
+        .unwrap_or_else(|| k3s_image(&options.k3s_repository, &tc.spec.kubernetes_version))
+}
+
+/// `v1.30.4` runs `<repository>:v1.30.4-k3s1`; a respun release its latest build ([`k3s_tag`]).
+pub fn k3s_image(repository: &str, kubernetes_version: &str) -> String {
+    format!("{repository}:{}", k3s_tag(kubernetes_version))
 }
 
 /// The kubelet CA's file in `server/tls/`, and the init container's variable that carries it.
@@ -150,8 +155,8 @@ fn pki_init_container(image: String, options: &BuildOptions) -> Container {
 mod tests {
     use super::*;
     use crate::build::BuildOptions;
-    use crate::build::control_plane::DATABASE_DIR;
     use crate::build::fixtures::tenant;
+    use crate::build::layout::DATABASE_DIR;
     use k8s_openapi::api::apps::v1::StatefulSet;
 
     fn desired_statefulset(

@@ -86,6 +86,16 @@ pub fn operator_text(secret: &Secret) -> Option<&str> {
     stored_key(secret, names::OPERATOR_KUBECONFIG_KEY)
 }
 
+/// The operator's own kubeconfig of a tenant, from its kubeconfig Secret, or why not.
+pub fn require_operator_text(secret: &Secret) -> Result<String, String> {
+    operator_text(secret).map(str::to_string).ok_or_else(|| {
+        format!(
+            "the kubeconfig Secret has no {} key yet",
+            names::OPERATOR_KUBECONFIG_KEY
+        )
+    })
+}
+
 fn stored_key<'a>(secret: &'a Secret, key: &str) -> Option<&'a str> {
     let value = secret.data.as_ref()?.get(key)?;
     std::str::from_utf8(&value.0).ok()

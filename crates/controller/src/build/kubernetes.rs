@@ -11,12 +11,12 @@ use tenantplane_api::quantity::ParsedQuantity;
 
 use super::BuildOptions;
 use super::admission::ADMISSION_CONFIG;
-use super::control_plane::{
+use super::k3s::{KUBELET_ADDRESS_ORDER, KUBELET_ADDRESS_TYPES, controllers};
+use super::layout::{
     Addressing, CONFIG_MOUNT, CONFIG_VOLUME, DATABASE, DATABASE_DIR, PKI_MOUNT, PKI_VOLUME, Pod,
     SIDECAR, TMP_VOLUME, data_mount, mount, read_only_mount, scratch_volume, secret_volume,
     security_context, sqlite_temp_dir,
 };
-use super::k3s::{KUBELET_ADDRESS_ORDER, KUBELET_ADDRESS_TYPES, controllers};
 use super::pod::{self, CapAndNeed, ProbeTiming};
 use crate::names;
 use crate::tenant_pki;
@@ -91,8 +91,8 @@ fn resources(
     let [cpu_cap, memory_cap] = [("cpu", &caps.cpu), ("memory", &caps.memory)]
         .map(|(resource, cap)| cap.as_ref().map(|c| share(c, resource, eighths)));
     let [cpu_need, memory_need] = [
-        ("cpu", super::control_plane::CONTROL_PLANE_CPU_REQUEST),
-        ("memory", super::control_plane::CONTROL_PLANE_MEMORY_REQUEST),
+        ("cpu", super::layout::CONTROL_PLANE_CPU_REQUEST),
+        ("memory", super::layout::CONTROL_PLANE_MEMORY_REQUEST),
     ]
     .map(|(resource, total)| share(&total.into(), resource, eighths));
     pod::capped_resources([
@@ -251,8 +251,9 @@ fn cert(file: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::build::control_plane::{DATA_DIR, desired_statefulset};
+    use crate::build::control_plane::desired_statefulset;
     use crate::build::fixtures::{addressing, kubernetes_tenant, with_kubelet};
+    use crate::build::layout::DATA_DIR;
     use k8s_openapi::api::core::v1::PodSpec;
 
     use super::super::fixtures::pod_spec;

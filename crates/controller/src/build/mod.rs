@@ -9,6 +9,7 @@ pub mod isolation;
 pub mod k3s;
 pub mod kubeconfig;
 pub mod kubernetes;
+pub mod layout;
 pub mod lean;
 mod meta;
 pub mod pod;

@@ -6,8 +6,8 @@ use tenantplane_api::{EgressPolicy, TenantMode};
 use super::fixtures::{profile, tenant};
 use super::*;
 
-fn addressing() -> control_plane::Addressing {
-    control_plane::Addressing {
+fn addressing() -> layout::Addressing {
+    layout::Addressing {
         api_ip: "10.96.0.10".into(),
         service_cidr: "10.96.0.0/12".into(),
     }

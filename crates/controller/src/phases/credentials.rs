@@ -190,7 +190,7 @@ pub(crate) async fn component_certificates(
     tc: &TenantCluster,
     ctx: &Context,
     pki: &TenantPki,
-    addressing: &build::control_plane::Addressing,
+    addressing: &build::layout::Addressing,
 ) -> Result<Duration, Error> {
     let (tenant, ns) = build::identity(tc)?;
     let name = names::control_plane_certs(&tenant);

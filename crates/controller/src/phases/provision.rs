@@ -16,7 +16,7 @@ use super::report::publish;
 use super::{Phase, credentials, stop};
 use crate::Error;
 use crate::apply::{self, Outcome};
-use crate::build::{self, control_plane::Addressing};
+use crate::build::{self, layout::Addressing};
 use crate::context::Context;
 use crate::names;
 use crate::observe;

@@ -346,7 +346,7 @@ async fn tenant_version(ctx: &Ctx, tenant: &TenantCluster, pod: &Pod) -> Result<
         .get(&names::kubeconfig_secret(&name))
         .await
         .map_err(|e| format!("reading the kubeconfig Secret: {}", api_message(&e)))?;
-    let kubeconfig = crate::kubeconfig::operator_text(&secret)?;
+    let kubeconfig = crate::build::kubeconfig::require_operator_text(&secret)?;
     let server = ctx.connector.server(&name, &ns, pod)?;
     let client = ctx
         .connector

@@ -359,7 +359,7 @@ async fn tenant_client(tc: &TenantCluster, ctx: &Context) -> Result<Client, Stri
         &names::kubeconfig_secret(&tenant),
     )
     .ok_or_else(|| "its kubeconfig Secret is not there yet".to_string())?;
-    let kubeconfig = crate::kubeconfig::operator_text(&secret)?;
+    let kubeconfig = crate::build::kubeconfig::require_operator_text(&secret)?;
     let connector = &ctx.options.connector;
     let server = connector.server(&tenant, &ns, &pod)?;
     connector.client(&kubeconfig, &tenant, &ns, &server).await

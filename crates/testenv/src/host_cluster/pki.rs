@@ -20,7 +20,9 @@ pub(super) struct Pki {
     pub front_proxy_key: PathBuf,
 }
 
-pub(super) fn write_pki(dir: &Path) -> Result<(Pki, CertificateAuthority)> {
+/// The host control plane's certificates in `dir`; the API server's also names `node_ip`, the
+/// address a real node's pods dial it on.
+pub(super) fn write_pki(dir: &Path, node_ip: &str) -> Result<(Pki, CertificateAuthority)> {
     let ca = CertificateAuthority::generate("tenantplane-testenv-ca")?;
     let serving = ca.issue(&Leaf::server(
         "kube-apiserver",
@@ -31,7 +33,7 @@ pub(super) fn write_pki(dir: &Path) -> Result<(Pki, CertificateAuthority)> {
             "kubernetes.default",
             "kubernetes.default.svc",
             "10.96.0.1",
-            super::real_node::NODE_IP,
+            node_ip,
         ],
     ))?;
     let pki = Pki {

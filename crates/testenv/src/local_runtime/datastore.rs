@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod};
 use kube::api::{Api, ListParams};
 use kube::{Client, ResourceExt};
-use tenantplane_controller::build::control_plane::RUN_AS_USER;
+use tenantplane_controller::build::layout::RUN_AS_USER;
 use tenantplane_controller::names::DATA_VOLUME;
 
 use crate::process::tail;

@@ -4,7 +4,7 @@
 
 use super::{BuildOptions, DATA_DIR, KUBELET_CA_FILE};
 use crate::build::admission::ADMISSION_CONFIG;
-use crate::build::control_plane::Addressing;
+use crate::build::layout::Addressing;
 use crate::names;
 
 /// Controllers that are off unless named, which k3s names (its default list is

@@ -11,7 +11,7 @@ use tenantplane_pki::{KeyAndCert, Leaf};
 
 use super::{cert, pki};
 use crate::build::BuildOptions;
-use crate::build::control_plane::Addressing;
+use crate::build::layout::Addressing;
 use crate::build::meta::{identity, owned_metadata};
 use crate::tenant_pki::{self, PkiError, TenantPki};
 use crate::{Error, names};
