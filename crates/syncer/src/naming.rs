@@ -237,6 +237,11 @@ pub fn host_labels(
         .collect()
 }
 
+/// Is tenant Service `ns/name` the tenant API server's own (`default/kubernetes`)?
+pub fn is_tenant_api(ns: &str, name: &str) -> bool {
+    ns == "default" && name == "kubernetes"
+}
+
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;

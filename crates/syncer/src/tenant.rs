@@ -7,6 +7,7 @@ use std::any::{Any, TypeId};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 
+use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::Api;
 use kube::core::{Selector, SelectorExt};
@@ -59,6 +60,16 @@ pub struct Tenant {
 }
 
 impl Tenant {
+    /// The addresses of this tenant's pod copies on the host.
+    pub fn own_pod_ips(&self) -> BTreeSet<String> {
+        pod_ips(
+            self.host_slice::<Pod>()
+                .iter()
+                .filter(|p| self.tr.copy_of(&p.metadata).is_some())
+                .map(|p| &**p),
+        )
+    }
+
     /// Does the policy sync tenant object `meta` of the kind named `kind`: the kind is on and its
     /// selector (if any) selects the object? (See [`Kind::synced`](crate::kind_trait::Kind).)
     pub fn synced(&self, kind: &str, meta: &kube::api::ObjectMeta) -> bool {
@@ -246,6 +257,58 @@ impl Verdicts {
                 reason: WATCH_FAILED,
                 message,
             }),
+        );
+    }
+}
+
+/// The addresses of `pods` that are still theirs: a pod being deleted or finished gives its
+/// address back to the pool, where another tenant's pod may get it next.
+pub fn pod_ips<'a>(pods: impl Iterator<Item = &'a Pod>) -> BTreeSet<String> {
+    pods.filter(|p| p.metadata.deletion_timestamp.is_none())
+        .filter_map(|p| p.status.as_ref())
+        .filter(|s| matches!(s.phase.as_deref(), Some("Pending" | "Running")))
+        .flat_map(|s| {
+            s.pod_ips
+                .iter()
+                .flatten()
+                .map(|i| i.ip.clone())
+                .chain(s.pod_ip.clone())
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn a_pod_being_deleted_or_finished_no_longer_owns_its_address() {
+        let pod = |name: &str, ip: &str, phase: &str, deleting: bool| -> Pod {
+            let mut p: Pod = serde_json::from_value(json!({
+                "metadata": {"name": name},
+                "status": {"phase": phase, "podIP": ip, "podIPs": [{"ip": ip}, {"ip": "fd00::9"}]}
+            }))
+            .unwrap();
+            if deleting {
+                p.metadata.deletion_timestamp =
+                    Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                        k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+                    ));
+            }
+            p
+        };
+        let pods = [
+            pod("running", "10.244.0.1", "Running", false),
+            pod("pending", "10.244.0.2", "Pending", false),
+            pod("terminating", "10.244.0.3", "Running", true),
+            pod("done", "10.244.0.4", "Succeeded", false),
+            pod("failed", "10.244.0.5", "Failed", false),
+        ];
+        let ips = pod_ips(pods.iter());
+        assert_eq!(
+            ips.into_iter().collect::<Vec<_>>(),
+            ["10.244.0.1", "10.244.0.2", "fd00::9"]
         );
     }
 }

@@ -159,9 +159,7 @@ pub fn shown_address(cx: &Tenant, ip: &str) -> bool {
             .and_then(|s| s.cluster_ips.as_ref())
             .is_some_and(|ips| ips.iter().any(|a| a == ip))
     };
-    if crate::kinds::endpoints::own_pod_ips(cx).contains(ip)
-        || cx.tenant_list::<Service>().iter().any(|s| service(s))
-    {
+    if cx.own_pod_ips().contains(ip) || cx.tenant_list::<Service>().iter().any(|s| service(s)) {
         return true;
     }
     cx.tr.allow.node_addresses

@@ -17,7 +17,6 @@ use crate::wiring::Setup;
 pub mod classes;
 pub mod configmaps;
 pub mod endpoints;
-pub mod endpointslices;
 pub mod events;
 pub mod ingresses;
 pub mod nodes;
@@ -67,7 +66,7 @@ pub fn all() -> Vec<Entry> {
         entry::<pods::Pods>(),
         entry::<services::Services>(),
         entry::<endpoints::EndpointsKind>(),
-        entry::<endpointslices::EndpointSlices>(),
+        entry::<endpoints::slices::EndpointSlices>(),
         entry::<configmaps::ConfigMaps>(),
         entry::<secrets::Secrets>(),
         entry::<persistentvolumeclaims::Claims>(),

@@ -23,7 +23,7 @@ use crate::kinds::configmaps::ConfigMaps;
 use crate::kinds::nodes::node_key;
 use crate::kinds::persistentvolumeclaims::Claims;
 use crate::kinds::secrets::Secrets;
-use crate::kinds::services::is_tenant_api;
+use crate::naming::is_tenant_api;
 use crate::naming::{self, ANNOTATION_APPLIED_HASH, SYNCER_MANAGER};
 use crate::stages::Stage;
 use crate::tell;

@@ -19,7 +19,8 @@ use crate::error::{Error, Result};
 use crate::host::Scope;
 use crate::key::Key;
 use crate::kind_trait::Kind;
-use crate::naming::SYNCER_MANAGER;
+use crate::kinds::endpoints::selectorless;
+use crate::naming::{SYNCER_MANAGER, is_tenant_api};
 use crate::tell::{self, Review};
 use crate::tenant::Tenant;
 use crate::translate::Translator;
@@ -67,11 +68,6 @@ impl Kind for Services {
     }
 }
 
-/// Is tenant Service `ns/name` the tenant API server's own?
-pub fn is_tenant_api(ns: &str, name: &str) -> bool {
-    ns == "default" && name == "kubernetes"
-}
-
 async fn converge_service(cx: &Tenant, ns: &str, name: &str) -> Result<()> {
     if is_tenant_api(ns, name) {
         // It stays in the tenant, with the address of the host Service in front of the tenant
@@ -86,7 +82,7 @@ async fn converge_service(cx: &Tenant, ns: &str, name: &str) -> Result<()> {
         return Ok(());
     }
     // Whether slices written by hand for it go down follows the Service.
-    crate::kinds::endpointslices::wake_for_service(cx, ns, name);
+    crate::kinds::endpoints::slices::wake_for_service(cx, ns, name);
     let enabled = Services::enabled(&cx.policy);
     let t = cx
         .tenant_get::<Service>(ns, name)
@@ -292,15 +288,6 @@ fn holds_address(s: &Service) -> bool {
         .as_ref()
         .and_then(|s| s.cluster_ip.as_deref())
         .is_some_and(|ip| !ip.is_empty() && ip != "None")
-}
-
-/// Does Service `t` leave its Endpoints to a person (no selector, or an empty one, and not
-/// ExternalName)? The one definition the Service, Endpoints and EndpointSlice kinds share.
-pub(crate) fn selectorless(t: &Service) -> bool {
-    t.spec.as_ref().is_none_or(|s| {
-        s.selector.as_ref().is_none_or(|sel| sel.is_empty())
-            && s.type_.as_deref() != Some("ExternalName")
-    })
 }
 
 /// How long, after a selector-less Service is made again, its Endpoints are watched for the

@@ -1,9 +1,14 @@
-//! Endpoints go down only for selector-less Services, whose Endpoints a person wrote; the host
-//! computes the rest from its own pods.
+//! A Service's endpoints, both kinds: Endpoints go down only for selector-less Services, whose
+//! Endpoints a person wrote; the host computes the rest from its own pods. EndpointSlices written
+//! by hand for such a Service go down the same way ([`slices`]). What both share is here: whose
+//! endpoints are a person's ([`written_by_hand`], [`selectorless`]), which addresses a copy may
+//! name ([`left_out`]), and which copies a pod's coming or going wakes ([`wake_stale`]).
+
+pub mod slices;
 
 use std::collections::BTreeSet;
 
-use k8s_openapi::api::core::v1::{EndpointSubset, Endpoints, Pod, Service};
+use k8s_openapi::api::core::v1::{EndpointSubset, Endpoints, Service};
 use kube::ResourceExt;
 
 use crate::allow;
@@ -36,12 +41,12 @@ impl CopyDown for EndpointsKind {
         host_name: &str,
         _: Option<&Endpoints>,
     ) -> Endpoints {
-        translate_with(&cx.tr, ep, host_name, &own_pod_ips(cx)).0
+        translate_with(&cx.tr, ep, host_name, &cx.own_pod_ips()).0
     }
 
     fn review_in(cx: &Tenant, ep: &Endpoints, _: Option<&Endpoints>) -> Review {
         let mut dropped = cx.tr.annotations(Self::NAME, &ep.metadata).1;
-        dropped.extend(host_subsets(&cx.tr, ep, &own_pod_ips(cx)).1);
+        dropped.extend(host_subsets(&cx.tr, ep, &cx.own_pod_ips()).1);
         Review {
             refused: vec![],
             dropped,
@@ -53,10 +58,19 @@ impl CopyDown for EndpointsKind {
 /// and is not the tenant API server's), so theirs go down as written, filtered? The host computes
 /// every other Service's endpoints from its own pods.
 pub fn written_by_hand(cx: &Tenant, ns: &str, name: &str) -> bool {
-    !crate::kinds::services::is_tenant_api(ns, name)
-        && cx.tenant_get::<Service>(ns, name).is_some_and(|s| {
-            crate::kinds::services::selectorless(&s) && cx.syncs::<Service>(&s.metadata)
-        })
+    !crate::naming::is_tenant_api(ns, name)
+        && cx
+            .tenant_get::<Service>(ns, name)
+            .is_some_and(|s| selectorless(&s) && cx.syncs::<Service>(&s.metadata))
+}
+
+/// Does Service `t` leave its Endpoints to a person (no selector, or an empty one, and not
+/// ExternalName)? The one definition the Service, Endpoints and EndpointSlice kinds share.
+pub fn selectorless(t: &Service) -> bool {
+    t.spec.as_ref().is_none_or(|s| {
+        s.selector.as_ref().is_none_or(|sel| sel.is_empty())
+            && s.type_.as_deref() != Some("ExternalName")
+    })
 }
 
 /// May a copy name address `ip`: one of this tenant's own pods (`own`) or inside the profile's
@@ -69,39 +83,13 @@ pub fn left_out(tr: &Translator, own: &BTreeSet<String>, ip: &str) -> Option<Str
     })
 }
 
-/// The addresses of this tenant's pod copies on the host.
-pub fn own_pod_ips(cx: &Tenant) -> BTreeSet<String> {
-    pod_ips(
-        cx.host_slice::<Pod>()
-            .iter()
-            .filter(|p| cx.tr.copy_of(&p.metadata).is_some())
-            .map(|p| &**p),
-    )
-}
-
-/// The addresses of `pods` that are still theirs: a pod being deleted or finished gives its
-/// address back to the pool, where another tenant's pod may get it next.
-pub fn pod_ips<'a>(pods: impl Iterator<Item = &'a Pod>) -> BTreeSet<String> {
-    pods.filter(|p| p.metadata.deletion_timestamp.is_none())
-        .filter_map(|p| p.status.as_ref())
-        .filter(|s| matches!(s.phase.as_deref(), Some("Pending" | "Running")))
-        .flat_map(|s| {
-            s.pod_ips
-                .iter()
-                .flatten()
-                .map(|i| i.ip.clone())
-                .chain(s.pod_ip.clone())
-        })
-        .collect()
-}
-
 /// A pod copy came, changed or went: queue the Endpoints whose copy no longer holds what it
 /// should (an address of a pod that is gone, or of one that has come), so an address leaves a
 /// copy with its pod rather than on a later pass.
 pub fn wake_stale(cx: &Tenant) {
     // Read only when something written by hand is there to compare.
-    let own = std::cell::LazyCell::new(|| own_pod_ips(cx));
-    crate::kinds::endpointslices::wake_stale(cx, &own);
+    let own = std::cell::LazyCell::new(|| cx.own_pod_ips());
+    slices::wake_stale(cx, &own);
     let wanted = cx
         .tenant_list::<Endpoints>()
         .into_iter()
@@ -125,7 +113,7 @@ pub fn wake_namespace(cx: &Tenant, ns: &str) {
             cx.queue.add(Key::for_object::<EndpointsKind>(&*ep));
         }
     }
-    crate::kinds::endpointslices::wake_namespace(cx, ns);
+    slices::wake_namespace(cx, ns);
 }
 
 /// Every address of `ep`, ready or not, in order.
@@ -259,36 +247,6 @@ mod tests {
         assert_eq!(a.ip, "10.1.2.3");
         assert!(a.target_ref.is_none() && a.node_name.is_none());
         assert!(dropped.is_empty());
-    }
-
-    #[test]
-    fn a_pod_being_deleted_or_finished_no_longer_owns_its_address() {
-        let pod = |name: &str, ip: &str, phase: &str, deleting: bool| -> Pod {
-            let mut p: Pod = serde_json::from_value(json!({
-                "metadata": {"name": name},
-                "status": {"phase": phase, "podIP": ip, "podIPs": [{"ip": ip}, {"ip": "fd00::9"}]}
-            }))
-            .unwrap();
-            if deleting {
-                p.metadata.deletion_timestamp =
-                    Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
-                        k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
-                    ));
-            }
-            p
-        };
-        let pods = [
-            pod("running", "10.244.0.1", "Running", false),
-            pod("pending", "10.244.0.2", "Pending", false),
-            pod("terminating", "10.244.0.3", "Running", true),
-            pod("done", "10.244.0.4", "Succeeded", false),
-            pod("failed", "10.244.0.5", "Failed", false),
-        ];
-        let ips = pod_ips(pods.iter());
-        assert_eq!(
-            ips.into_iter().collect::<Vec<_>>(),
-            ["10.244.0.1", "10.244.0.2", "fd00::9"]
-        );
     }
 
     #[test]

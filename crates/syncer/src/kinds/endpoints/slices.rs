@@ -8,11 +8,11 @@ use std::collections::BTreeSet;
 use k8s_openapi::api::discovery::v1::{Endpoint, EndpointSlice};
 use kube::ResourceExt;
 
+use super::{left_out, written_by_hand};
 use crate::copy::CopyDown;
 use crate::copy_down_kind;
 use crate::key::Key;
 use crate::kind_trait::Kind;
-use crate::kinds::endpoints::{left_out, own_pod_ips, written_by_hand};
 use crate::tell::Review;
 use crate::tenant::Tenant;
 use crate::translate::Translator;
@@ -56,12 +56,12 @@ impl CopyDown for EndpointSlices {
         host_name: &str,
         _: Option<&EndpointSlice>,
     ) -> EndpointSlice {
-        translate_with(&cx.tr, s, host_name, &own_pod_ips(cx)).0
+        translate_with(&cx.tr, s, host_name, &cx.own_pod_ips()).0
     }
 
     fn review_in(cx: &Tenant, s: &EndpointSlice, _: Option<&EndpointSlice>) -> Review {
         let mut dropped = cx.tr.annotations(Self::NAME, &s.metadata).1;
-        dropped.extend(translate_with(&cx.tr, s, "", &own_pod_ips(cx)).1);
+        dropped.extend(translate_with(&cx.tr, s, "", &cx.own_pod_ips()).1);
         Review {
             refused: vec![],
             dropped,
