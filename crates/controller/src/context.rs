@@ -1,7 +1,8 @@
 //! What every reconcile shares, and the few helpers every phase uses: the bottom layer of the
 //! reconcile, importing no phase.
 
-use std::collections::BTreeMap;
+use std::any::{Any, TypeId};
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -35,21 +36,46 @@ pub struct Context {
     pub failures: Mutex<BTreeMap<TenantKey, u32>>,
     /// When each tenant's status was last written: sync churn is coalesced.
     pub status_writes: StatusWrites,
-    /// When each awake tenant was last used, for sleep after idleness.
-    pub activity: crate::sleep::Activity,
-    /// The wake doors of sleeping tenants (when the operator has `wake` options).
-    pub doors: Arc<crate::wake::Doors>,
-    /// Restores whose snapshot is being sent to a tenant's pod (see [`crate::snapshot::restore`]).
-    pub restores: Arc<crate::snapshot::restore::Transfers>,
+    /// What features keep across reconciles, each under a type of its own (when each tenant
+    /// was last used, the wake doors, restores under way): see [`Context::state`].
+    pub features: FeatureState,
 }
 
 impl Context {
+    /// The state of type `T` a feature keeps across reconciles, made (empty) when first asked
+    /// for. The feature owns `T`, so the context names no feature: `ctx.state::<Activity>()`.
+    pub fn state<T: Default + Send + Sync + 'static>(&self) -> Arc<T> {
+        self.features.get()
+    }
+
     /// Failed reconciles of `tc` in a row so far.
     pub(crate) fn failures_of(&self, tc: &TenantCluster) -> u32 {
         self.failures
             .lock()
             .map(|all| all.get(&tenant_key(tc)).copied().unwrap_or(0))
             .unwrap_or(0)
+    }
+}
+
+/// State of features, by its type; each is made on first use and shared after.
+///
+/// Ours because the type maps that crates offer (`http::Extensions`, `anymap`) take `&mut self`
+/// to add an entry, and the context is shared, read-only, by every reconcile.
+#[derive(Default)]
+pub struct FeatureState(Mutex<HashMap<TypeId, Arc<dyn Any + Send + Sync>>>);
+
+impl FeatureState {
+    /// The `T`, made with its default the first time.
+    pub fn get<T: Default + Send + Sync + 'static>(&self) -> Arc<T> {
+        let mut map = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let entry = map
+            .entry(TypeId::of::<T>())
+            .or_insert_with(|| Arc::new(T::default()) as Arc<dyn Any + Send + Sync>)
+            .clone();
+        drop(map);
+        // The entry under `TypeId::of::<T>()` was made as a `T`: the downcast cannot miss, and
+        // a new `T` stands in if it ever did.
+        entry.downcast::<T>().unwrap_or_default()
     }
 }
 

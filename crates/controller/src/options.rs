@@ -21,7 +21,7 @@ pub struct ControllerOptions {
     pub telemetry: Telemetry,
     /// Where sleeping tenants' wake doors listen: without it, a request to a sleeping
     /// tenant's API Service finds nothing (`connect` and `wake` still wake it).
-    pub wake: Option<crate::wake::WakeOptions>,
+    pub wake: Option<WakeOptions>,
     /// Where snapshot stores' credentials are.
     pub snapshots: crate::snapshot::SnapshotOptions,
 }
@@ -61,4 +61,16 @@ impl CertificateOptions {
         }
         Ok(())
     }
+}
+
+/// Where the wake doors of sleeping tenants listen and what address their Services are given
+/// (the operator's `wake` module opens them).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WakeOptions {
+    /// The address the doors listen on (all of the operator's, usually).
+    pub listen: std::net::IpAddr,
+    /// The operator's address that the EndpointSlices name: its pod IP in a cluster.
+    pub advertise: std::net::IpAddr,
+    /// The ports the doors take, one per sleeping tenant.
+    pub ports: std::ops::RangeInclusive<u16>,
 }

@@ -106,7 +106,11 @@ async fn apply_tenant(tc: &TenantCluster, ctx: &Context) -> Result<Action, Error
     let mut tc = accept(ctx, tc).await?;
     let key = tenant_key(&tc);
     let now = Timestamp::now();
-    if let Some(sleep) = sleep::wanted(&tc, now, ctx.activity.last_used(&key)) {
+    if let Some(sleep) = sleep::wanted(
+        &tc,
+        now,
+        ctx.state::<crate::sleep::Activity>().last_used(&key),
+    ) {
         return asleep(&tc, ctx, sleep).await;
     }
     if let Some(sleep) = tc.status.as_mut().and_then(|s| s.sleep.as_mut())
@@ -221,7 +225,8 @@ async fn asleep(tc: &TenantCluster, ctx: &Context, sleep: SleepStatus) -> Result
                 error,
             })?;
     }
-    ctx.activity.forget(&tenant_key(tc));
+    ctx.state::<crate::sleep::Activity>()
+        .forget(&tenant_key(tc));
     let phases = async {
         let policies = resolve::policies(tc, ctx).await?;
         isolate::namespace(tc, &policies.profile, ctx).await?;
@@ -257,9 +262,9 @@ async fn open_wake_door(tc: &TenantCluster, ctx: &Context) -> Result<(), Error> 
         tenant: tenant.clone(),
     };
     let preferred = live.as_deref().and_then(build::services::wake_port);
-    let opened = !ctx.doors.is_open(&tenant_key(tc));
+    let opened = !ctx.state::<crate::wake::Doors>().is_open(&tenant_key(tc));
     let port = ctx
-        .doors
+        .state::<crate::wake::Doors>()
         .open(options, &tenant_key(tc), preferred, target)
         .await
         .map_err(|e| Error::Build(format!("opening the wake door of tenant {tenant}: {e}")))?;
@@ -316,7 +321,7 @@ async fn shut_wake_door(tc: &TenantCluster, ctx: &Context) -> Result<(), Error> 
     let slices: Api<EndpointSlice> = Api::namespaced(ctx.client.clone(), &ns);
     let slice_name = names::wake_endpoint_slice(&tenant);
     apply::ensure_absent(&slices, &ctx.caches.endpoint_slices, &ns, &slice_name).await?;
-    ctx.doors.retire(&tenant_key(tc));
+    ctx.state::<crate::wake::Doors>().retire(&tenant_key(tc));
     Ok(())
 }
 
@@ -329,8 +334,9 @@ async fn cleanup(tc: &TenantCluster, ctx: &Context) -> Result<Action, Error> {
     ctx.syncers.remove(&ns, &tenant).await?;
     ctx.options.telemetry.metrics.forget_tenant(&ns, &tenant);
     ctx.status_writes.forget(&tenant_key(tc));
-    ctx.doors.close(&tenant_key(tc));
-    ctx.activity.forget(&tenant_key(tc));
+    ctx.state::<crate::wake::Doors>().close(&tenant_key(tc));
+    ctx.state::<crate::sleep::Activity>()
+        .forget(&tenant_key(tc));
     // The datastore goes with the tenant: a new TenantCluster of the same name starts empty.
     let claims = provision::delete_data_claims(tc, ctx).await?;
     if claims > 0 {

@@ -133,9 +133,7 @@ pub async fn run(
         service_ranges: Default::default(),
         failures: Default::default(),
         status_writes: Default::default(),
-        activity: Default::default(),
-        doors: Default::default(),
-        restores: Default::default(),
+        features: Default::default(),
     });
     let syncers = context.syncers.clone();
     controller

@@ -31,16 +31,7 @@ use crate::{cache, names, observe};
 /// How long a connection waits for a sleeping tenant to be Ready before it is closed.
 pub const WAKE_WITHIN: Duration = Duration::from_secs(120);
 
-/// Where the doors listen and what address the Services are given.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct WakeOptions {
-    /// The address the doors listen on (all of the operator's, usually).
-    pub listen: IpAddr,
-    /// The operator's address that the EndpointSlices name: its pod IP in a cluster.
-    pub advertise: IpAddr,
-    /// The ports the doors take, one per sleeping tenant.
-    pub ports: std::ops::RangeInclusive<u16>,
-}
+pub use crate::options::WakeOptions;
 
 /// The open doors, one per sleeping tenant.
 #[derive(Default)]

@@ -348,6 +348,35 @@ fn was_up(tc: &TenantCluster) -> bool {
     })
 }
 
+/// The tenant's data claims, deleted with it: the StatefulSet's retention policy does so, and this
+/// catches claims made before the policy (or left by a StatefulSet deleted with orphaning). Only
+/// claims named after the tenant's StatefulSet and labelled as its control plane's are touched.
+pub(crate) async fn delete_data_claims(tc: &TenantCluster, ctx: &Context) -> Result<usize, Error> {
+    let (tenant, ns) = build::identity(tc)?;
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), &ns);
+    let selector = names::selector(&names::control_plane_selector(&tenant));
+    let prefix = format!("{}-{}-", names::DATA_VOLUME, names::statefulset(&tenant));
+    let mut deleted = 0;
+    for claim in claims
+        .list(&ListParams::default().labels(&selector))
+        .await?
+    {
+        let name = claim.name_any();
+        let ordinal = name.strip_prefix(&prefix);
+        if claim.metadata.deletion_timestamp.is_some()
+            || !ordinal.is_some_and(|o| !o.is_empty() && o.bytes().all(|b| b.is_ascii_digit()))
+        {
+            continue;
+        }
+        match claims.delete(&name, &DeleteParams::background()).await {
+            Ok(_) => deleted += 1,
+            Err(kube::Error::Api(e)) if e.code == 404 => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(deleted)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -379,33 +408,4 @@ mod tests {
         assert!(!was_up(&tenant("Degraded", "False", "PolicyMissing")));
         assert!(!was_up(&tenant("Pending", "Unknown", "Accepted")));
     }
-}
-
-/// The tenant's data claims, deleted with it: the StatefulSet's retention policy does so, and this
-/// catches claims made before the policy (or left by a StatefulSet deleted with orphaning). Only
-/// claims named after the tenant's StatefulSet and labelled as its control plane's are touched.
-pub(crate) async fn delete_data_claims(tc: &TenantCluster, ctx: &Context) -> Result<usize, Error> {
-    let (tenant, ns) = build::identity(tc)?;
-    let claims: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), &ns);
-    let selector = names::selector(&names::control_plane_selector(&tenant));
-    let prefix = format!("{}-{}-", names::DATA_VOLUME, names::statefulset(&tenant));
-    let mut deleted = 0;
-    for claim in claims
-        .list(&ListParams::default().labels(&selector))
-        .await?
-    {
-        let name = claim.name_any();
-        let ordinal = name.strip_prefix(&prefix);
-        if claim.metadata.deletion_timestamp.is_some()
-            || !ordinal.is_some_and(|o| !o.is_empty() && o.bytes().all(|b| b.is_ascii_digit()))
-        {
-            continue;
-        }
-        match claims.delete(&name, &DeleteParams::background()).await {
-            Ok(_) => deleted += 1,
-            Err(kube::Error::Api(e)) if e.code == 404 => {}
-            Err(e) => return Err(e.into()),
-        }
-    }
-    Ok(deleted)
 }

@@ -128,16 +128,18 @@ async fn read_activity(tc: &TenantCluster, ctx: &Context, tenant: &kube::Client)
             .map_err(|e| e.to_string())
     };
     match tokio::time::timeout(TENANT_ANSWER_WITHIN, asked).await {
-        Ok(Ok(text)) => ctx
-            .activity
-            .observe(&key, crate::sleep::audit_events(&text), now),
+        Ok(Ok(text)) => ctx.state::<crate::sleep::Activity>().observe(
+            &key,
+            crate::sleep::audit_events(&text),
+            now,
+        ),
         failed => {
             let why = match failed {
                 Ok(Err(e)) => e,
                 _ => format!("no answer within {}s", TENANT_ANSWER_WITHIN.as_secs()),
             };
-            ctx.activity.forget(&key);
-            ctx.activity.observe(&key, 0, now);
+            ctx.state::<crate::sleep::Activity>().forget(&key);
+            ctx.state::<crate::sleep::Activity>().observe(&key, 0, now);
             super::report::publish(
                 ctx,
                 tc,

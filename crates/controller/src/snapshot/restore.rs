@@ -152,8 +152,9 @@ pub(crate) async fn step(tc: &mut TenantCluster, ctx: &Context) -> Step {
         );
         Step::Restoring(detail)
     };
+    let all = ctx.state::<Transfers>();
     let done = {
-        let mut transfers = ctx.restores.lock();
+        let mut transfers = all.lock();
         match transfers.get(&key) {
             Some(Transfer::Running) => {
                 drop(transfers);

@@ -98,7 +98,7 @@ async fn pki(client: &Client, ns: &str, tenant: &str) -> Result<TenantPki, Strin
         .map_err(|e| format!("the tenant's PKI Secret: {e}"))
 }
 
-/// Send the snapshot to the waiting pod in a task; its result waits in `ctx.restores` for the
+/// Send the snapshot to the waiting pod in a task; its result waits in the context's [`Transfers`] for the
 /// next reconcile.
 pub(super) fn start_transfer(
     tc: &TenantCluster,
@@ -108,10 +108,12 @@ pub(super) fn start_transfer(
     pki: Box<TenantPki>,
 ) {
     let key = tenant_key(tc);
-    ctx.restores.lock().insert(key.clone(), Transfer::Running);
+    ctx.state::<Transfers>()
+        .lock()
+        .insert(key.clone(), Transfer::Running);
     let client = ctx.client.clone();
     let options = ctx.options.snapshots.clone();
-    let restores = ctx.restores.clone();
+    let restores = ctx.state::<Transfers>();
     let snapshot = current.snapshot.clone();
     let checksum = current.checksum.clone().unwrap_or_default();
     let id = current.id.clone().unwrap_or_default();
