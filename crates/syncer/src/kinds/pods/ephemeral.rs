@@ -12,20 +12,12 @@ use kube::ResourceExt;
 use kube::api::{Patch, PatchParams};
 use serde_json::json;
 
+use super::references::as_container;
 use super::{review, translate};
 use crate::error::{Error, Result};
 use crate::tell;
 use crate::tenant::Tenant;
 use crate::tenant_terms::{self, Terms};
-
-/// Ephemeral container `ec` as a container: the fields the two share (all but the target).
-pub fn as_container(ec: &EphemeralContainer) -> Container {
-    let mut value = serde_json::to_value(ec).unwrap_or_default();
-    if let Some(o) = value.as_object_mut() {
-        o.remove("targetContainerName");
-    }
-    serde_json::from_value(value).unwrap_or_default()
-}
 
 /// Tenant pod `t` as if `ec` were its only container: what the review and the translation of a
 /// pod judge and rewrite.

@@ -36,6 +36,7 @@ mod data;
 pub mod ended;
 pub mod ephemeral;
 pub mod hosts;
+pub mod meta;
 pub mod references;
 pub mod review;
 pub mod runtime_classes;

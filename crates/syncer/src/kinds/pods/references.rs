@@ -3,7 +3,7 @@
 
 use std::collections::BTreeSet;
 
-use k8s_openapi::api::core::v1::{Pod, SecretVolumeSource};
+use k8s_openapi::api::core::v1::{Container, EphemeralContainer, Pod, SecretVolumeSource};
 use kube::ResourceExt;
 
 use crate::tenant::Tenant;
@@ -62,7 +62,7 @@ pub fn references(pod: &Pod) -> References {
         .ephemeral_containers
         .iter()
         .flatten()
-        .map(super::ephemeral::as_container)
+        .map(as_container)
         .collect();
     for c in spec
         .containers
@@ -111,6 +111,15 @@ pub fn referenced(cx: &Tenant, ns: &str, pick: impl Fn(&References) -> bool) -> 
 /// pod `pod`.
 pub fn ephemeral_claim(pod: &str, volume: &str) -> String {
     format!("{pod}-{volume}")
+}
+
+/// Ephemeral container `ec` as a container: the fields the two share (all but the target).
+pub fn as_container(ec: &EphemeralContainer) -> Container {
+    let mut value = serde_json::to_value(ec).unwrap_or_default();
+    if let Some(o) = value.as_object_mut() {
+        o.remove("targetContainerName");
+    }
+    serde_json::from_value(value).unwrap_or_default()
 }
 
 #[cfg(test)]

@@ -12,7 +12,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use kube::api::{ObjectMeta, PostParams};
 
-use super::translate::pod_meta;
+use super::meta::pod_meta;
 use crate::converge::{self, Target};
 use crate::error::{Error, Result};
 use crate::key::Key;

@@ -13,34 +13,10 @@ use crate::kinds::services::{service_env, tenant_api_env};
 use crate::naming;
 use crate::translate::Translator;
 
+pub use super::meta::pod_meta;
 pub use super::references::{References, ephemeral_claim, references};
 use super::review::placement;
 pub use super::review::review;
-
-/// The host metadata of a tenant pod's copy, named `host_name`: the marks, and the service
-/// account it runs as.
-pub fn pod_meta(tr: &Translator, pod: &Pod, host_name: &str) -> kube::api::ObjectMeta {
-    let mut meta = tr.host_meta("Pod", &pod.metadata, host_name);
-    let spec = pod.spec.as_ref();
-    let sa = spec
-        .and_then(|s| s.service_account_name.clone().or(s.service_account.clone()))
-        .unwrap_or_else(|| "default".into());
-    if let Some(a) = meta.annotations.as_mut() {
-        a.insert(naming::ANNOTATION_SERVICE_ACCOUNT.into(), sa);
-        let host_ip = tr.kubelet.as_ref().map(|k| k.address.clone());
-        a.insert(
-            naming::ANNOTATION_HOST_IP.into(),
-            host_ip.unwrap_or_default(),
-        );
-        if let Some(generation) = pod.metadata.generation {
-            a.insert(
-                naming::ANNOTATION_TENANT_GENERATION.into(),
-                generation.to_string(),
-            );
-        }
-    }
-    meta
-}
 
 /// The images of a pod's containers, by container name: all of a pod's spec that can change.
 pub fn images(pod: &Pod) -> Vec<(String, Option<String>)> {
