@@ -78,10 +78,11 @@ conformance: testenv
 testenv:
 	@bash testenv/images.sh "$$(bash testenv/build.sh)" >/dev/null
 
-## lint: rustfmt and clippy, warnings as errors
+## lint: rustfmt and clippy, warnings as errors, and no import circle between a crate's modules (xtask)
 lint:
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets --locked -- -D warnings
+	$(CARGO) run -q -p xtask --locked -- circles
 
 ## docs: check every link of the README and the book, then build the book (docs/) into $(CACHE)/book;
 ## mdbook is installed from crates.io into $(CACHE)/tools the first time (a few minutes)

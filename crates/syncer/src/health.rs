@@ -13,7 +13,7 @@ pub trait Observer: Send + Sync {
     fn synced(&self, namespace: &str, tenant: &str, kind: &'static str, lag: Duration);
     /// `kind` failed for a tenant, with a reason.
     fn sync_failed(&self, namespace: &str, tenant: &str, kind: &'static str, reason: &'static str);
-    /// `kind` spent `took` in `stage` (see [`crate::stages`]), any tenant.
+    /// `kind` spent `took` in `stage` (the `stages` module's names), any tenant.
     fn stage(&self, stage: &'static str, kind: &'static str, took: std::time::Duration);
 }
 

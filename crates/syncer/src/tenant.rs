@@ -71,7 +71,7 @@ impl Tenant {
     }
 
     /// Does the policy sync tenant object `meta` of the kind named `kind`: the kind is on and its
-    /// selector (if any) selects the object? (See [`Kind::synced`](crate::kind_trait::Kind).)
+    /// selector (if any) selects the object? (See `Kind::synced`.)
     pub fn synced(&self, kind: &str, meta: &kube::api::ObjectMeta) -> bool {
         self.enabled.contains(kind) && self.selected(kind, meta)
     }
@@ -224,7 +224,7 @@ impl Tenant {
 pub(crate) struct Verdicts {
     pub health: Arc<watch::Sender<Health>>,
     pub notify: Arc<dyn Fn() + Send + Sync>,
-    /// What `Synced` says when all is well (see [`crate::kinds::summary`]).
+    /// What `Synced` says when all is well (see `kinds::summary`).
     pub summary: String,
     pub observer: Arc<dyn Observer>,
     /// Where each stage of a synced object's time goes.

@@ -120,7 +120,7 @@ pub async fn answers(dir: &Path, path: &str) -> bool {
 }
 
 /// A pod IP for status, not loopback (which Endpoints refuse): dialled only when a real node
-/// shares the namespace, which makes it real ([`crate::local_runtime`]'s `pod_address`); the
+/// shares the namespace, which makes it real (the local runtime's `pod_address`); the
 /// operator reaches the pod by the address in its annotation.
 pub(crate) fn pod_ip(port: u16) -> String {
     format!("10.245.{}.{}", port / 256, port % 256)

@@ -1,7 +1,7 @@
 //! What counts as use of a tenant: the tenant API server audits every request but those of its
 //! own components, its workloads' service accounts, the operator (its own user, see
 //! [`OPERATOR_USER`]) and health probes. The operator reads how many it audited from
-//! `apiserver_audit_level_total` to tell an idle tenant ([`crate::sleep`]); the log itself is
+//! `apiserver_audit_level_total` to tell an idle tenant (the operator's `sleep` module); the log itself is
 //! a small rotating file in the pod's `/tmp`, there for whoever wants to see who woke a tenant.
 //! It is written in batches, so no request waits on it. Both distributions read the same policy
 //! from the control plane's ConfigMap.

@@ -1,6 +1,6 @@
 //! k3s as the tenant's control plane (the default distribution): an agentless server in one
 //! container, fed the tenant's PKI by an init container. The StatefulSet around it is
-//! [`super::control_plane`]'s; its Services are in [`super::services`].
+//! `control_plane`'s; its Services are in `services`.
 
 use k8s_openapi::api::core::v1::{Container, ContainerPort, EnvVar};
 use tenantplane_api::TenantCluster;

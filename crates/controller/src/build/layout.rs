@@ -1,8 +1,8 @@
 //! The control-plane pod's layout, shared by every distribution's pod and the agent beside it:
 //! where the datastore, the PKI and the configuration are mounted, the volumes they come from,
 //! the user everything runs as and its read-only root, and what the pod asks of the quota.
-//! [`super::control_plane`] puts the pod together from these and [`super::k3s`] or
-//! [`super::kubernetes`]; they sit above this module and it names none of them.
+//! `control_plane` puts the pod together from these and `k3s` or `kubernetes`; they sit above
+//! this module and it names none of them.
 
 use k8s_openapi::api::core::v1::{
     Container, EmptyDirVolumeSource, EnvVar, SecretVolumeSource, SecurityContext, Volume,

@@ -18,7 +18,7 @@
 //! | `--runtime-config=resource.k8s.io/v1=false` (no DRA) | 144 MiB with `GOGC=50` | no: 4 MiB, and DRA's API is in the conformance suite since 1.35 |
 //!
 //! kube-controller-manager without the DRA, storage-version and cloud controllers saved 1 MiB
-//! (33 → 32), so it keeps k3s's list ([`super::k3s::controllers`]). kine's settings stay k3s's:
+//! (33 → 32), so it keeps k3s's list (`k3s::controllers`). kine's settings stay k3s's:
 //! idle it holds 14–18 MiB of its own.
 
 use k8s_openapi::api::core::v1::{EnvVar, ResourceRequirements};

@@ -57,7 +57,7 @@ pub fn desired_sleeping_service(tc: &TenantCluster) -> Result<Service, Error> {
 pub const SLICE_MANAGER: &str = "tenantplane.io";
 
 /// The sleeping tenant's API Service leads to the operator's wake door at `address:port`, on
-/// both of the Service's ports ([`crate::wake`]).
+/// both of the Service's ports (see the operator's `wake` module).
 pub fn wake_endpoint_slice(
     tc: &TenantCluster,
     address: IpAddr,
