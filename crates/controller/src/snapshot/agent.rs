@@ -203,8 +203,8 @@ async fn serve_connection(
     }
 }
 
-fn text(status: StatusCode, message: impl Into<String>) -> Response<Body> {
-    let mut body = message.into();
+fn text(status: StatusCode, message: impl std::fmt::Display) -> Response<Body> {
+    let mut body = message.to_string();
     body.push('\n');
     Response::builder()
         .status(status)
@@ -434,7 +434,9 @@ async fn restore(req: Request<Incoming>, agent: &Agent) -> Response<Body> {
         let database = database.clone();
         move || {
             let _one = one;
-            let size = incoming.install(&database, &sha)?;
+            let size = incoming
+                .install(&database, &sha)
+                .map_err(|e| e.to_string())?;
             std::fs::write(restored_mark(&database, &id), sha.as_bytes())
                 .map_err(|e| format!("marking the restore done: {e}"))?;
             Ok::<_, String>(size)

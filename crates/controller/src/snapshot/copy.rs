@@ -17,6 +17,90 @@ use rusqlite::{Connection, OpenFlags};
 /// How long a copy waits on a writer's lock before it gives up (WAL readers rarely wait).
 const BUSY_FOR: Duration = Duration::from_secs(30);
 
+/// What goes wrong copying, checking or putting back a database. Each says which file and what
+/// was being done; the messages are what the snapshot's or the restore's status shows.
+#[derive(Debug, thiserror::Error)]
+pub enum DatabaseError {
+    /// A file could not be read, made, written, renamed or removed.
+    #[error("{action} {}: {source}", path.display())]
+    File {
+        action: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// sqlite failed at a step of the copy or of the check.
+    #[error("{action} {}: {source}", path.display())]
+    Sqlite {
+        action: &'static str,
+        path: PathBuf,
+        #[source]
+        source: rusqlite::Error,
+    },
+    #[error("there is no database at {}", .0.display())]
+    Missing(PathBuf),
+    #[error("{} is not a readable sqlite database: {source}", path.display())]
+    Unreadable {
+        path: PathBuf,
+        #[source]
+        source: rusqlite::Error,
+    },
+    #[error("copying {}: the database stayed locked for {seconds}s", path.display())]
+    Locked { path: PathBuf, seconds: u64 },
+    #[error("{} fails sqlite's quick_check: {verdict}", path.display())]
+    Corrupt { path: PathBuf, verdict: String },
+    #[error(
+        "the received snapshot's checksum is sha256:{got}, not the expected sha256:{expected}: it is corrupt or was cut short ({size} bytes received)"
+    )]
+    Checksum {
+        got: String,
+        expected: String,
+        size: u64,
+    },
+    #[error("checksum {text:?} {why}")]
+    ChecksumText { text: String, why: &'static str },
+    #[error("removing {pattern} from the snapshot: {source}")]
+    Forget {
+        pattern: &'static str,
+        #[source]
+        source: rusqlite::Error,
+    },
+}
+
+impl DatabaseError {
+    /// A stable name for metrics and logs.
+    pub fn label(&self) -> &'static str {
+        match self {
+            DatabaseError::File { .. } => "DatabaseFile",
+            DatabaseError::Sqlite { .. } | DatabaseError::Forget { .. } => "DatabaseSqlite",
+            DatabaseError::Missing(_) => "DatabaseMissing",
+            DatabaseError::Locked { .. } => "DatabaseLocked",
+            DatabaseError::Corrupt { .. } | DatabaseError::Unreadable { .. } => "DatabaseCorrupt",
+            DatabaseError::Checksum { .. } | DatabaseError::ChecksumText { .. } => {
+                "ChecksumMismatch"
+            }
+        }
+    }
+}
+
+fn file(action: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> DatabaseError {
+    let path = path.to_path_buf();
+    move |source| DatabaseError::File {
+        action,
+        path,
+        source,
+    }
+}
+
+fn sqlite(action: &'static str, path: &Path) -> impl FnOnce(rusqlite::Error) -> DatabaseError {
+    let path = path.to_path_buf();
+    move |source| DatabaseError::Sqlite {
+        action,
+        path,
+        source,
+    }
+}
+
 /// A finished copy: a scratch file, its size and SHA-256.
 #[derive(Debug)]
 pub struct Copy {
@@ -31,12 +115,16 @@ pub fn checksum_text(sha256_hex: &str) -> String {
 }
 
 /// The hex digest inside a `sha256:<hex>` checksum, or why it is not one.
-pub fn parse_checksum(text: &str) -> Result<&str, String> {
+pub fn parse_checksum(text: &str) -> Result<&str, DatabaseError> {
+    let wrong = |why| DatabaseError::ChecksumText {
+        text: text.to_string(),
+        why,
+    };
     let hex = text
         .strip_prefix("sha256:")
-        .ok_or_else(|| format!("checksum {text:?} does not start with sha256:"))?;
+        .ok_or_else(|| wrong("does not start with sha256:"))?;
     if hex.len() != 64 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
-        return Err(format!("checksum {text:?} is not 64 hex digits"));
+        return Err(wrong("is not 64 hex digits"));
     }
     Ok(hex)
 }
@@ -98,16 +186,13 @@ impl Tally {
 }
 
 /// The SHA-256 and size of a file, read in blocks.
-pub fn hash_file(path: &Path) -> Result<(u64, String), String> {
-    let mut file =
-        std::fs::File::open(path).map_err(|e| format!("reading {}: {e}", path.display()))?;
+pub fn hash_file(path: &Path) -> Result<(u64, String), DatabaseError> {
+    let mut file = std::fs::File::open(path).map_err(file("reading", path))?;
     let mut hasher = Hasher::default();
     let mut buf = vec![0u8; 1 << 20];
     let mut size = 0u64;
     loop {
-        let n = file
-            .read(&mut buf)
-            .map_err(|e| format!("reading {}: {e}", path.display()))?;
+        let n = file.read(&mut buf).map_err(self::file("reading", path))?;
         if n == 0 {
             break;
         }
@@ -118,12 +203,11 @@ pub fn hash_file(path: &Path) -> Result<(u64, String), String> {
 }
 
 /// Copy `database` into a new file in `scratch` (blocking: run it off the async threads).
-pub fn backup(database: &Path, scratch: &Path) -> Result<Copy, String> {
+pub fn backup(database: &Path, scratch: &Path) -> Result<Copy, DatabaseError> {
     if !database.exists() {
-        return Err(format!("there is no database at {}", database.display()));
+        return Err(DatabaseError::Missing(database.to_path_buf()));
     }
-    std::fs::create_dir_all(scratch)
-        .map_err(|e| format!("making the scratch folder {}: {e}", scratch.display()))?;
+    std::fs::create_dir_all(scratch).map_err(file("making the scratch folder", scratch))?;
     // A name of its own per copy: a copy whose request went away may still be writing.
     static COPIES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let n = COPIES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -136,29 +220,24 @@ pub fn backup(database: &Path, scratch: &Path) -> Result<Copy, String> {
             database,
             OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
         )
-        .map_err(|e| format!("opening {}: {e}", database.display()))?;
+        .map_err(sqlite("opening", database))?;
         source
             .busy_timeout(BUSY_FOR)
-            .map_err(|e| format!("opening {}: {e}", database.display()))?;
-        let mut target = Connection::open(&path)
-            .map_err(|e| format!("creating the copy {}: {e}", path.display()))?;
+            .map_err(sqlite("opening", database))?;
+        let mut target = Connection::open(&path).map_err(sqlite("creating the copy", &path))?;
         {
             let backup = Backup::new(&source, &mut target)
-                .map_err(|e| format!("starting the copy of {}: {e}", database.display()))?;
+                .map_err(sqlite("starting the copy of", database))?;
             let deadline = std::time::Instant::now() + BUSY_FOR;
             // All pages in one step: one read transaction, so the copy is one commit's state.
             loop {
-                match backup
-                    .step(-1)
-                    .map_err(|e| format!("copying {}: {e}", database.display()))?
-                {
+                match backup.step(-1).map_err(sqlite("copying", database))? {
                     StepResult::Done => break,
                     _ if std::time::Instant::now() > deadline => {
-                        return Err(format!(
-                            "copying {}: the database stayed locked for {}s",
-                            database.display(),
-                            BUSY_FOR.as_secs()
-                        ));
+                        return Err(DatabaseError::Locked {
+                            path: database.to_path_buf(),
+                            seconds: BUSY_FOR.as_secs(),
+                        });
                     }
                     _ => std::thread::sleep(Duration::from_millis(50)),
                 }
@@ -180,15 +259,18 @@ pub fn backup(database: &Path, scratch: &Path) -> Result<Copy, String> {
 }
 
 /// `PRAGMA quick_check` of an open database: "ok", or what sqlite found wrong.
-fn check(db: &Connection, path: &Path) -> Result<(), String> {
+fn check(db: &Connection, path: &Path) -> Result<(), DatabaseError> {
     let verdict: String = db
         .query_row("PRAGMA quick_check", [], |row| row.get(0))
-        .map_err(|e| format!("{} is not a readable sqlite database: {e}", path.display()))?;
+        .map_err(|source| DatabaseError::Unreadable {
+            path: path.to_path_buf(),
+            source,
+        })?;
     if verdict != "ok" {
-        return Err(format!(
-            "{} fails sqlite's quick_check: {verdict}",
-            path.display()
-        ));
+        return Err(DatabaseError::Corrupt {
+            path: path.to_path_buf(),
+            verdict,
+        });
     }
     Ok(())
 }
@@ -217,23 +299,22 @@ const CONTROL_PLANE_KEYS: &[&str] = &[
 
 /// Remove [`CONTROL_PLANE_KEYS`] from a received database (kine's `kine` table; a database
 /// without one is left alone), before it is put in place.
-fn forget_distribution_state(path: &Path) -> Result<(), String> {
-    let db = Connection::open(path).map_err(|e| format!("opening {}: {e}", path.display()))?;
+fn forget_distribution_state(path: &Path) -> Result<(), DatabaseError> {
+    let db = Connection::open(path).map_err(sqlite("opening", path))?;
     let has_kine: bool = db
         .query_row(
             "SELECT count(*) > 0 FROM sqlite_master WHERE type = 'table' AND name = 'kine'",
             [],
             |r| r.get(0),
         )
-        .map_err(|e| format!("reading {}: {e}", path.display()))?;
+        .map_err(sqlite("reading", path))?;
     if has_kine {
         for pattern in CONTROL_PLANE_KEYS {
             db.execute("DELETE FROM kine WHERE name LIKE ?1", [pattern])
-                .map_err(|e| format!("removing {pattern} from the snapshot: {e}"))?;
+                .map_err(|source| DatabaseError::Forget { pattern, source })?;
         }
     }
-    db.close()
-        .map_err(|(_, e)| format!("closing {}: {e}", path.display()))
+    db.close().map_err(|(_, e)| sqlite("closing", path)(e))
 }
 
 /// A file being received, hashed as it is written.
@@ -245,13 +326,12 @@ pub struct Incoming {
 }
 
 impl Incoming {
-    pub fn create(database: &Path) -> Result<Self, String> {
+    pub fn create(database: &Path) -> Result<Self, DatabaseError> {
         if let Some(dir) = database.parent() {
-            std::fs::create_dir_all(dir).map_err(|e| format!("making {}: {e}", dir.display()))?;
+            std::fs::create_dir_all(dir).map_err(file("making", dir))?;
         }
         let path = incoming_path(database);
-        let file = std::fs::File::create(&path)
-            .map_err(|e| format!("creating {}: {e}", path.display()))?;
+        let file = std::fs::File::create(&path).map_err(file("creating", &path))?;
         Ok(Self {
             path,
             file,
@@ -260,47 +340,52 @@ impl Incoming {
         })
     }
 
-    pub fn write(&mut self, bytes: &[u8]) -> Result<(), String> {
+    pub fn write(&mut self, bytes: &[u8]) -> Result<(), DatabaseError> {
         self.hasher.update(bytes);
         self.size += bytes.len() as u64;
         self.file
             .write_all(bytes)
-            .map_err(|e| format!("writing {}: {e}", self.path.display()))
+            .map_err(file("writing", &self.path))
     }
 
     /// Check the bytes against `sha256_hex` and the file as a database, then put it in place of
     /// `database` (its write-ahead log and index go: they belong to the old file). Nothing of the
     /// old database is touched before the checks pass; on any failure the received file goes.
-    pub fn install(mut self, database: &Path, sha256_hex: &str) -> Result<u64, String> {
+    pub fn install(mut self, database: &Path, sha256_hex: &str) -> Result<u64, DatabaseError> {
         let result = (|| {
             self.file
                 .flush()
                 .and_then(|()| self.file.sync_all())
-                .map_err(|e| format!("writing {}: {e}", self.path.display()))?;
+                .map_err(file("writing", &self.path))?;
             let got = std::mem::take(&mut self.hasher).finish();
             if !got.eq_ignore_ascii_case(sha256_hex) {
-                return Err(format!(
-                    "the received snapshot's checksum is sha256:{got}, not the expected sha256:{sha256_hex}: it is corrupt or was cut short ({} bytes received)",
-                    self.size
-                ));
+                return Err(DatabaseError::Checksum {
+                    got,
+                    expected: sha256_hex.to_string(),
+                    size: self.size,
+                });
             }
             let db = Connection::open_with_flags(&self.path, OpenFlags::SQLITE_OPEN_READ_ONLY)
-                .map_err(|e| format!("{} is not a sqlite database: {e}", self.path.display()))?;
+                .map_err(|source| DatabaseError::Unreadable {
+                    path: self.path.clone(),
+                    source,
+                })?;
             check(&db, &self.path)?;
             drop(db);
             forget_distribution_state(&self.path)?;
             for suffix in ["-wal", "-shm"] {
                 let mut name = database.as_os_str().to_os_string();
                 name.push(suffix);
-                match std::fs::remove_file(PathBuf::from(name)) {
+                let old = PathBuf::from(name);
+                match std::fs::remove_file(&old) {
                     Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-                        return Err(format!("removing the old database's {suffix} file: {e}"));
+                        return Err(file("removing the old database's", &old)(e));
                     }
                     _ => {}
                 }
             }
             std::fs::rename(&self.path, database)
-                .map_err(|e| format!("putting the snapshot in place: {e}"))?;
+                .map_err(file("putting the snapshot in place at", database))?;
             if let Some(dir) = database.parent()
                 && let Ok(d) = std::fs::File::open(dir)
             {
@@ -406,7 +491,8 @@ mod tests {
         let mut incoming = Incoming::create(&path).unwrap();
         incoming.write(&bytes[..bytes.len() / 2]).unwrap();
         let e = incoming.install(&path, &copy.sha256).unwrap_err();
-        assert!(e.contains("corrupt or was cut short"), "{e}");
+        assert!(matches!(e, DatabaseError::Checksum { .. }), "{e}");
+        assert!(e.to_string().contains("corrupt or was cut short"), "{e}");
         assert_eq!(rows(&path), 1);
         assert!(!incoming_path(&path).exists());
         // Right checksum, wrong bytes: not a database.
@@ -416,10 +502,8 @@ mod tests {
         let mut incoming = Incoming::create(&path).unwrap();
         incoming.write(&garbage).unwrap();
         let e = incoming.install(&path, &h.finish()).unwrap_err();
-        assert!(
-            e.contains("not a readable sqlite database") || e.contains("not a sqlite database"),
-            "{e}"
-        );
+        assert!(matches!(e, DatabaseError::Unreadable { .. }), "{e}");
+        assert_eq!(e.label(), "DatabaseCorrupt");
         assert_eq!(rows(&path), 1);
     }
 
@@ -427,7 +511,8 @@ mod tests {
     fn a_missing_database_is_not_created() {
         let dir = tempdir();
         let e = backup(&dir.join("none.db"), &dir.join("scratch")).unwrap_err();
-        assert!(e.contains("there is no database"), "{e}");
+        assert!(matches!(e, DatabaseError::Missing(_)), "{e}");
+        assert!(e.to_string().contains("there is no database"), "{e}");
         assert!(!dir.join("none.db").exists());
     }
 

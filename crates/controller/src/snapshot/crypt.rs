@@ -29,6 +29,44 @@ const TAG: usize = 16;
 /// The key Secret's key.
 pub const KEY: &str = "key";
 
+/// What goes wrong with a key or with the bytes it seals or opens.
+#[derive(Debug, thiserror::Error)]
+pub enum CryptError {
+    #[error("the key is not base64 ({0}): make one with `head -c 32 /dev/urandom | base64`")]
+    NotBase64(base64::DecodeError),
+    #[error("the key is {0} bytes, not 32: make one with `head -c 32 /dev/urandom | base64`")]
+    KeyLength(usize),
+    #[error("no random bytes for the nonce")]
+    NoRandom,
+    #[error("encrypting the snapshot failed")]
+    Seal,
+    #[error("the stored snapshot is not encrypted (or not one of ours)")]
+    NotEncrypted,
+    #[error("the stored snapshot is cut short: no header")]
+    NoHeader,
+    #[error(
+        "the stored snapshot does not decrypt with the store's key: a different key encrypted it, or it was changed or cut short"
+    )]
+    WrongKey,
+    /// The bytes being sealed or opened broke off: what their source said.
+    #[error("{0}")]
+    Input(String),
+}
+
+impl CryptError {
+    /// A stable name for metrics and logs.
+    pub fn label(&self) -> &'static str {
+        match self {
+            CryptError::NotBase64(_) | CryptError::KeyLength(_) => "KeyInvalid",
+            CryptError::NoRandom | CryptError::Seal => "EncryptFailed",
+            CryptError::NotEncrypted | CryptError::NoHeader | CryptError::WrongKey => {
+                "DecryptFailed"
+            }
+            CryptError::Input(_) => "StreamBroken",
+        }
+    }
+}
+
 /// A store's snapshot key.
 #[derive(Clone)]
 pub struct SnapshotKey {
@@ -43,21 +81,13 @@ impl std::fmt::Debug for SnapshotKey {
 
 impl SnapshotKey {
     /// From the Secret's text: 32 bytes in base64 (`head -c 32 /dev/urandom | base64`).
-    pub fn from_base64(text: &str) -> Result<Self, String> {
+    pub fn from_base64(text: &str) -> Result<Self, CryptError> {
         use base64::Engine;
         let bytes = base64::engine::general_purpose::STANDARD
             .decode(text.trim())
-            .map_err(|e| {
-                format!(
-                    "the key is not base64 ({e}): make one with `head -c 32 /dev/urandom | base64`"
-                )
-            })?;
+            .map_err(CryptError::NotBase64)?;
         let len = bytes.len();
-        let array: [u8; 32] = bytes.try_into().map_err(|_| {
-            format!(
-                "the key is {len} bytes, not 32: make one with `head -c 32 /dev/urandom | base64`"
-            )
-        })?;
+        let array: [u8; 32] = bytes.try_into().map_err(|_| CryptError::KeyLength(len))?;
         Ok(Self {
             key: chacha20poly1305::Key::from(array),
         })
@@ -73,7 +103,7 @@ impl SnapshotKey {
     }
 
     /// Encrypt `plain` as it streams.
-    pub fn encrypt<S, E>(&self, plain: S) -> BoxStream<'static, Result<Bytes, String>>
+    pub fn encrypt<S, E>(&self, plain: S) -> BoxStream<'static, Result<Bytes, CryptError>>
     where
         S: Stream<Item = Result<Bytes, E>> + Send + 'static,
         E: std::fmt::Display,
@@ -84,13 +114,13 @@ impl SnapshotKey {
         let mut header = MAGIC.to_vec();
         header.extend_from_slice(&prefix);
         let state = Crypt {
-            input: plain.map(|r| r.map_err(|e| e.to_string())).boxed(),
+            input: plain
+                .map(|r| r.map_err(|e| CryptError::Input(e.to_string())))
+                .boxed(),
             buffer: BytesMut::new(),
             encryptor: Some(EncryptorBE32::from_aead(cipher, (&prefix).into())),
             first: Some(Bytes::from(header)),
-            failed: random
-                .err()
-                .map(|_| "no random bytes for the nonce".to_string()),
+            failed: random.err().map(|_| CryptError::NoRandom),
         };
         futures::stream::unfold(state, |mut s| async move {
             if let Some(e) = s.failed.take() {
@@ -105,21 +135,21 @@ impl SnapshotKey {
                     let chunk = s.buffer.split_to(CHUNK);
                     let sealed = encryptor
                         .encrypt_next(chunk.as_ref())
-                        .map_err(|_| "encrypting the snapshot failed".to_string());
+                        .map_err(|_| CryptError::Seal);
                     return Some((sealed.map(Bytes::from), s));
                 }
                 match s.input.next().await {
                     Some(Ok(bytes)) => s.buffer.extend_from_slice(&bytes),
                     Some(Err(e)) => {
                         s.encryptor = None;
-                        return Some((Err(e.to_string()), s));
+                        return Some((Err(e), s));
                     }
                     None => {
                         let last = s.encryptor.take()?;
                         let rest = std::mem::take(&mut s.buffer);
                         let sealed = last
                             .encrypt_last(rest.as_ref())
-                            .map_err(|_| "encrypting the snapshot failed".to_string());
+                            .map_err(|_| CryptError::Seal);
                         return Some((sealed.map(Bytes::from), s));
                     }
                 }
@@ -130,13 +160,15 @@ impl SnapshotKey {
 
     /// Decrypt `sealed` as it streams; a wrong key, or a copy changed, cut short or reordered,
     /// fails with a message that says so.
-    pub fn decrypt<S, E>(&self, sealed: S) -> BoxStream<'static, Result<Bytes, String>>
+    pub fn decrypt<S, E>(&self, sealed: S) -> BoxStream<'static, Result<Bytes, CryptError>>
     where
         S: Stream<Item = Result<Bytes, E>> + Send + 'static,
         E: std::fmt::Display,
     {
         let state = Open {
-            input: sealed.map(|r| r.map_err(|e| e.to_string())).boxed(),
+            input: sealed
+                .map(|r| r.map_err(|e| CryptError::Input(e.to_string())))
+                .boxed(),
             buffer: BytesMut::new(),
             key: self.key,
             decryptor: None,
@@ -151,10 +183,7 @@ impl SnapshotKey {
                     let header = s.buffer.split_to(HEADER);
                     if &header[..MAGIC.len()] != MAGIC {
                         s.done = true;
-                        return Some((
-                            Err("the stored snapshot is not encrypted (or not one of ours)".into()),
-                            s,
-                        ));
+                        return Some((Err(CryptError::NotEncrypted), s));
                     }
                     let cipher = ChaCha20Poly1305::new(&s.key);
                     let prefix: [u8; NONCE_PREFIX] = header[MAGIC.len()..]
@@ -172,15 +201,12 @@ impl SnapshotKey {
                     Some(Ok(bytes)) => s.buffer.extend_from_slice(&bytes),
                     Some(Err(e)) => {
                         s.done = true;
-                        return Some((Err(e.to_string()), s));
+                        return Some((Err(e), s));
                     }
                     None => {
                         s.done = true;
                         let Some(last) = s.decryptor.take() else {
-                            return Some((
-                                Err("the stored snapshot is cut short: no header".into()),
-                                s,
-                            ));
+                            return Some((Err(CryptError::NoHeader), s));
                         };
                         let rest = std::mem::take(&mut s.buffer);
                         let mut done = true;
@@ -196,23 +222,23 @@ impl SnapshotKey {
 fn opened(
     result: Result<Vec<u8>, chacha20poly1305::aead::Error>,
     done: &mut bool,
-) -> Result<Bytes, String> {
+) -> Result<Bytes, CryptError> {
     result.map(Bytes::from).map_err(|_| {
         *done = true;
-        "the stored snapshot does not decrypt with the store's key: a different key encrypted it, or it was changed or cut short".to_string()
+        CryptError::WrongKey
     })
 }
 
 struct Crypt {
-    input: BoxStream<'static, Result<Bytes, String>>,
+    input: BoxStream<'static, Result<Bytes, CryptError>>,
     buffer: BytesMut,
     encryptor: Option<EncryptorBE32<ChaCha20Poly1305>>,
     first: Option<Bytes>,
-    failed: Option<String>,
+    failed: Option<CryptError>,
 }
 
 struct Open {
-    input: BoxStream<'static, Result<Bytes, String>>,
+    input: BoxStream<'static, Result<Bytes, CryptError>>,
     buffer: BytesMut,
     key: chacha20poly1305::Key,
     decryptor: Option<DecryptorBE32<ChaCha20Poly1305>>,
@@ -241,8 +267,8 @@ mod tests {
         futures::stream::iter(parts)
     }
 
-    async fn collect(s: BoxStream<'static, Result<Bytes, String>>) -> Result<Vec<u8>, String> {
-        let parts: Vec<Bytes> = s.try_collect().await?;
+    async fn collect(s: BoxStream<'static, Result<Bytes, CryptError>>) -> Result<Vec<u8>, String> {
+        let parts: Vec<Bytes> = s.try_collect().await.map_err(|e| e.to_string())?;
         Ok(parts.concat())
     }
 
@@ -292,11 +318,13 @@ mod tests {
         assert!(
             SnapshotKey::from_base64("not base64!")
                 .unwrap_err()
+                .to_string()
                 .contains("base64")
         );
         assert!(
             SnapshotKey::from_base64("AAAA")
                 .unwrap_err()
+                .to_string()
                 .contains("not 32")
         );
         assert_eq!(key(1).id(), key(1).id());

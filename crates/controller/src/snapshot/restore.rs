@@ -19,7 +19,7 @@
 //! A transfer that fails three times gives the restore up: an existing tenant goes on with the
 //! data it had, a new one waits for another `spec.restore`.
 
-use futures::StreamExt;
+use futures::{StreamExt, TryStreamExt};
 use kube::ResourceExt;
 use kube::api::Api;
 use kube::runtime::events::EventType;
@@ -330,7 +330,11 @@ async fn verify(
     let bytes = stored.tap(store.download(&objects.data).await?).boxed();
     let mut drained = match &manifest.encryption {
         Some(encryption) => plain
-            .tap(readable_with(&store, encryption)?.decrypt(bytes))
+            .tap(
+                readable_with(&store, encryption)?
+                    .decrypt(bytes)
+                    .map_err(|e| e.to_string()),
+            )
             .boxed(),
         None => bytes,
     };

@@ -6,6 +6,7 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::Duration;
 
+use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::{Pod, Secret};
 use kube::api::Api;
 use kube::{Client, ResourceExt};
@@ -187,7 +188,10 @@ async fn transfer(
     // The pod receives the database's own bytes: decrypted here when the store encrypted them.
     let (bytes, size, sha256) = match &manifest.encryption {
         Some(encryption) => (
-            readable_with(&store, encryption)?.decrypt(stored),
+            readable_with(&store, encryption)?
+                .decrypt(stored)
+                .map_err(|e| e.to_string())
+                .boxed(),
             encryption.plaintext_size,
             encryption.plaintext_checksum.clone(),
         ),
