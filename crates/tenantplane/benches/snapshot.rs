@@ -18,6 +18,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
+use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
 use rusqlite::Connection;
@@ -234,8 +235,9 @@ async fn measure(
     let began = Instant::now();
     let bytes = store
         .download(&objects.data)
-        .await
-        .map_err(anyhow::Error::msg)?;
+        .await?
+        .map_err(|e| e.to_string())
+        .boxed();
     agent_client::upload(&address, pki, &sha, size, bytes)
         .await
         .map_err(anyhow::Error::msg)?;

@@ -48,6 +48,14 @@ pub enum CryptError {
         "the stored snapshot does not decrypt with the store's key: a different key encrypted it, or it was changed or cut short"
     )]
     WrongKey,
+    #[error(
+        "the snapshot is encrypted (key {key_id}) but its store has no key now: put that key back in the store's spec.encryption"
+    )]
+    NoKey { key_id: String },
+    #[error(
+        "the snapshot was encrypted with key {key_id}, and the store's key now is {current}: put the old key back to read it"
+    )]
+    OtherKey { key_id: String, current: String },
     /// The bytes being sealed or opened broke off: what their source said.
     #[error("{0}")]
     Input(String),
@@ -62,6 +70,7 @@ impl CryptError {
             CryptError::NotEncrypted | CryptError::NoHeader | CryptError::WrongKey => {
                 "DecryptFailed"
             }
+            CryptError::NoKey { .. } | CryptError::OtherKey { .. } => "KeyMissing",
             CryptError::Input(_) => "StreamBroken",
         }
     }

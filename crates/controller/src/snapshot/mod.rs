@@ -10,6 +10,7 @@ pub mod agent;
 pub mod agent_client;
 pub mod copy;
 pub mod crypt;
+mod error;
 pub mod restore;
 pub mod schedule;
 pub mod snapshots;
@@ -22,6 +23,8 @@ use kube::{Client, ResourceExt};
 use tenantplane_api::SnapshotStore;
 
 use crate::error_text::api_message;
+
+pub use error::Error;
 
 /// The finalizer that deletes a TenantSnapshot's stored objects before the object goes.
 pub const FINALIZER: &str = "tenantplane.io/snapshot";
@@ -64,7 +67,7 @@ pub async fn open_store(
     client: &Client,
     options: &SnapshotOptions,
     name: Option<&str>,
-) -> Result<(SnapshotStore, store::Store), String> {
+) -> Result<(SnapshotStore, store::Store), Error> {
     let stores: Api<SnapshotStore> = Api::all(client.clone());
     let found = match name {
         Some(name) => stores
@@ -81,24 +84,27 @@ pub async fn open_store(
                 all.items.into_iter().filter(|s| s.spec.default).collect();
             match defaults.len() {
                 0 => {
-                    return Err(
+                    return Err(Error::Step(
                         "no SnapshotStore is marked default: name one in spec.storeRef, or set default: true on one".into(),
-                    );
+                    ));
                 }
                 1 => defaults.remove(0),
                 _ => {
                     let names: Vec<String> = defaults.iter().map(|s| s.name_any()).collect();
-                    return Err(format!(
+                    return Err(Error::Step(format!(
                         "SnapshotStores {} are all marked default: keep default: true on one",
                         names.join(", ")
-                    ));
+                    )));
                 }
             }
         }
     };
     let secret = credentials(client, options, &found).await?;
-    let mut connected = store::Store::connect(&found.spec, &secret)
-        .map_err(|e| format!("SnapshotStore {}: {e}", found.name_any()))?;
+    let mut connected =
+        store::Store::connect(&found.spec, &secret).map_err(|source| Error::InStore {
+            store: found.name_any(),
+            source,
+        })?;
     if let Some(encryption) = &found.spec.encryption {
         let name = &encryption.key_secret_ref.name;
         let secret = read_secret(client, options, name).await?;
@@ -108,12 +114,14 @@ pub async fn open_store(
             .and_then(|d| d.get(crypt::KEY))
             .and_then(|v| String::from_utf8(v.0.clone()).ok())
             .ok_or_else(|| format!("Secret {name} has no key {:?}", crypt::KEY))?;
-        connected.key = Some(crypt::SnapshotKey::from_base64(&text).map_err(|e| {
-            format!(
-                "SnapshotStore {}'s key in Secret {name}: {e}",
-                found.name_any()
-            )
-        })?);
+        connected.key =
+            Some(
+                crypt::SnapshotKey::from_base64(&text).map_err(|source| Error::Key {
+                    store: found.name_any(),
+                    secret: name.clone(),
+                    source,
+                })?,
+            );
     }
     Ok((found, connected))
 }
@@ -123,16 +131,10 @@ pub async fn credentials(
     client: &Client,
     options: &SnapshotOptions,
     found: &SnapshotStore,
-) -> Result<Secret, String> {
+) -> Result<Secret, Error> {
     read_secret(client, options, &found.spec.credentials_secret_ref.name)
         .await
-        .map_err(|e| {
-            format!(
-                "{e} (a store's credentials Secret holds {} and {})",
-                store::ACCESS_KEY_ID,
-                store::SECRET_ACCESS_KEY
-            )
-        })
+        .map_err(|e| Error::Credentials(Box::new(e)))
 }
 
 /// A Secret of the operator's namespace.
@@ -140,15 +142,18 @@ async fn read_secret(
     client: &Client,
     options: &SnapshotOptions,
     name: &str,
-) -> Result<Secret, String> {
+) -> Result<Secret, Error> {
     let Some(ns) = options.secrets_namespace.as_deref() else {
-        return Err(
+        return Err(Error::Step(
             "the operator does not know its namespace (--operator-namespace, or POD_NAMESPACE), where store credentials and keys are kept".into(),
-        );
+        ));
     };
     Api::<Secret>::namespaced(client.clone(), ns)
         .get_opt(name)
         .await
         .map_err(|e| format!("reading Secret {ns}/{name}: {}", api_message(&e)))?
-        .ok_or_else(|| format!("Secret {ns}/{name} does not exist: create it"))
+        .ok_or_else(|| Error::SecretMissing {
+            namespace: ns.to_string(),
+            name: name.to_string(),
+        })
 }

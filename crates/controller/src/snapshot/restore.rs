@@ -262,7 +262,7 @@ async fn verify(
     ctx: &Context,
     snapshot_ns: &str,
     name: &str,
-) -> Result<Checked, String> {
+) -> Result<Checked, super::Error> {
     let ns = tc.namespace().unwrap_or_default();
     let snap = Api::<TenantSnapshot>::namespaced(ctx.client.clone(), snapshot_ns)
         .get_opt(name)
@@ -282,7 +282,7 @@ async fn verify(
         if !granted {
             return Err(format!(
                 "TenantSnapshot {snapshot_ns}/{name} is in another namespace and does not grant it to {ns}: its owner may annotate it {RESTORE_TO}={ns}"
-            ));
+            ).into());
         }
     }
     if snap.phase() != SnapshotPhase::Completed {
@@ -294,13 +294,14 @@ async fn verify(
                 .and_then(|s| s.message.as_deref())
                 .map(|m| format!(": {m}"))
                 .unwrap_or_default()
-        ));
+        )
+        .into());
     }
     let status = snap.status.clone().unwrap_or_default();
     if crate::build::control_plane::agent_image(&ctx.options.build).is_none() {
-        return Err(
+        return Err(super::Error::Step(
             "this tenant's control plane runs no snapshot agent to receive the snapshot (the operator has no --agent-image)".into(),
-        );
+        ));
     }
     let theirs = status.kubernetes_version.clone().unwrap_or_default();
     let ours = &tc.spec.kubernetes_version;
@@ -309,7 +310,7 @@ async fn verify(
     {
         return Err(format!(
             "TenantSnapshot {snapshot_ns}/{name} was taken at Kubernetes {theirs}, newer than this tenant's {ours}: an API server never reads back data a newer minor wrote; set spec.kubernetesVersion to v1.{snap_minor} or newer"
-        ));
+        ).into());
     }
     let (_, store) =
         super::open_store(&ctx.client, &ctx.options.snapshots, status.store.as_deref())
@@ -322,18 +323,25 @@ async fn verify(
         return Err(format!(
             "the stored manifest says {} but the TenantSnapshot says {expected}: the store's copy is not this snapshot's",
             manifest.checksum
-        ));
+        ).into());
     }
     // One read of the stored object: its own bytes hashed, and, encrypted, decrypted through
     // (with the store's key) to the database's checksum.
     let (stored, plain) = (copy::Tally::default(), copy::Tally::default());
-    let bytes = stored.tap(store.download(&objects.data).await?).boxed();
+    let bytes = stored
+        .tap(
+            store
+                .download(&objects.data)
+                .await?
+                .map_err(super::Error::from),
+        )
+        .boxed();
     let mut drained = match &manifest.encryption {
         Some(encryption) => plain
             .tap(
                 readable_with(&store, encryption)?
                     .decrypt(bytes)
-                    .map_err(|e| e.to_string()),
+                    .map_err(super::Error::from),
             )
             .boxed(),
         None => bytes,
@@ -347,7 +355,7 @@ async fn verify(
             "the stored object {} is corrupt: it has {size} bytes with sha256:{sha256}, the snapshot says {} bytes with {expected}",
             store.location(&objects.data),
             status.size.unwrap_or_default()
-        ));
+        ).into());
     }
     if let Some(encryption) = &manifest.encryption {
         let (plain_size, plain_sha) = plain.take();
@@ -356,7 +364,7 @@ async fn verify(
             return Err(format!(
                 "the snapshot decrypts to {plain_size} bytes with {got}, not the {} bytes with {} it was taken with",
                 encryption.plaintext_size, encryption.plaintext_checksum
-            ));
+            ).into());
         }
     }
     Ok(Checked {
@@ -370,19 +378,16 @@ async fn verify(
 pub(super) fn readable_with<'a>(
     store: &'a super::store::Store,
     encryption: &super::store::ManifestEncryption,
-) -> Result<&'a super::crypt::SnapshotKey, String> {
-    let key = store.key.as_ref().ok_or_else(|| {
-        format!(
-            "the snapshot is encrypted (key {}) but its store has no key now: put that key back in the store's spec.encryption",
-            encryption.key_id
-        )
+) -> Result<&'a super::crypt::SnapshotKey, super::crypt::CryptError> {
+    use super::crypt::CryptError;
+    let key = store.key.as_ref().ok_or_else(|| CryptError::NoKey {
+        key_id: encryption.key_id.clone(),
     })?;
     if key.id() != encryption.key_id {
-        return Err(format!(
-            "the snapshot was encrypted with key {}, and the store's key now is {}: put the old key back to read it",
-            encryption.key_id,
-            key.id()
-        ));
+        return Err(CryptError::OtherKey {
+            key_id: encryption.key_id.clone(),
+            current: key.id(),
+        });
     }
     Ok(key)
 }

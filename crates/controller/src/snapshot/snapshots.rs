@@ -45,16 +45,6 @@ struct Ctx {
     running: Mutex<HashSet<String>>,
 }
 
-#[derive(Debug, thiserror::Error)]
-#[error("{0}")]
-pub struct SnapshotError(String);
-
-impl From<String> for SnapshotError {
-    fn from(s: String) -> Self {
-        Self(s)
-    }
-}
-
 /// Take and delete TenantSnapshots (in `namespace`, or everywhere) until `shutdown` resolves.
 pub async fn run(
     client: Client,
@@ -84,7 +74,7 @@ pub async fn run(
         .graceful_shutdown_on(shutdown)
         .run(
             reconcile,
-            |_, e: &SnapshotError, _| {
+            |_, e: &super::Error, _| {
                 warn!("TenantSnapshot: {e}");
                 Action::requeue(Duration::from_secs(15))
             },
@@ -94,7 +84,7 @@ pub async fn run(
         .await;
 }
 
-async fn reconcile(snap: Arc<TenantSnapshot>, ctx: Arc<Ctx>) -> Result<Action, SnapshotError> {
+async fn reconcile(snap: Arc<TenantSnapshot>, ctx: Arc<Ctx>) -> Result<Action, super::Error> {
     let ns = snap.namespace().unwrap_or_default();
     let api: Api<TenantSnapshot> = Api::namespaced(ctx.client.clone(), &ns);
     if snap.metadata.deletion_timestamp.is_some() {
@@ -126,7 +116,7 @@ async fn reconcile(snap: Arc<TenantSnapshot>, ctx: Arc<Ctx>) -> Result<Action, S
             .await;
         }
         Err(e) => {
-            return Err(SnapshotError(format!(
+            return Err(super::Error::Step(format!(
                 "reading TenantCluster {ns}/{tenant_name}: {}",
                 api_message(&e)
             )));
@@ -241,6 +231,7 @@ async fn reconcile(snap: Arc<TenantSnapshot>, ctx: Arc<Ctx>) -> Result<Action, S
                 // Nothing half-written stays in the store.
                 let _ = store.delete(&objects.data).await;
                 let _ = store.delete(&objects.manifest).await;
+                let e = e.to_string();
                 publish(&ctx2, &snap2, EventType::Warning, "Failed", e.clone()).await;
                 TenantSnapshotStatus {
                     phase: Some(SnapshotPhase::Failed),
@@ -275,7 +266,7 @@ async fn take(
     store: &super::store::Store,
     objects: &super::store::Objects,
     snap: &TenantSnapshot,
-) -> Result<Manifest, String> {
+) -> Result<Manifest, super::Error> {
     let ns = tenant.namespace().unwrap_or_default();
     let name = tenant.name_any();
     let pod = Api::<Pod>::namespaced(ctx.client.clone(), &ns)
@@ -286,7 +277,7 @@ async fn take(
         return Err(format!(
             "the control-plane pod {} runs no snapshot agent: the operator made it without one (no --agent-image)",
             pod.name_any()
-        ));
+        ).into());
     }
     let address = ctx.connector.agent_address(&name, &pod)?;
     let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &ns);
@@ -313,7 +304,7 @@ async fn take(
         return Err(format!(
             "the copy changed on its way: the agent sent {} bytes with sha256:{}, the operator passed on {plain_size} bytes with sha256:{plain_sha}",
             download.size, download.sha256
-        ));
+        ).into());
     }
     let manifest = Manifest {
         namespace: ns,
@@ -368,7 +359,7 @@ async fn delete(
     snap: &TenantSnapshot,
     api: &Api<TenantSnapshot>,
     ctx: &Ctx,
-) -> Result<Action, SnapshotError> {
+) -> Result<Action, super::Error> {
     if !snap.finalizers().iter().any(|f| f == FINALIZER) {
         return Ok(Action::await_change());
     }
@@ -387,7 +378,8 @@ async fn delete(
             let (_, store) = super::open_store(&ctx.client, &ctx.options, Some(store_name)).await?;
             let objects = store.objects_of(snap);
             store.delete(&objects.data).await?;
-            store.delete(&objects.manifest).await
+            store.delete(&objects.manifest).await?;
+            Ok::<_, super::Error>(())
         }
         .await;
         if let Err(e) = removed {
@@ -403,7 +395,7 @@ async fn delete(
                 },
             )
             .await;
-            return Err(SnapshotError(message));
+            return Err(super::Error::Step(message));
         }
     }
     let finalizers: Vec<String> = snap
@@ -421,7 +413,7 @@ async fn set_finalizers(
     api: &Api<TenantSnapshot>,
     snap: &TenantSnapshot,
     finalizers: Vec<String>,
-) -> Result<(), SnapshotError> {
+) -> Result<(), super::Error> {
     api.patch(
         &snap.name_any(),
         &PatchParams::default(),
@@ -432,10 +424,15 @@ async fn set_finalizers(
     )
     .await
     .map(|_| ())
-    .map_err(|e| SnapshotError(format!("updating the finalizers: {}", api_message(&e))))
+    .map_err(|e| super::Error::Step(format!("updating the finalizers: {}", api_message(&e))))
 }
 
-async fn fail(snap: &TenantSnapshot, ctx: &Ctx, message: String) -> Result<Action, SnapshotError> {
+async fn fail(
+    snap: &TenantSnapshot,
+    ctx: &Ctx,
+    message: impl std::fmt::Display,
+) -> Result<Action, super::Error> {
+    let message = message.to_string();
     publish(ctx, snap, EventType::Warning, "Failed", message.clone()).await;
     let status = TenantSnapshotStatus {
         phase: Some(SnapshotPhase::Failed),
@@ -464,10 +461,10 @@ async fn write_status(
     client: &Client,
     snap: &TenantSnapshot,
     status: &TenantSnapshotStatus,
-) -> Result<(), SnapshotError> {
+) -> Result<(), super::Error> {
     let api: Api<TenantSnapshot> =
         Api::namespaced(client.clone(), &snap.namespace().unwrap_or_default());
     super::apply_status(&api, &snap.name_any(), status)
         .await
-        .map_err(SnapshotError)
+        .map_err(super::Error::Step)
 }

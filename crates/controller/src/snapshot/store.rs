@@ -34,6 +34,61 @@ pub const SECRET_ACCESS_KEY: &str = "secretAccessKey";
 const PART_SIZE: usize = 16 << 20;
 const PARTS_IN_FLIGHT: usize = 2;
 
+/// What goes wrong reaching a store or moving a snapshot's objects in and out of it. Each says
+/// what to fix or where it failed; the messages are what the store's or the snapshot's status
+/// shows.
+#[derive(Debug, thiserror::Error)]
+pub enum BucketError {
+    #[error("Secret {secret} has no key {key}: it needs {ACCESS_KEY_ID} and {SECRET_ACCESS_KEY}")]
+    MissingKey { secret: String, key: &'static str },
+    #[error("s3.caBundle: {0}")]
+    CaBundle(String),
+    #[error("s3.caBundle holds no PEM certificate")]
+    NoCertificate,
+    /// The S3 client could not be built from the spec (the chain of causes).
+    #[error("{0}")]
+    Client(String),
+    /// A request to the store failed: what was being done, to which object.
+    #[error("{action} {at}: {}", error_chain(.source))]
+    Request {
+        action: &'static str,
+        at: String,
+        #[source]
+        source: object_store::Error,
+    },
+    #[error("{0} read back other bytes than were written")]
+    ReadBack(String),
+    /// The bytes being uploaded broke off: what their source said.
+    #[error("reading the snapshot while uploading it: {0}")]
+    Source(String),
+    #[error("{at} is not a snapshot manifest: {source}")]
+    Manifest {
+        at: String,
+        #[source]
+        source: serde_json::Error,
+    },
+}
+
+impl BucketError {
+    /// A stable name for metrics and logs.
+    pub fn label(&self) -> &'static str {
+        match self {
+            BucketError::MissingKey { .. }
+            | BucketError::CaBundle(_)
+            | BucketError::NoCertificate
+            | BucketError::Client(_) => "StoreInvalid",
+            BucketError::Request { .. } | BucketError::ReadBack(_) => "StoreUnavailable",
+            BucketError::Source(_) => "StreamBroken",
+            BucketError::Manifest { .. } => "ManifestInvalid",
+        }
+    }
+}
+
+fn request(action: &'static str, at: &str) -> impl FnOnce(object_store::Error) -> BucketError {
+    let at = at.to_string();
+    move |source| BucketError::Request { action, at, source }
+}
+
 /// What a snapshot's manifest says.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -93,10 +148,10 @@ pub struct Objects {
 
 impl Store {
     /// A client for the store, or what is wrong with its spec or Secret.
-    pub fn connect(spec: &SnapshotStoreSpec, credentials: &Secret) -> Result<Self, String> {
+    pub fn connect(spec: &SnapshotStoreSpec, credentials: &Secret) -> Result<Self, BucketError> {
         // reqwest's rustls takes the process's provider: ring, as everywhere in the operator.
         let _ = rustls::crypto::ring::default_provider().install_default();
-        let key = |name: &str| {
+        let key = |name: &'static str| {
             credentials
                 .data
                 .as_ref()
@@ -104,11 +159,9 @@ impl Store {
                 .and_then(|v| String::from_utf8(v.0.clone()).ok())
                 .map(|v| v.trim().to_string())
                 .filter(|v| !v.is_empty())
-                .ok_or_else(|| {
-                    format!(
-                        "Secret {} has no key {name}: it needs {ACCESS_KEY_ID} and {SECRET_ACCESS_KEY}",
-                        credentials.metadata.name.as_deref().unwrap_or("?")
-                    )
+                .ok_or_else(|| BucketError::MissingKey {
+                    secret: credentials.metadata.name.clone().unwrap_or_default(),
+                    key: name,
                 })
         };
         let s3 = &spec.s3;
@@ -121,9 +174,9 @@ impl Store {
             .with_allow_http(s3.endpoint.starts_with("http://"));
         if let Some(pem) = s3.ca_bundle.as_deref().filter(|p| !p.trim().is_empty()) {
             let certs = Certificate::from_pem_bundle(pem.as_bytes())
-                .map_err(|e| format!("s3.caBundle: {}", error_chain(&e)))?;
+                .map_err(|e| BucketError::CaBundle(error_chain(&e)))?;
             if certs.is_empty() {
-                return Err("s3.caBundle holds no PEM certificate".into());
+                return Err(BucketError::NoCertificate);
             }
             for c in certs {
                 client = client.with_root_certificate(c);
@@ -151,7 +204,7 @@ impl Store {
             .with_client_options(client)
             .with_retry(retry)
             .build()
-            .map_err(|e| error_chain(&e))?;
+            .map_err(|e| BucketError::Client(error_chain(&e)))?;
         let mut prefix = s3.prefix.trim_matches('/').to_string();
         if !prefix.is_empty() {
             prefix.push('/');
@@ -191,37 +244,39 @@ impl Store {
 
     /// Write, read back and delete a small object: the store answers and these credentials may
     /// write to the bucket.
-    pub async fn probe(&self, operator: &str) -> Result<(), String> {
+    pub async fn probe(&self, operator: &str) -> Result<(), BucketError> {
         let path = ObjectPath::from(format!("{}.tenantplane-probe-{operator}", self.prefix));
+        let at = self.location(&path);
         let body = format!("written by the TenantPlane operator {operator} to check the store");
         self.s3
             .put(&path, PutPayload::from(body.clone()))
             .await
-            .map_err(|e| format!("writing {}: {}", self.location(&path), error_chain(&e)))?;
+            .map_err(request("writing", &at))?;
         let read = self
             .s3
             .get(&path)
             .await
-            .map_err(|e| format!("reading {}: {}", self.location(&path), error_chain(&e)))?
+            .map_err(request("reading", &at))?
             .bytes()
             .await
-            .map_err(|e| format!("reading {}: {}", self.location(&path), error_chain(&e)))?;
+            .map_err(request("reading", &at))?;
         if read != body.as_bytes() {
-            return Err(format!(
-                "{} read back other bytes than were written",
-                self.location(&path)
-            ));
+            return Err(BucketError::ReadBack(at));
         }
         self.s3
             .delete(&path)
             .await
-            .map_err(|e| format!("deleting {}: {}", self.location(&path), error_chain(&e)))
+            .map_err(request("deleting", &at))
     }
 
     /// Stream `bytes` into `object` as a multipart upload, hashing as they pass; the upload is
     /// aborted (nothing left in the bucket) when the stream or the store fails. Returns the size
     /// and the SHA-256 (hex).
-    pub async fn upload<S, E>(&self, object: &ObjectPath, bytes: S) -> Result<(u64, String), String>
+    pub async fn upload<S, E>(
+        &self,
+        object: &ObjectPath,
+        bytes: S,
+    ) -> Result<(u64, String), BucketError>
     where
         S: Stream<Item = Result<Bytes, E>> + Unpin,
         E: std::fmt::Display,
@@ -231,7 +286,7 @@ impl Store {
             .s3
             .put_multipart(object)
             .await
-            .map_err(|e| format!("starting the upload to {at}: {}", error_chain(&e)))?;
+            .map_err(request("starting the upload to", &at))?;
         let mut writer = WriteMultipart::new_with_chunk_size(upload, PART_SIZE);
         let mut hasher = Hasher::default();
         let mut size = 0u64;
@@ -239,7 +294,7 @@ impl Store {
         loop {
             if let Err(e) = writer.wait_for_capacity(PARTS_IN_FLIGHT).await {
                 let _ = writer.abort().await;
-                return Err(format!("uploading to {at}: {}", error_chain(&e)));
+                return Err(request("uploading to", &at)(e));
             }
             match bytes.next().await {
                 None => break,
@@ -250,14 +305,14 @@ impl Store {
                 }
                 Some(Err(e)) => {
                     let _ = writer.abort().await;
-                    return Err(format!("reading the snapshot while uploading it: {e}"));
+                    return Err(BucketError::Source(e.to_string()));
                 }
             }
         }
         writer
             .finish()
             .await
-            .map_err(|e| format!("finishing the upload to {at}: {}", error_chain(&e)))?;
+            .map_err(request("finishing the upload to", &at))?;
         Ok((size, hasher.finish()))
     }
 
@@ -265,54 +320,47 @@ impl Store {
         &self,
         object: &ObjectPath,
         manifest: &Manifest,
-    ) -> Result<(), String> {
-        let body = serde_json::to_vec_pretty(manifest).map_err(|e| e.to_string())?;
+    ) -> Result<(), BucketError> {
+        // A manifest is plain strings and numbers: it always serializes.
+        let body = serde_json::to_vec_pretty(manifest).unwrap_or_default();
         self.s3
             .put(object, PutPayload::from(body))
             .await
             .map(|_| ())
-            .map_err(|e| format!("writing {}: {}", self.location(object), error_chain(&e)))
+            .map_err(request("writing", &self.location(object)))
     }
 
-    pub async fn manifest(&self, object: &ObjectPath) -> Result<Manifest, String> {
+    pub async fn manifest(&self, object: &ObjectPath) -> Result<Manifest, BucketError> {
         let at = self.location(object);
         let bytes = self
             .s3
             .get(object)
             .await
-            .map_err(|e| format!("reading {at}: {}", error_chain(&e)))?
+            .map_err(request("reading", &at))?
             .bytes()
             .await
-            .map_err(|e| format!("reading {at}: {}", error_chain(&e)))?;
-        serde_json::from_slice(&bytes).map_err(|e| format!("{at} is not a snapshot manifest: {e}"))
+            .map_err(request("reading", &at))?;
+        serde_json::from_slice(&bytes).map_err(|source| BucketError::Manifest { at, source })
     }
 
     /// The object's bytes as a stream.
     pub async fn download(
         &self,
         object: &ObjectPath,
-    ) -> Result<BoxStream<'static, Result<Bytes, String>>, String> {
+    ) -> Result<BoxStream<'static, Result<Bytes, BucketError>>, BucketError> {
         let at = self.location(object);
-        let got = self
-            .s3
-            .get(object)
-            .await
-            .map_err(|e| format!("reading {at}: {}", error_chain(&e)))?;
+        let got = self.s3.get(object).await.map_err(request("reading", &at))?;
         Ok(got
             .into_stream()
-            .map_err(move |e| format!("reading {at}: {}", error_chain(&e)))
+            .map_err(move |e| request("reading", &at)(e))
             .boxed())
     }
 
     /// Delete an object; one already gone is fine.
-    pub async fn delete(&self, object: &ObjectPath) -> Result<(), String> {
+    pub async fn delete(&self, object: &ObjectPath) -> Result<(), BucketError> {
         match self.s3.delete(object).await {
             Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
-            Err(e) => Err(format!(
-                "deleting {}: {}",
-                self.location(object),
-                error_chain(&e)
-            )),
+            Err(e) => Err(request("deleting", &self.location(object))(e)),
         }
     }
 }
@@ -370,14 +418,16 @@ mod tests {
     fn missing_credentials_and_bad_cas_say_what_to_fix() {
         let e =
             Store::connect(&spec("http://h:1", ""), &secret(&[(ACCESS_KEY_ID, "a")])).unwrap_err();
+        assert!(matches!(e, BucketError::MissingKey { .. }), "{e}");
         assert_eq!(
-            e,
+            e.to_string(),
             "Secret creds has no key secretAccessKey: it needs accessKeyId and secretAccessKey"
         );
         let mut s = spec("https://h:1", "");
         s.s3.ca_bundle = Some("not a certificate".into());
         let creds = secret(&[(ACCESS_KEY_ID, "a"), (SECRET_ACCESS_KEY, "b")]);
         let e = Store::connect(&s, &creds).unwrap_err();
-        assert!(e.contains("caBundle"), "{e}");
+        assert!(e.to_string().contains("caBundle"), "{e}");
+        assert_eq!(e.label(), "StoreInvalid");
     }
 }

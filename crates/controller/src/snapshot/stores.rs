@@ -30,10 +30,6 @@ struct Ctx {
     namespaced: bool,
 }
 
-#[derive(Debug, thiserror::Error)]
-#[error("{0}")]
-pub struct StoreError(String);
-
 /// Check SnapshotStores until `shutdown` resolves.
 pub async fn run(
     client: Client,
@@ -58,7 +54,7 @@ pub async fn run(
         .graceful_shutdown_on(shutdown)
         .run(
             reconcile,
-            |_, e: &StoreError, _| {
+            |_, e: &super::Error, _| {
                 warn!("SnapshotStore: {e}");
                 Action::requeue(RECHECK_FAILING)
             },
@@ -68,14 +64,14 @@ pub async fn run(
         .await;
 }
 
-async fn reconcile(store: Arc<SnapshotStore>, ctx: Arc<Ctx>) -> Result<Action, StoreError> {
+async fn reconcile(store: Arc<SnapshotStore>, ctx: Arc<Ctx>) -> Result<Action, super::Error> {
     let name = store.name_any();
     let verdict = async {
         let secret = super::credentials(&ctx.client, &ctx.options, &store).await?;
         let connected = super::store::Store::connect(&store.spec, &secret)?;
         let operator = std::env::var("POD_NAME").unwrap_or_else(|_| "operator".into());
         connected.probe(&operator).await?;
-        Ok::<_, String>(format!(
+        Ok::<_, super::Error>(format!(
             "the operator wrote, read back and deleted a probe object in bucket {}",
             store.spec.s3.bucket
         ))
@@ -83,7 +79,7 @@ async fn reconcile(store: Arc<SnapshotStore>, ctx: Arc<Ctx>) -> Result<Action, S
     .await;
     if ctx.namespaced
         && let Err(e) = &verdict
-        && e.contains("does not exist: create it")
+        && e.is_secret_missing()
     {
         // Not this operator's store.
         return Ok(Action::await_change());
@@ -94,7 +90,7 @@ async fn reconcile(store: Arc<SnapshotStore>, ctx: Arc<Ctx>) -> Result<Action, S
             RECHECK,
         ),
         Err(e) => (
-            ConditionSpec::new(STORE_AVAILABLE, false, "Unreachable", e.clone()),
+            ConditionSpec::new(STORE_AVAILABLE, false, "Unreachable", e.to_string()),
             RECHECK_FAILING,
         ),
     };
@@ -124,9 +120,9 @@ async fn write_status(
     client: &Client,
     name: &str,
     status: &SnapshotStoreStatus,
-) -> Result<(), StoreError> {
+) -> Result<(), super::Error> {
     let api: Api<SnapshotStore> = Api::all(client.clone());
     super::apply_status(&api, name, status)
         .await
-        .map_err(StoreError)
+        .map_err(super::Error::Step)
 }

@@ -143,7 +143,7 @@ pub(super) fn start_transfer(
                         )));
                         break;
                     }
-                    last = e;
+                    last = e.to_string();
                     if attempt < ATTEMPTS {
                         tokio::time::sleep(Duration::from_secs(5)).await;
                     }
@@ -174,7 +174,7 @@ async fn transfer(
     checksum: &str,
     address: &str,
     pki: &TenantPki,
-) -> Result<u64, String> {
+) -> Result<u64, super::super::Error> {
     let (snapshot_ns, name) = snapshot.split_once('/').unwrap_or(("", snapshot));
     let snap = Api::<TenantSnapshot>::namespaced(client.clone(), snapshot_ns)
         .get(name)
@@ -196,7 +196,7 @@ async fn transfer(
             encryption.plaintext_checksum.clone(),
         ),
         None => (
-            stored,
+            stored.map_err(|e| e.to_string()).boxed(),
             status.size.unwrap_or_default() as u64,
             checksum.to_string(),
         ),

@@ -1,0 +1,76 @@
+//! What a snapshot, a store check or a restore fails with, by where it failed: the store, the
+//! encryption, the database copy, or a step of the controllers (reading the tenant, its pod, its
+//! PKI). The message is what the resource's status shows; the label names the kind of failure
+//! for metrics and logs.
+
+use super::copy::DatabaseError;
+use super::crypt::CryptError;
+use super::store::BucketError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error(transparent)]
+    Bucket(#[from] BucketError),
+    #[error(transparent)]
+    Crypt(#[from] CryptError),
+    #[error(transparent)]
+    Database(#[from] DatabaseError),
+    /// A store's spec or credentials do not make a client.
+    #[error("SnapshotStore {store}: {source}")]
+    InStore {
+        store: String,
+        #[source]
+        source: BucketError,
+    },
+    /// A store's encryption key is not a key.
+    #[error("SnapshotStore {store}'s key in Secret {secret}: {source}")]
+    Key {
+        store: String,
+        secret: String,
+        #[source]
+        source: CryptError,
+    },
+    #[error("Secret {namespace}/{name} does not exist: create it")]
+    SecretMissing { namespace: String, name: String },
+    /// The store's credentials Secret cannot be read: why, and what it should hold.
+    #[error(
+        "{0} (a store's credentials Secret holds {ACCESS_KEY_ID} and {SECRET_ACCESS_KEY})",
+        ACCESS_KEY_ID = super::store::ACCESS_KEY_ID,
+        SECRET_ACCESS_KEY = super::store::SECRET_ACCESS_KEY
+    )]
+    Credentials(Box<Error>),
+    /// A step of the controllers that is not one of the above: what it was and what it met.
+    #[error("{0}")]
+    Step(String),
+}
+
+impl From<String> for Error {
+    fn from(s: String) -> Self {
+        Error::Step(s)
+    }
+}
+
+impl Error {
+    /// A Secret the operator looks for in its namespace is not there.
+    pub fn is_secret_missing(&self) -> bool {
+        match self {
+            Error::SecretMissing { .. } => true,
+            Error::Credentials(inner) => inner.is_secret_missing(),
+            _ => false,
+        }
+    }
+
+    /// A stable name for metrics and logs.
+    pub fn label(&self) -> &'static str {
+        match self {
+            Error::Bucket(e) => e.label(),
+            Error::Crypt(e) => e.label(),
+            Error::Database(e) => e.label(),
+            Error::InStore { source, .. } => source.label(),
+            Error::Key { source, .. } => source.label(),
+            Error::SecretMissing { .. } => "SecretMissing",
+            Error::Credentials(inner) => inner.label(),
+            Error::Step(_) => "SnapshotStepFailed",
+        }
+    }
+}
