@@ -3,6 +3,7 @@
 //! PKI). The message is what the resource's status shows; the label names the kind of failure
 //! for metrics and logs.
 
+use super::agent_client::AgentError;
 use super::copy::DatabaseError;
 use super::crypt::CryptError;
 use super::store::BucketError;
@@ -15,6 +16,8 @@ pub enum Error {
     Crypt(#[from] CryptError),
     #[error(transparent)]
     Database(#[from] DatabaseError),
+    #[error(transparent)]
+    Agent(#[from] AgentError),
     /// A store's spec or credentials do not make a client.
     #[error("SnapshotStore {store}: {source}")]
     InStore {
@@ -66,6 +69,7 @@ impl Error {
             Error::Bucket(e) => e.label(),
             Error::Crypt(e) => e.label(),
             Error::Database(e) => e.label(),
+            Error::Agent(e) => e.label(),
             Error::InStore { source, .. } => source.label(),
             Error::Key { source, .. } => source.label(),
             Error::SecretMissing { .. } => "SecretMissing",
