@@ -9,6 +9,48 @@ use kube::config::{KubeConfigOptions, Kubeconfig};
 
 use crate::names;
 
+/// Why the operator cannot reach a tenant (yet): no address to dial, or a kubeconfig or address
+/// it cannot make a client of.
+#[derive(Debug, thiserror::Error)]
+pub enum ConnectError {
+    /// The control-plane pod does not say where it is yet: its IP, or the local runtime's
+    /// announcement.
+    #[error("pod {pod} has no {what} yet")]
+    NoAddress { pod: String, what: String },
+    #[error(
+        "pod {pod} has no {annotation} annotation: the local runtime runs no snapshot agent for it"
+    )]
+    NoAgent {
+        pod: String,
+        annotation: &'static str,
+    },
+    #[error("the kubeconfig does not parse: {0}")]
+    KubeconfigText(#[source] kube::config::KubeconfigError),
+    #[error("the kubeconfig is not usable: {0}")]
+    KubeconfigUnusable(#[source] kube::config::KubeconfigError),
+    #[error("{server} is not a URL: {source}")]
+    NotUrl {
+        server: String,
+        #[source]
+        source: http::uri::InvalidUri,
+    },
+    #[error("cannot build a client: {0}")]
+    Client(#[source] kube::Error),
+}
+
+impl ConnectError {
+    /// A stable name for metrics and logs.
+    pub fn label(&self) -> &'static str {
+        match self {
+            ConnectError::NoAddress { .. } | ConnectError::NoAgent { .. } => "NoAddress",
+            ConnectError::KubeconfigText(_) | ConnectError::KubeconfigUnusable(_) => {
+                "KubeconfigInvalid"
+            }
+            ConnectError::NotUrl { .. } | ConnectError::Client(_) => "ClientInvalid",
+        }
+    }
+}
+
 /// Does the local runtime stand in for this pod (its label), rather than a kubelet running it?
 fn stood_in_for(pod: &Pod) -> bool {
     pod.metadata
@@ -20,13 +62,16 @@ fn stood_in_for(pod: &Pod) -> bool {
 
 /// A pod a real node runs (a `kubernetes` tenant's, in the dev cluster and the tests, whose
 /// operator shares the node's network): its own address.
-fn pod_address(tenant: &str, pod: &Pod) -> Result<String, String> {
+fn pod_address(tenant: &str, pod: &Pod) -> Result<String, ConnectError> {
     let ip = pod
         .status
         .as_ref()
         .and_then(|s| s.pod_ip.as_deref())
         .filter(|ip| !ip.is_empty())
-        .ok_or_else(|| format!("pod {} has no IP yet", names::control_plane_pod(tenant)))?;
+        .ok_or_else(|| ConnectError::NoAddress {
+            pod: names::control_plane_pod(tenant),
+            what: "IP".into(),
+        })?;
     let host = if ip.contains(':') {
         format!("[{ip}]")
     } else {
@@ -52,7 +97,7 @@ impl Connector {
     }
 
     /// The address to dial, or why there is none yet.
-    pub fn server(&self, tenant: &str, namespace: &str, pod: &Pod) -> Result<String, String> {
+    pub fn server(&self, tenant: &str, namespace: &str, pod: &Pod) -> Result<String, ConnectError> {
         match self {
             Connector::InCluster => Ok(names::endpoint(tenant, namespace)),
             Connector::Local if !stood_in_for(pod) => pod_address(tenant, pod),
@@ -62,19 +107,16 @@ impl Connector {
                 .as_ref()
                 .and_then(|a| a.get(names::ANNOTATION_LOCAL_ENDPOINT))
                 .cloned()
-                .ok_or_else(|| {
-                    format!(
-                        "pod {} has no {} annotation yet",
-                        names::control_plane_pod(tenant),
-                        names::ANNOTATION_LOCAL_ENDPOINT
-                    )
+                .ok_or_else(|| ConnectError::NoAddress {
+                    pod: names::control_plane_pod(tenant),
+                    what: format!("{} annotation", names::ANNOTATION_LOCAL_ENDPOINT),
                 }),
         }
     }
 
     /// Where the control-plane pod's snapshot agent listens (`host:port`), or why there is no
     /// address yet: its pod address, or the local runtime's announcement.
-    pub fn agent_address(&self, tenant: &str, pod: &Pod) -> Result<String, String> {
+    pub fn agent_address(&self, tenant: &str, pod: &Pod) -> Result<String, ConnectError> {
         if self.is_local() && stood_in_for(pod) {
             return pod
                 .metadata
@@ -82,12 +124,9 @@ impl Connector {
                 .as_ref()
                 .and_then(|a| a.get(names::ANNOTATION_LOCAL_AGENT))
                 .cloned()
-                .ok_or_else(|| {
-                    format!(
-                        "pod {} has no {} annotation: the local runtime runs no snapshot agent for it",
-                        names::control_plane_pod(tenant),
-                        names::ANNOTATION_LOCAL_AGENT
-                    )
+                .ok_or_else(|| ConnectError::NoAgent {
+                    pod: names::control_plane_pod(tenant),
+                    annotation: names::ANNOTATION_LOCAL_AGENT,
                 });
         }
         let server = pod_address(tenant, pod)?;
@@ -107,7 +146,7 @@ impl Connector {
         tenant: &str,
         namespace: &str,
         server: &str,
-    ) -> Result<kube::Client, String> {
+    ) -> Result<kube::Client, ConnectError> {
         self.client_with(
             kubeconfig,
             tenant,
@@ -126,7 +165,7 @@ impl Connector {
         tenant: &str,
         namespace: &str,
         server: &str,
-    ) -> Result<kube::Client, String> {
+    ) -> Result<kube::Client, ConnectError> {
         self.client_with(
             kubeconfig,
             tenant,
@@ -144,18 +183,18 @@ impl Connector {
         namespace: &str,
         server: &str,
         read_timeout: Option<Duration>,
-    ) -> Result<kube::Client, String> {
-        let kc = Kubeconfig::from_yaml(kubeconfig)
-            .map_err(|e| format!("the kubeconfig does not parse: {e}"))?;
+    ) -> Result<kube::Client, ConnectError> {
+        let kc = Kubeconfig::from_yaml(kubeconfig).map_err(ConnectError::KubeconfigText)?;
         let mut config = kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
             .await
-            .map_err(|e| format!("the kubeconfig is not usable: {e}"))?;
-        config.cluster_url = server
-            .parse()
-            .map_err(|e| format!("{server} is not a URL: {e}"))?;
+            .map_err(ConnectError::KubeconfigUnusable)?;
+        config.cluster_url = server.parse().map_err(|source| ConnectError::NotUrl {
+            server: server.to_string(),
+            source,
+        })?;
         config.tls_server_name = Some(format!("{}.{namespace}.svc", names::service(tenant)));
         config.connect_timeout = Some(Duration::from_secs(5));
         config.read_timeout = read_timeout;
-        kube::Client::try_from(config).map_err(|e| format!("cannot build a client: {e}"))
+        kube::Client::try_from(config).map_err(ConnectError::Client)
     }
 }

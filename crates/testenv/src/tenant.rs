@@ -95,8 +95,11 @@ pub async fn tenant_client(host: &Client, ns: &str, name: &str) -> Result<Client
         .get(&pod_name)
         .await
         .map_err(|e| format!("reading pod {ns}/{pod_name}: {}", api_message(&e)))?;
-    let server = Connector::Local.server(name, ns, &pod)?;
+    let server = Connector::Local
+        .server(name, ns, &pod)
+        .map_err(|e| e.to_string())?;
     Connector::Local
         .client(&kubeconfig, name, ns, &server)
         .await
+        .map_err(|e| e.to_string())
 }

@@ -38,11 +38,11 @@ pub(crate) async fn tenant(
     let kubeconfig = &kubeconfig.text;
     let server = match connector.server(&tenant, &ns, &pod) {
         Ok(s) => s,
-        Err(detail) => return stop(unreachable(replacing, detail)),
+        Err(e) => return stop(unreachable(replacing, e.to_string())),
     };
     let tenant_client = match connector.client(kubeconfig, &tenant, &ns, &server).await {
         Ok(c) => c,
-        Err(detail) => return stop(unreachable(replacing, detail)),
+        Err(e) => return stop(unreachable(replacing, e.to_string())),
     };
     tracing::debug!(%server, "asking the tenant for its version");
     // Bounded as a whole: a wedged server can take the connection and never finish TLS, which
@@ -72,7 +72,7 @@ pub(crate) async fn tenant(
         .await
     {
         Ok(c) => c,
-        Err(detail) => return stop(unreachable(replacing, detail)),
+        Err(e) => return stop(unreachable(replacing, e.to_string())),
     };
     let spec = SyncerSpec {
         tenant: tenant.clone(),

@@ -7,6 +7,7 @@ use super::agent_client::AgentError;
 use super::copy::DatabaseError;
 use super::crypt::CryptError;
 use super::store::BucketError;
+use crate::connector::ConnectError;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -18,6 +19,9 @@ pub enum Error {
     Database(#[from] DatabaseError),
     #[error(transparent)]
     Agent(#[from] AgentError),
+    /// The tenant's control plane cannot be reached: no address yet, or no client.
+    #[error(transparent)]
+    Connect(#[from] ConnectError),
     /// A store's spec or credentials do not make a client.
     #[error("SnapshotStore {store}: {source}")]
     InStore {
@@ -70,6 +74,7 @@ impl Error {
             Error::Crypt(e) => e.label(),
             Error::Database(e) => e.label(),
             Error::Agent(e) => e.label(),
+            Error::Connect(e) => e.label(),
             Error::InStore { source, .. } => source.label(),
             Error::Key { source, .. } => source.label(),
             Error::SecretMissing { .. } => "SecretMissing",

@@ -330,7 +330,11 @@ async fn take(
 }
 
 /// The version the tenant's API server reports.
-async fn tenant_version(ctx: &Ctx, tenant: &TenantCluster, pod: &Pod) -> Result<String, String> {
+async fn tenant_version(
+    ctx: &Ctx,
+    tenant: &TenantCluster,
+    pod: &Pod,
+) -> Result<String, super::Error> {
     let ns = tenant.namespace().unwrap_or_default();
     let name = tenant.name_any();
     let secret = Api::<Secret>::namespaced(ctx.client.clone(), &ns)
@@ -348,10 +352,10 @@ async fn tenant_version(ctx: &Ctx, tenant: &TenantCluster, pod: &Pod) -> Result<
         .await
         .map(|v| v.git_version)
         .map_err(|e| {
-            format!(
+            super::Error::Step(format!(
                 "asking the tenant's API server for its version: {}",
                 api_message(&e)
-            )
+            ))
         })
 }
 

@@ -361,8 +361,13 @@ async fn tenant_client(tc: &TenantCluster, ctx: &Context) -> Result<Client, Stri
     .ok_or_else(|| "its kubeconfig Secret is not there yet".to_string())?;
     let kubeconfig = crate::build::kubeconfig::require_operator_text(&secret)?;
     let connector = &ctx.options.connector;
-    let server = connector.server(&tenant, &ns, &pod)?;
-    connector.client(&kubeconfig, &tenant, &ns, &server).await
+    let server = connector
+        .server(&tenant, &ns, &pod)
+        .map_err(|e| e.to_string())?;
+    connector
+        .client(&kubeconfig, &tenant, &ns, &server)
+        .await
+        .map_err(|e| e.to_string())
 }
 
 #[cfg(test)]
