@@ -8,6 +8,7 @@ use super::copy::DatabaseError;
 use super::crypt::CryptError;
 use super::store::BucketError;
 use crate::connector::ConnectError;
+use crate::error_text::api_message;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -46,9 +47,24 @@ pub enum Error {
         SECRET_ACCESS_KEY = super::store::SECRET_ACCESS_KEY
     )]
     Credentials(Box<Error>),
+    /// A call to the host's API server failed: what it was for, and what the server said.
+    #[error("{action}: {}", api_message(.source))]
+    Api {
+        action: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error(transparent)]
+    Schedule(#[from] super::schedule::ScheduleError),
     /// A step of the controllers that is not one of the above: what it was and what it met.
     #[error("{0}")]
     Step(String),
+}
+
+/// The error of an API call made `action`-ing (for `map_err`).
+pub(crate) fn api(action: impl Into<String>) -> impl FnOnce(kube::Error) -> Error {
+    let action = action.into();
+    move |source| Error::Api { action, source }
 }
 
 impl From<String> for Error {
@@ -79,6 +95,8 @@ impl Error {
             Error::Key { source, .. } => source.label(),
             Error::SecretMissing { .. } => "SecretMissing",
             Error::Credentials(inner) => inner.label(),
+            Error::Api { .. } => "KubernetesApiError",
+            Error::Schedule(_) => "ScheduleInvalid",
             Error::Step(_) => "SnapshotStepFailed",
         }
     }

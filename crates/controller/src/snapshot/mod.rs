@@ -22,9 +22,8 @@ use kube::api::Api;
 use kube::{Client, ResourceExt};
 use tenantplane_api::SnapshotStore;
 
-use crate::error_text::api_message;
-
 pub use error::Error;
+pub(crate) use error::api;
 
 /// The finalizer that deletes a TenantSnapshot's stored objects before the object goes.
 pub const FINALIZER: &str = "tenantplane.io/snapshot";
@@ -43,7 +42,7 @@ pub(crate) async fn apply_status<K>(
     api: &Api<K>,
     name: &str,
     status: &impl serde::Serialize,
-) -> Result<(), String>
+) -> Result<(), Error>
 where
     K: kube::Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
 {
@@ -59,7 +58,7 @@ where
     )
     .await
     .map(|_| ())
-    .map_err(|e| format!("writing {kind} {name}'s status: {}", api_message(&e)))
+    .map_err(error::api(format!("writing {kind} {name}'s status")))
 }
 
 /// A store, resolved by name (or the default one) and connected with its Secret; or why not.
@@ -73,13 +72,13 @@ pub async fn open_store(
         Some(name) => stores
             .get_opt(name)
             .await
-            .map_err(|e| format!("reading SnapshotStore {name}: {}", api_message(&e)))?
+            .map_err(error::api(format!("reading SnapshotStore {name}")))?
             .ok_or_else(|| format!("SnapshotStore {name} does not exist"))?,
         None => {
             let all = stores
                 .list(&Default::default())
                 .await
-                .map_err(|e| format!("listing SnapshotStores: {}", api_message(&e)))?;
+                .map_err(error::api("listing SnapshotStores"))?;
             let mut defaults: Vec<SnapshotStore> =
                 all.items.into_iter().filter(|s| s.spec.default).collect();
             match defaults.len() {
@@ -151,7 +150,7 @@ async fn read_secret(
     Api::<Secret>::namespaced(client.clone(), ns)
         .get_opt(name)
         .await
-        .map_err(|e| format!("reading Secret {ns}/{name}: {}", api_message(&e)))?
+        .map_err(error::api(format!("reading Secret {ns}/{name}")))?
         .ok_or_else(|| Error::SecretMissing {
             namespace: ns.to_string(),
             name: name.to_string(),

@@ -175,8 +175,8 @@ pub(crate) async fn step(tc: &mut TenantCluster, ctx: &Context) -> Step {
     let outcome = match done {
         Some(result) => result,
         None => match where_is(tc, ctx, &id).await {
-            Err(detail) => return under_way(tc, detail),
-            Ok(Where::Waiting { address, pki }) => {
+            Where::NotYet(detail) => return under_way(tc, detail),
+            Where::Waiting { address, pki } => {
                 start_transfer(tc, ctx, &current, address, pki);
                 let detail = format!(
                     "sending snapshot {} to the control-plane pod",
@@ -184,7 +184,7 @@ pub(crate) async fn step(tc: &mut TenantCluster, ctx: &Context) -> Step {
                 );
                 return under_way(tc, detail);
             }
-            Ok(Where::Finished(result)) => result,
+            Where::Finished(result) => result,
         },
     };
     let finished = match outcome {

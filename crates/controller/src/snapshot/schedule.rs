@@ -23,8 +23,6 @@ use tenantplane_api::{
 };
 use tracing::{info, warn};
 
-use crate::error_text::api_message;
-
 /// The label on a scheduled snapshot: the tenant whose schedule made it.
 pub const SCHEDULED_FOR: &str = "tenantplane.io/scheduled-for";
 
@@ -32,16 +30,26 @@ pub const SCHEDULED_FOR: &str = "tenantplane.io/scheduled-for";
 const TICK: Duration = Duration::from_secs(5);
 
 /// A schedule, parsed: five fields (or six, with seconds first), or an `@` name.
-pub fn parse(schedule: &str) -> Result<Cron, String> {
+pub fn parse(schedule: &str) -> Result<Cron, ScheduleError> {
     CronParser::builder()
         .seconds(Seconds::Optional)
         .build()
         .parse(schedule)
-        .map_err(|e| {
-            format!(
-                "spec.snapshots.schedule {schedule:?} is not a cron schedule ({e}); write five fields, minute hour day-of-month month day-of-week, such as 0 3 * * *"
-            )
+        .map_err(|source| ScheduleError {
+            schedule: schedule.to_string(),
+            source,
         })
+}
+
+/// A schedule that is not one, and what to write instead.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "spec.snapshots.schedule {schedule:?} is not a cron schedule ({source}); write five fields, minute hour day-of-month month day-of-week, such as 0 3 * * *"
+)]
+pub struct ScheduleError {
+    schedule: String,
+    #[source]
+    source: croner::errors::CronError,
 }
 
 /// The time `cron` next comes due after `after`, in UTC.
@@ -84,13 +92,16 @@ pub async fn run(
 }
 
 /// The tenant's scheduled snapshots, newest first.
-async fn scheduled(client: &Client, tc: &TenantCluster) -> Result<Vec<TenantSnapshot>, String> {
+async fn scheduled(
+    client: &Client,
+    tc: &TenantCluster,
+) -> Result<Vec<TenantSnapshot>, super::Error> {
     let ns = tc.namespace().unwrap_or_default();
     let api: Api<TenantSnapshot> = Api::namespaced(client.clone(), &ns);
     let mut list = api
         .list(&ListParams::default().labels(&format!("{SCHEDULED_FOR}={}", tc.name_any())))
         .await
-        .map_err(|e| format!("listing TenantSnapshots in {ns}: {}", api_message(&e)))?
+        .map_err(super::api(format!("listing TenantSnapshots in {ns}")))?
         .items;
     list.sort_by_key(|s| std::cmp::Reverse(s.creation_timestamp().map(|t| t.0)));
     Ok(list)
@@ -101,7 +112,7 @@ async fn tick(
     client: &Client,
     tc: &TenantCluster,
     schedule: &SnapshotSchedule,
-) -> Result<(), String> {
+) -> Result<(), super::Error> {
     let cron = parse(&schedule.schedule)?;
     let ns = tc.namespace().unwrap_or_default();
     let tenant = tc.name_any();
@@ -132,7 +143,7 @@ async fn tick(
                 "storeRef": schedule.store_ref,
             }
         }))
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| super::Error::Step(format!("making TenantSnapshot {name}: {e}")))?;
         match Api::<TenantSnapshot>::namespaced(client.clone(), &ns)
             .create(&PostParams::default(), &snapshot)
             .await
@@ -141,12 +152,7 @@ async fn tick(
                 info!(%tenant, namespace = %ns, snapshot = %name, "scheduled snapshot created")
             }
             Err(kube::Error::Api(e)) if e.code == 409 => {}
-            Err(e) => {
-                return Err(format!(
-                    "creating TenantSnapshot {name}: {}",
-                    api_message(&e)
-                ));
-            }
+            Err(e) => return Err(super::api(format!("creating TenantSnapshot {name}"))(e)),
         }
     }
     retain(client, &ns, &snapshots, schedule.keep.max(1) as usize).await
@@ -159,7 +165,7 @@ async fn retain(
     ns: &str,
     newest_first: &[TenantSnapshot],
     keep: usize,
-) -> Result<(), String> {
+) -> Result<(), super::Error> {
     let api: Api<TenantSnapshot> = Api::namespaced(client.clone(), ns);
     let doomed = newest_first
         .iter()
@@ -179,12 +185,7 @@ async fn retain(
                 info!(namespace = %ns, snapshot = %name, "retention: deleted a scheduled snapshot")
             }
             Err(kube::Error::Api(e)) if e.code == 404 => {}
-            Err(e) => {
-                return Err(format!(
-                    "deleting TenantSnapshot {name}: {}",
-                    api_message(&e)
-                ));
-            }
+            Err(e) => return Err(super::api(format!("deleting TenantSnapshot {name}"))(e)),
         }
     }
     Ok(())
@@ -196,18 +197,18 @@ pub async fn status(client: &Client, tc: &TenantCluster) -> Option<ScheduleStatu
     let schedule = tc.spec.snapshots.as_ref()?;
     let cron = match parse(&schedule.schedule) {
         Ok(c) => c,
-        Err(message) => {
+        Err(e) => {
             return Some(ScheduleStatus {
-                message: Some(message),
+                message: Some(e.to_string()),
                 ..Default::default()
             });
         }
     };
     let snapshots = match scheduled(client, tc).await {
         Ok(s) => s,
-        Err(message) => {
+        Err(e) => {
             return Some(ScheduleStatus {
-                message: Some(message),
+                message: Some(e.to_string()),
                 ..tc.status.as_ref()?.snapshots.clone().unwrap_or_default()
             });
         }
@@ -278,7 +279,9 @@ mod tests {
 
     #[test]
     fn a_bad_schedule_says_what_to_write() {
-        let e = parse("every day").unwrap_err();
+        let e = super::super::Error::from(parse("every day").unwrap_err());
+        assert_eq!(e.label(), "ScheduleInvalid");
+        let e = e.to_string();
         assert!(e.contains("is not a cron schedule"), "{e}");
         assert!(e.contains("0 3 * * *"), "{e}");
         assert!(parse("61 * * * *").is_err());

@@ -272,7 +272,7 @@ async fn take(
     let pod = Api::<Pod>::namespaced(ctx.client.clone(), &ns)
         .get(&names::control_plane_pod(&name))
         .await
-        .map_err(|e| format!("reading the control-plane pod: {}", api_message(&e)))?;
+        .map_err(super::api("reading the control-plane pod"))?;
     if !crate::build::agent::runs_in(&pod) {
         return Err(format!(
             "the control-plane pod {} runs no snapshot agent: the operator made it without one (no --agent-image)",
@@ -284,7 +284,7 @@ async fn take(
     let pki_secret = secrets
         .get(&names::pki_secret(&name))
         .await
-        .map_err(|e| format!("reading the tenant's PKI Secret: {}", api_message(&e)))?;
+        .map_err(super::api("reading the tenant's PKI Secret"))?;
     let pki = TenantPki::from_secret_data(&pki_secret.data.clone().unwrap_or_default())
         .map_err(|e| format!("the tenant's PKI Secret: {e}"))?;
     // The version that wrote the data: the running pod's (the spec may already name the next
@@ -340,7 +340,7 @@ async fn tenant_version(
     let secret = Api::<Secret>::namespaced(ctx.client.clone(), &ns)
         .get(&names::kubeconfig_secret(&name))
         .await
-        .map_err(|e| format!("reading the kubeconfig Secret: {}", api_message(&e)))?;
+        .map_err(super::api("reading the kubeconfig Secret"))?;
     let kubeconfig = crate::build::kubeconfig::require_operator_text(&secret)?;
     let server = ctx.connector.server(&name, &ns, pod)?;
     let client = ctx
@@ -428,7 +428,7 @@ async fn set_finalizers(
     )
     .await
     .map(|_| ())
-    .map_err(|e| super::Error::Step(format!("updating the finalizers: {}", api_message(&e))))
+    .map_err(super::api("updating the finalizers"))
 }
 
 async fn fail(
@@ -468,7 +468,5 @@ async fn write_status(
 ) -> Result<(), super::Error> {
     let api: Api<TenantSnapshot> =
         Api::namespaced(client.clone(), &snap.namespace().unwrap_or_default());
-    super::apply_status(&api, &snap.name_any(), status)
-        .await
-        .map_err(super::Error::Step)
+    super::apply_status(&api, &snap.name_any(), status).await
 }

@@ -122,7 +122,5 @@ async fn write_status(
     status: &SnapshotStoreStatus,
 ) -> Result<(), super::Error> {
     let api: Api<SnapshotStore> = Api::all(client.clone());
-    super::apply_status(&api, name, status)
-        .await
-        .map_err(super::Error::Step)
+    super::apply_status(&api, name, status).await
 }

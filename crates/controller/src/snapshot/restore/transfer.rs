@@ -15,7 +15,6 @@ use tenantplane_api::{RestoreStatus, TenantCluster, TenantSnapshot};
 use super::super::{SnapshotOptions, agent_client, copy};
 use super::readable_with;
 use crate::context::{Context, TenantKey, tenant_key};
-use crate::error_text::api_message;
 use crate::names;
 use crate::snapshot::agent::RestoreState;
 use crate::tenant_pki::TenantPki;
@@ -39,6 +38,8 @@ impl Transfers {
 }
 
 pub(super) enum Where {
+    /// Not there yet: what the restore waits for.
+    NotYet(String),
     /// The pod's init container waits for the snapshot at `address`.
     Waiting {
         address: String,
@@ -48,55 +49,61 @@ pub(super) enum Where {
     Finished(Result<String, String>),
 }
 
-/// Where restore `id` stands in the control-plane pod; an error says what it waits for.
-pub(super) async fn where_is(tc: &TenantCluster, ctx: &Context, id: &str) -> Result<Where, String> {
+/// Where restore `id` stands in the control-plane pod.
+pub(super) async fn where_is(tc: &TenantCluster, ctx: &Context, id: &str) -> Where {
     let ns = tc.namespace().unwrap_or_default();
     let tenant = tc.name_any();
     let pod_name = names::control_plane_pod(&tenant);
-    let pod = Api::<Pod>::namespaced(ctx.client.clone(), &ns)
+    let waiting = |what: String| Where::NotYet(format!("waiting for {what}"));
+    let pod = match Api::<Pod>::namespaced(ctx.client.clone(), &ns)
         .get_opt(&pod_name)
         .await
-        .map_err(|e| format!("reading pod {pod_name}: {}", api_message(&e)))?;
+    {
+        Ok(pod) => pod,
+        Err(e) => {
+            return Where::NotYet(
+                super::super::api(format!("reading pod {pod_name}"))(e).to_string(),
+            );
+        }
+    };
     let Some(pod) = pod.filter(|p| p.metadata.deletion_timestamp.is_none()) else {
-        return Err(format!(
-            "waiting for pod {pod_name} to start with the restore"
-        ));
+        return waiting(format!("pod {pod_name} to start with the restore"));
     };
     if crate::build::agent::pending_restore(&pod).as_deref() != Some(id) {
-        return Err(format!(
-            "waiting for pod {pod_name} to be replaced by one that carries the restore"
+        return waiting(format!(
+            "pod {pod_name} to be replaced by one that carries the restore"
         ));
     }
-    let address = ctx
-        .options
-        .connector
-        .agent_address(&tenant, &pod)
-        .map_err(|e| format!("waiting for the pod's restore step: {e}"))?;
-    let pki = pki(&ctx.client, &ns, &tenant).await?;
+    let address = match ctx.options.connector.agent_address(&tenant, &pod) {
+        Ok(address) => address,
+        Err(e) => return waiting(format!("the pod's restore step: {e}")),
+    };
+    let pki = match pki(&ctx.client, &ns, &tenant).await {
+        Ok(pki) => pki,
+        Err(e) => return Where::NotYet(e.to_string()),
+    };
     match agent_client::restore_state(&address, &pki, id).await {
-        Err(e) => Err(format!("waiting for the pod's restore step: {e}")),
-        Ok(RestoreState::Waiting) => Ok(Where::Waiting {
+        Err(e) => waiting(format!("the pod's restore step: {e}")),
+        Ok(RestoreState::Waiting) => Where::Waiting {
             address,
             pki: Box::new(pki),
-        }),
-        Ok(RestoreState::Restored(sha)) => Ok(Where::Finished(Ok(format!(
+        },
+        Ok(RestoreState::Restored(sha)) => Where::Finished(Ok(format!(
             "the pod put it in place ({})",
             copy::checksum_text(&sha)
-        )))),
-        Ok(RestoreState::Abandoned(why)) => Ok(Where::Finished(Err(why))),
-        Ok(RestoreState::Unknown) => Err(format!(
-            "waiting for pod {pod_name}'s restore step to start"
-        )),
+        ))),
+        Ok(RestoreState::Abandoned(why)) => Where::Finished(Err(why)),
+        Ok(RestoreState::Unknown) => waiting(format!("pod {pod_name}'s restore step to start")),
     }
 }
 
-async fn pki(client: &Client, ns: &str, tenant: &str) -> Result<TenantPki, String> {
+async fn pki(client: &Client, ns: &str, tenant: &str) -> Result<TenantPki, super::super::Error> {
     let secret = Api::<Secret>::namespaced(client.clone(), ns)
         .get(&names::pki_secret(tenant))
         .await
-        .map_err(|e| format!("reading the tenant's PKI Secret: {}", api_message(&e)))?;
+        .map_err(super::super::api("reading the tenant's PKI Secret"))?;
     TenantPki::from_secret_data(&secret.data.unwrap_or_default())
-        .map_err(|e| format!("the tenant's PKI Secret: {e}"))
+        .map_err(|e| super::super::Error::Step(format!("the tenant's PKI Secret: {e}")))
 }
 
 /// Send the snapshot to the waiting pod in a task; its result waits in the context's [`Transfers`] for the
@@ -179,7 +186,9 @@ async fn transfer(
     let snap = Api::<TenantSnapshot>::namespaced(client.clone(), snapshot_ns)
         .get(name)
         .await
-        .map_err(|e| format!("reading TenantSnapshot {snapshot}: {}", api_message(&e)))?;
+        .map_err(super::super::api(format!(
+            "reading TenantSnapshot {snapshot}"
+        )))?;
     let status = snap.status.clone().unwrap_or_default();
     let (_, store) = super::super::open_store(client, options, status.store.as_deref()).await?;
     let objects = store.objects_of(&snap);
