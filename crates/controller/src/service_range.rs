@@ -13,7 +13,6 @@ use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::networking::v1::ServiceCIDR;
 use kube::api::{Api, ListParams, PostParams};
 use kube::{Client, ResourceExt};
-use serde_json::json;
 use tenantplane_api::cidr::Cidr;
 
 /// How long a discovered range is trusted before it is asked for again.
@@ -28,6 +27,53 @@ pub struct HostRange {
     pub cidrs: Vec<String>,
     /// For messages: `ServiceCIDR kubernetes` or `the API server's answer to a Service at …`.
     pub source: String,
+}
+
+/// Why the host's Service range is not known, or disagrees with the API Service or the flag.
+/// [`label`](Self::label) is the reason the tenant's `Ready` condition shows.
+#[derive(Debug, thiserror::Error)]
+pub enum RangeError {
+    #[error("listing the host's ServiceCIDRs: {0}")]
+    List(#[source] kube::Error),
+    #[error(
+        "the host accepts a Service at {PROBE_ADDRESS}, so its Service range cannot be told apart; start the operator with --service-cidr"
+    )]
+    Accepted,
+    #[error(
+        "the host refused a Service at {PROBE_ADDRESS} without naming its range ({0}); start the operator with --service-cidr"
+    )]
+    Unnamed(String),
+    #[error("asking the host for its Service range: {0}")]
+    Ask(#[source] kube::Error),
+    #[error(
+        "the API Service's address {api_ip} is outside the host's Service range {} ({}); the host's Service allocation is inconsistent",
+        range.cidrs.join(", "),
+        range.source
+    )]
+    Outside { api_ip: String, range: HostRange },
+    #[error(
+        "--service-cidr is {flag} but the host allocates Services from {found} ({}), where the API Service got {api_ip}; drop the flag or set it to {found}",
+        range.source
+    )]
+    FlagDisagrees {
+        flag: String,
+        found: String,
+        api_ip: String,
+        range: HostRange,
+    },
+}
+
+impl RangeError {
+    /// A stable name: the `Ready` condition's reason.
+    pub fn label(&self) -> &'static str {
+        match self {
+            RangeError::List(_)
+            | RangeError::Accepted
+            | RangeError::Unnamed(_)
+            | RangeError::Ask(_) => "ServiceCIDRUnknown",
+            RangeError::Outside { .. } | RangeError::FlagDisagrees { .. } => "ServiceCIDRMismatch",
+        }
+    }
 }
 
 /// Remembers the last discovery for [`REDISCOVER_AFTER`].
@@ -45,7 +91,11 @@ impl Discovery {
     }
 
     /// The host's ranges: remembered, or asked for now. An error says what the host answered.
-    pub async fn host_range(&self, client: &Client, namespace: &str) -> Result<HostRange, String> {
+    pub async fn host_range(
+        &self,
+        client: &Client,
+        namespace: &str,
+    ) -> Result<HostRange, RangeError> {
         if let Ok(last) = self.last.lock()
             && let Some((at, range)) = last.as_ref()
             && at.elapsed() < REDISCOVER_AFTER
@@ -61,7 +111,7 @@ impl Discovery {
 }
 
 /// Ask the host: its ServiceCIDR objects, else a dry-run Service at an address outside any range.
-pub async fn discover(client: &Client, namespace: &str) -> Result<HostRange, String> {
+pub async fn discover(client: &Client, namespace: &str) -> Result<HostRange, RangeError> {
     let api: Api<ServiceCIDR> = Api::all(client.clone());
     match api.list(&ListParams::default()).await {
         Ok(list) => {
@@ -86,38 +136,41 @@ pub async fn discover(client: &Client, namespace: &str) -> Result<HostRange, Str
         }
         // An API server without the ServiceCIDR API (before Kubernetes 1.33, or with it off).
         Err(kube::Error::Api(e)) if e.code == 404 => {}
-        Err(e) => return Err(format!("listing the host's ServiceCIDRs: {e}")),
+        Err(e) => return Err(RangeError::List(e)),
     }
     from_refusal(client, namespace).await
 }
 
 /// A dry-run Service at [`PROBE_ADDRESS`]: the refusal names the valid range.
-pub async fn from_refusal(client: &Client, namespace: &str) -> Result<HostRange, String> {
+pub async fn from_refusal(client: &Client, namespace: &str) -> Result<HostRange, RangeError> {
     let api: Api<Service> = Api::namespaced(client.clone(), namespace);
-    let probe: Service = serde_json::from_value(json!({
-        "apiVersion": "v1",
-        "kind": "Service",
-        "metadata": {"generateName": "tenantplane-service-range-"},
-        "spec": {"clusterIP": PROBE_ADDRESS, "ports": [{"port": 443}]},
-    }))
-    .map_err(|e| format!("building the probe Service: {e}"))?;
+    let probe = Service {
+        metadata: kube::api::ObjectMeta {
+            generate_name: Some("tenantplane-service-range-".into()),
+            ..Default::default()
+        },
+        spec: Some(k8s_openapi::api::core::v1::ServiceSpec {
+            cluster_ip: Some(PROBE_ADDRESS.into()),
+            ports: Some(vec![k8s_openapi::api::core::v1::ServicePort {
+                port: 443,
+                ..Default::default()
+            }]),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
     let params = PostParams {
         dry_run: true,
         ..Default::default()
     };
     let source = format!("the host API server's answer to a Service at {PROBE_ADDRESS}");
     match api.create(&params, &probe).await {
-        Ok(_) => Err(format!(
-            "the host accepts a Service at {PROBE_ADDRESS}, so its Service range cannot be told apart; start the operator with --service-cidr"
-        )),
+        Ok(_) => Err(RangeError::Accepted),
         Err(kube::Error::Api(e)) => match range_in_refusal(&e.message) {
             Some(cidrs) => Ok(HostRange { cidrs, source }),
-            None => Err(format!(
-                "the host refused a Service at {PROBE_ADDRESS} without naming its range ({}); start the operator with --service-cidr",
-                e.message
-            )),
+            None => Err(RangeError::Unnamed(e.message.clone())),
         },
-        Err(e) => Err(format!("asking the host for its Service range: {e}")),
+        Err(e) => Err(RangeError::Ask(e)),
     }
 }
 
@@ -160,19 +213,22 @@ pub fn contains(cidr: &str, ip: &str) -> bool {
 /// operator's `--service-cidr`, one CIDR or a dual-stack pair, comma-separated) is a check: one
 /// of its ranges must hold the address too (a wider one, as an older default, is fine). Otherwise
 /// the sentence says what disagrees and what to fix.
-pub fn choose(host: &HostRange, api_ip: &str, flag: Option<&str>) -> Result<String, String> {
+pub fn choose(host: &HostRange, api_ip: &str, flag: Option<&str>) -> Result<String, RangeError> {
     let Some(found) = host.cidrs.iter().find(|c| contains(c, api_ip)) else {
-        return Err(format!(
-            "the API Service's address {api_ip} is outside the host's Service range {} ({}); the host's Service allocation is inconsistent",
-            host.cidrs.join(", "),
-            host.source
-        ));
+        return Err(RangeError::Outside {
+            api_ip: api_ip.to_string(),
+            range: host.clone(),
+        });
     };
     match flag {
-        Some(flag) if !flag.split(',').map(str::trim).any(|c| contains(c, api_ip)) => Err(format!(
-            "--service-cidr is {flag} but the host allocates Services from {found} ({}), where the API Service got {api_ip}; drop the flag or set it to {found}",
-            host.source
-        )),
+        Some(flag) if !flag.split(',').map(str::trim).any(|c| contains(c, api_ip)) => {
+            Err(RangeError::FlagDisagrees {
+                flag: flag.to_string(),
+                found: found.clone(),
+                api_ip: api_ip.to_string(),
+                range: host.clone(),
+            })
+        }
         _ => Ok(found.clone()),
     }
 }
@@ -237,10 +293,13 @@ mod tests {
             "10.96.0.0/12"
         );
         let wrong = choose(&h, "10.96.0.20", Some("10.200.0.0/16")).unwrap_err();
+        assert_eq!(wrong.label(), "ServiceCIDRMismatch");
+        let wrong = wrong.to_string();
         assert!(wrong.contains("--service-cidr is 10.200.0.0/16"), "{wrong}");
         assert!(wrong.contains("set it to 10.96.0.0/12"), "{wrong}");
         let outside = choose(&h, "172.16.0.1", None).unwrap_err();
-        assert!(outside.contains("outside"), "{outside}");
+        assert!(matches!(outside, RangeError::Outside { .. }), "{outside}");
+        assert!(outside.to_string().contains("outside"), "{outside}");
         // Extended ranges: the one holding the address.
         let two = host(&["10.96.0.0/24", "10.97.0.0/24"]);
         assert_eq!(choose(&two, "10.97.0.9", None).unwrap(), "10.97.0.0/24");

@@ -304,11 +304,11 @@ async fn service_cidr(
     api_ip: &str,
     flag: Option<&str>,
 ) -> Result<String, (&'static str, String)> {
-    match ctx.service_ranges.host_range(&ctx.client, namespace).await {
-        Ok(range) => service_range::choose(&range, api_ip, flag)
-            .map_err(|detail| ("ServiceCIDRMismatch", detail)),
-        Err(detail) => Err(("ServiceCIDRUnknown", detail)),
-    }
+    ctx.service_ranges
+        .host_range(&ctx.client, namespace)
+        .await
+        .and_then(|range| service_range::choose(&range, api_ip, flag))
+        .map_err(|e| (e.label(), e.to_string()))
 }
 
 /// When the tenant began to wake, while it does.
