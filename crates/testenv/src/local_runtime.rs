@@ -200,6 +200,9 @@ pub fn start(
     (handle, task)
 }
 
+/// How long a launch may take before the runtime says it is slow.
+const SLOW_LAUNCH: Duration = Duration::from_secs(20);
+
 /// Which pods a watch event is about.
 #[derive(Clone, Copy, Debug)]
 enum Runs {
@@ -266,7 +269,22 @@ impl LocalRuntime {
         if !scheduled || known {
             return;
         }
-        let result = self.launch(client, binaries, dir, &pod).await;
+        // A launch is a few API calls and process starts; one that takes long says so, so a test
+        // that times out waiting for the pod shows where the runtime was.
+        let result = {
+            let launch = self.launch(client, binaries, dir, &pod);
+            tokio::pin!(launch);
+            match tokio::time::timeout(SLOW_LAUNCH, &mut launch).await {
+                Ok(result) => result,
+                Err(_) => {
+                    eprintln!(
+                        "local runtime: starting {ns}/{name} has taken {}s so far",
+                        SLOW_LAUNCH.as_secs()
+                    );
+                    launch.await
+                }
+            }
+        };
         let Ok(mut pending) = self.pending.lock() else {
             return;
         };
