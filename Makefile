@@ -11,10 +11,13 @@ CARGO ?= cargo
 
 ## test: every test, unit and against the real control plane (builds the control plane if missing),
 ## built first, then run in network, mount and PID namespaces of their own (testenv/isolated.sh);
-## prints the seconds of each test binary at the end, slowest first (testenv/timed.sh)
+## every binary runs even after one fails; TEST_THREADS tests at once in each (most wait on the
+## control plane, not the CPU); prints the seconds of each test binary at the end, slowest first
+## (testenv/timed.sh)
+TEST_THREADS ?= 4
 test: testenv
 	$(CARGO) test --workspace --locked --no-run
-	bash testenv/isolated.sh bash testenv/timed.sh $(CARGO) test --workspace --locked --offline
+	bash testenv/isolated.sh bash testenv/timed.sh $(CARGO) test --workspace --locked --offline --no-fail-fast -- --test-threads=$(TEST_THREADS)
 
 ## unit: every test that needs no cluster (each crate's own tests, the admission rules run offline,
 ## the doc tests); builds no Go and starts no control plane
