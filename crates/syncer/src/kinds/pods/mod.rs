@@ -37,6 +37,7 @@ pub mod ended;
 pub mod ephemeral;
 pub mod hosts;
 pub mod meta;
+mod plan;
 pub mod references;
 pub mod review;
 pub mod runtime_classes;
@@ -44,6 +45,7 @@ pub mod status;
 pub mod tokens;
 pub mod translate;
 
+use plan::Step;
 use translate::{images, pod_meta, references};
 
 pub struct Pods;
@@ -129,103 +131,110 @@ async fn converge_pod(cx: &Tenant, ns: &str, name: &str) -> Result<()> {
     // Whatever changed of this pod (it went, is going, finished, got its address), Endpoints
     // written by hand hold only the addresses of pods that still have them.
     crate::kinds::endpoints::wake_stale(cx);
-    let t = cx.tenant_get::<Pod>(ns, name);
+    let t = cx
+        .tenant_get::<Pod>(ns, name)
+        .filter(|t| Pods::synced(cx, &t.metadata));
     // The one translation of the name in this converge: the lookup and the copy share it.
     let host_name = cx.tr.host_name(ns, name);
     let h = cx.host_copy::<Pod>(&host_name, ns, name);
+    // A copy whose uid mark was removed by hand is not taken for another pod's: its marks are
+    // put back.
+    let marked = h
+        .as_ref()
+        .and_then(|h| cx.tr.copy_of(&h.metadata))
+        .map(|v| v.uid)
+        .filter(|uid| !uid.is_empty());
+    let copy = h.as_deref().map(|pod| plan::Copy {
+        pod,
+        of_uid: marked.as_deref(),
+    });
     let host_pods = cx.host_api::<Pod>();
-    let Some(t) = t.filter(|t| Pods::synced(cx, &t.metadata)) else {
-        // Gone from the tenant (or not synced): the copy goes too.
-        if let Some(h) = h {
+    match (plan::step(t.as_deref(), copy), t, h) {
+        (Step::RemoveCopy, _, Some(h)) => {
             forget(cx, &h);
             delete_if_present(&host_pods, &h, None).await?;
+            Ok(())
         }
-        return Ok(());
-    };
+        (
+            Step::ReplaceStaleCopy {
+                already_going: false,
+            },
+            _,
+            Some(h),
+        ) => {
+            delete_if_present(&host_pods, &h, None).await?;
+            Ok(())
+        }
+        (Step::DeleteCopy { grace }, _, Some(h)) => {
+            let grace = crate::allow::bound_grace(&cx.tr.allow.durations, grace);
+            delete_if_present(&host_pods, &h, grace).await?;
+            Ok(())
+        }
+        (Step::FinishTenantPod, Some(t), _) => finish_tenant_pod(cx, &t).await,
+        (Step::LoseTenantPod, Some(t), _) => {
+            delete_if_present(&cx.tenant_api::<Pod>(ns), &*t, Some(0)).await?;
+            Ok(())
+        }
+        (Step::Create, Some(t), _) => create(cx, t, &host_name).await,
+        (Step::Keep, Some(t), Some(h)) => keep(cx, t, h, &host_name).await,
+        _ => Ok(()),
+    }
+}
+
+/// The host copy of tenant pod `t` is gone while `t` is being deleted: `t` can go, as a kubelet
+/// would confirm, in a terminal phase first (a Job's pod failure policy waits for one before its
+/// controller lets the pod go).
+async fn finish_tenant_pod(cx: &Tenant, t: &Pod) -> Result<()> {
     let t_uid = t.uid().unwrap_or_default();
-    // A copy of an earlier tenant pod of the same name (StatefulSets reuse names). A copy
-    // whose uid mark was removed by hand is not taken for one: its marks are put back.
-    if let Some(h) = &h
-        && cx
-            .tr
-            .copy_of(&h.metadata)
-            .is_some_and(|v| !v.uid.is_empty() && v.uid != t_uid)
-    {
-        if h.metadata.deletion_timestamp.is_none() {
-            delete_if_present(&host_pods, h, None).await?;
-        }
-        return Ok(());
+    let tenant_pods = cx.tenant_api::<Pod>(&t.namespace().unwrap_or_default());
+    tell::forget(cx, &t_uid);
+    if let Some(status) = status::terminal_status(t) {
+        tenant_pods
+            .patch_status(
+                &t.name_any(),
+                &PatchParams::default(),
+                &Patch::Merge(json!({"metadata": {"uid": t_uid}, "status": status})),
+            )
+            .await?;
     }
-    let tenant_pods = cx.tenant_api::<Pod>(ns);
-    // The copy ran (its status came back), so a missing copy was deleted, not yet made.
-    let ran = t
-        .status
-        .as_ref()
-        .is_some_and(|s| s.host_ip.is_some() || s.start_time.is_some());
-    if t.metadata.deletion_timestamp.is_some() {
-        match &h {
-            Some(h) if h.metadata.deletion_timestamp.is_none() => {
-                let grace = t.metadata.deletion_grace_period_seconds.map(|g| g as u32);
-                let grace = crate::allow::bound_grace(&cx.tr.allow.durations, grace);
-                delete_if_present(&host_pods, h, grace).await?;
-            }
-            Some(_) => {}
-            None => {
-                // The host copy is gone: the tenant pod can go, as a kubelet would confirm,
-                // in a terminal phase first (a Job's pod failure policy waits for one before
-                // its controller lets the pod go).
-                tell::forget(cx, &t_uid);
-                if let Some(status) = status::terminal_status(&t) {
-                    tenant_pods
-                        .patch_status(
-                            name,
-                            &PatchParams::default(),
-                            &Patch::Merge(json!({"metadata": {"uid": t_uid}, "status": status})),
-                        )
-                        .await?;
-                }
-                delete_if_present(&tenant_pods, &*t, Some(0)).await?;
-            }
-        }
-        return Ok(());
-    }
-    let t = runtime_classes::for_host(cx, t, h.as_deref()).await?;
+    delete_if_present(&tenant_pods, t, Some(0)).await?;
+    Ok(())
+}
+
+/// What the profile makes of tenant pod `t` (under the host's RuntimeClass of its handler, when
+/// it maps one): the review, with the data it uses that is too large to copy.
+async fn reviewed(cx: &Tenant, t: Arc<Pod>, h: Option<&Pod>) -> Result<(Arc<Pod>, tell::Review)> {
+    let t = runtime_classes::for_host(cx, t, h).await?;
     let mut review = review::review(&cx.tr, &t);
     // A copy could not run without the data it uses, which is not copied when too large.
     review.refused.extend(data::too_large_for(cx, &t).await);
-    let Some(h) = h else {
-        if t.spec
-            .as_ref()
-            .and_then(|s| s.scheduling_gates.as_ref())
-            .is_some_and(|g| !g.is_empty())
-        {
-            // Not to be scheduled yet: the copy is made once the tenant lifts its gates.
-            return Ok(());
-        }
-        if binding::rejected(&t) {
-            // Refused by its node (`binding::reject_unplaceable`): it ended, and stays so.
-            return Ok(());
-        }
-        if ran {
-            // The copy was deleted on the host: the pod is gone, as on a node that lost it;
-            // its controller in the tenant makes a new one.
-            delete_if_present(&tenant_pods, &*t, Some(0)).await?;
-            return Ok(());
-        }
-        if let Some(refused) = review.refusal() {
-            mark_unschedulable(cx, &t, tell::NOT_ALLOWED, &refused.to_string()).await;
-        }
-        tell::enforce(cx, &*t, None, &review).await?;
-        return create_host_pod(cx, &t, &host_name).await;
-    };
+    Ok((t, review))
+}
+
+/// Tenant pod `t` has no copy yet: make one, as the review allows, and tell the tenant what it
+/// left out or why it refused.
+async fn create(cx: &Tenant, t: Arc<Pod>, host_name: &str) -> Result<()> {
+    let (t, review) = reviewed(cx, t, None).await?;
+    if let Some(refused) = review.refusal() {
+        mark_unschedulable(cx, &t, tell::NOT_ALLOWED, &refused.to_string()).await;
+    }
+    tell::enforce(cx, &*t, None, &review).await?;
+    create_host_pod(cx, &t, host_name).await
+}
+
+/// Tenant pod `t` has its copy `h`: keep the copy in step (its marks, the tokens it mounts, its
+/// binding) and bring its status up.
+async fn keep(cx: &Tenant, t: Arc<Pod>, h: Arc<Pod>, host_name: &str) -> Result<()> {
+    let (t, review) = reviewed(cx, t, Some(&h)).await?;
     if review.refusal().is_some() {
         // Refused now (the profile changed, which restarts the syncer): no copy runs on.
         forget(cx, &h);
     }
     tell::enforce(cx, &*t, Some(&*h), &review).await?;
-    restore(cx, &t, &h, &host_name).await?;
+    restore(cx, &t, &h, host_name).await?;
     wake_references(cx, &t);
-    tokens::ensure_tokens(cx, &Key::of::<Pods>(ns, name), &t, &h).await?;
+    let (ns, name) = (t.namespace().unwrap_or_default(), t.name_any());
+    tokens::ensure_tokens(cx, &Key::of::<Pods>(&ns, &name), &t, &h).await?;
     if h.metadata.deletion_timestamp.is_some() {
         return Ok(());
     }
@@ -233,40 +242,49 @@ async fn converge_pod(cx: &Tenant, ns: &str, name: &str) -> Result<()> {
         return Ok(());
     }
     binding::bind(cx, &t, &h).await?;
-    let node = h.spec.as_ref().and_then(|s| s.node_name.clone());
-    let observed = t.status.as_ref().and_then(|s| s.observed_generation);
-    let mut wanted = status::pod_status_up(
-        &h,
-        &terms_for(cx, &t, node),
-        cx.tr.kubelet.as_ref(),
-        cx.tr.allow.node_addresses,
-        observed,
-    );
-    status::keep_tenant_conditions(&mut wanted, &t);
-    status::disk_as_asked(&mut wanted, &t);
-    if h.status.is_some() && status::pod_status_differs(t.status.as_ref(), &wanted) {
-        let t_ip = t.status.as_ref().and_then(|s| s.pod_ip.as_ref());
-        if t_ip != wanted.pod_ip.as_ref() {
-            // A new address of our own: endpoints written by hand may name it now.
-            crate::kinds::endpoints::wake_namespace(cx, ns);
-        }
-        let (params, patch) = (
-            PatchParams::default(),
-            Patch::Merge(json!({"metadata": {"uid": t_uid}, "status": wanted})),
-        );
-        let write = tenant_pods.patch_status(name, &params, &patch);
-        cx.reporter
-            .stages
-            .time(Stage::TenantWrite, Pods::NAME, write)
-            .await?;
-    }
+    status_up(cx, &t, &h).await?;
     if review.dropped.is_empty() {
-        tell::forget(cx, &t_uid);
+        tell::forget(cx, &t.uid().unwrap_or_default());
     }
     if ended::ended(&h) {
         // Its final status is the tenant pod's now: past the bound, the oldest ended copies go.
         ended::trim(cx).await?;
     }
+    Ok(())
+}
+
+/// Write copy `h`'s status, in the tenant's terms, to tenant pod `t` when it differs.
+async fn status_up(cx: &Tenant, t: &Pod, h: &Pod) -> Result<()> {
+    let node = h.spec.as_ref().and_then(|s| s.node_name.clone());
+    let observed = t.status.as_ref().and_then(|s| s.observed_generation);
+    let mut wanted = status::pod_status_up(
+        h,
+        &terms_for(cx, t, node),
+        cx.tr.kubelet.as_ref(),
+        cx.tr.allow.node_addresses,
+        observed,
+    );
+    status::keep_tenant_conditions(&mut wanted, t);
+    status::disk_as_asked(&mut wanted, t);
+    if h.status.is_none() || !status::pod_status_differs(t.status.as_ref(), &wanted) {
+        return Ok(());
+    }
+    let ns = t.namespace().unwrap_or_default();
+    let t_ip = t.status.as_ref().and_then(|s| s.pod_ip.as_ref());
+    if t_ip != wanted.pod_ip.as_ref() {
+        // A new address of our own: endpoints written by hand may name it now.
+        crate::kinds::endpoints::wake_namespace(cx, &ns);
+    }
+    let (params, patch) = (
+        PatchParams::default(),
+        Patch::Merge(json!({"metadata": {"uid": t.uid().unwrap_or_default()}, "status": wanted})),
+    );
+    let (tenant_pods, name) = (cx.tenant_api::<Pod>(&ns), t.name_any());
+    let write = tenant_pods.patch_status(&name, &params, &patch);
+    cx.reporter
+        .stages
+        .time(Stage::TenantWrite, Pods::NAME, write)
+        .await?;
     Ok(())
 }
 
