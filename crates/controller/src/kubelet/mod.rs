@@ -44,7 +44,9 @@ pub enum KubeletError {
         message: String,
     },
     #[error("the kubelet serving certificate: {0}")]
-    Certificate(String),
+    Certificate(#[from] tls::CertError),
+    #[error("the kubelet endpoint's TLS: {0}")]
+    Tls(#[from] rustls::Error),
 }
 
 /// What the tenants' control planes are given: the endpoint virtual Nodes name, and the CA
@@ -143,8 +145,7 @@ pub async fn bind(
 ) -> Result<impl std::future::Future<Output = ()> + Send, KubeletError> {
     let mut names = vec![settings.endpoint.address.clone()];
     names.extend(settings.dns_names.iter().cloned());
-    let serving =
-        Arc::new(tls::Serving::new(settings.ca, names).map_err(KubeletError::Certificate)?);
+    let serving = Arc::new(tls::Serving::new(settings.ca, names)?);
     let api: Api<Secret> = match &settings.scope {
         Some(ns) => Api::namespaced(host.clone(), ns),
         None => Api::all(host.clone()),
@@ -165,7 +166,7 @@ pub async fn bind(
     });
     let mut config = rustls::ServerConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
-        .map_err(|e| KubeletError::Certificate(e.to_string()))?
+        .map_err(KubeletError::Tls)?
         .with_client_cert_verifier(verifier)
         .with_cert_resolver(serving.clone());
     config.alpn_protocols = vec![b"http/1.1".to_vec()];

@@ -44,6 +44,35 @@ pub struct Serving {
     current: RwLock<Arc<CertifiedKey>>,
 }
 
+/// A serving certificate that could not be made: which, and what failed.
+#[derive(Debug, thiserror::Error)]
+#[error("{what} for {common_name}: {detail}")]
+pub struct CertError {
+    common_name: String,
+    what: &'static str,
+    detail: String,
+}
+
+/// Why a client's certificate is refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Refusal {
+    #[error("the client certificate is not signed by any tenant's client CA")]
+    UnknownSigner,
+    #[error("the client certificate is not the tenant client CA's: {0}")]
+    NotSignedBy(String),
+    #[error("the client certificate{} is not valid now", owner.as_deref().map(|t| format!(" of tenant {t}")).unwrap_or_default())]
+    NotValidNow { owner: Option<String> },
+    #[error(
+        "the client certificate {common_name:?} of tenant {tenant} is not its API server's (no {API_SERVER_GROUP})"
+    )]
+    NotApiServer { common_name: String, tenant: String },
+    #[error("only {user} may use the snapshot agent, not {common_name:?}")]
+    NotUser {
+        user: &'static str,
+        common_name: String,
+    },
+}
+
 impl std::fmt::Debug for Serving {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Serving")
@@ -54,7 +83,7 @@ impl std::fmt::Debug for Serving {
 
 impl Serving {
     /// A serving certificate for `names` (IP addresses and DNS names) signed by `ca`.
-    pub fn new(ca: CertificateAuthority, names: Vec<String>) -> Result<Self, String> {
+    pub fn new(ca: CertificateAuthority, names: Vec<String>) -> Result<Self, CertError> {
         Self::named("tenantplane-kubelet", ca, names)
     }
 
@@ -63,7 +92,7 @@ impl Serving {
         common_name: &str,
         ca: CertificateAuthority,
         names: Vec<String>,
-    ) -> Result<Self, String> {
+    ) -> Result<Self, CertError> {
         let provider = provider();
         let first = issue(common_name, &ca, &names, &provider)?;
         Ok(Self {
@@ -76,7 +105,7 @@ impl Serving {
     }
 
     /// Issue a fresh certificate; the old one keeps serving if that fails.
-    pub fn renew(&self) -> Result<(), String> {
+    pub fn renew(&self) -> Result<(), CertError> {
         let fresh = issue(&self.common_name, &self.ca, &self.names, &self.provider)?;
         *self.current.write().unwrap_or_else(|e| e.into_inner()) = fresh;
         Ok(())
@@ -92,25 +121,32 @@ fn issue(
     ca: &CertificateAuthority,
     names: &[String],
     provider: &CryptoProvider,
-) -> Result<Arc<CertifiedKey>, String> {
+) -> Result<Arc<CertifiedKey>, CertError> {
+    let failed = |what: &'static str| {
+        move |e: &dyn std::fmt::Display| CertError {
+            common_name: common_name.to_string(),
+            what,
+            detail: e.to_string(),
+        }
+    };
     let refs: Vec<&str> = names.iter().map(String::as_str).collect();
     let pair = ca
         .issue(&Leaf::server(common_name, &refs).valid_for(SERVING_VALIDITY))
-        .map_err(|e| format!("issuing the {common_name} serving certificate: {e}"))?;
+        .map_err(|e| failed("issuing the serving certificate")(&e))?;
     let chain = [pair.cert_pem.as_str(), ca.cert_pem()]
         .into_iter()
         .map(|pem| {
             tenantplane_pki::cert_der(pem)
                 .map(CertificateDer::from)
-                .map_err(|e| e.to_string())
+                .map_err(|e| failed("reading the certificate chain")(&e))
         })
         .collect::<Result<Vec<_>, _>>()?;
     let key = PrivateKeyDer::from_pem_slice(pair.key_pem.as_bytes())
-        .map_err(|e| format!("the {common_name} serving key: {e}"))?;
+        .map_err(|e| failed("reading the serving key")(&e))?;
     let signing = provider
         .key_provider
         .load_private_key(key)
-        .map_err(|e| format!("the {common_name} serving key: {e}"))?;
+        .map_err(|e| failed("loading the serving key")(&e))?;
     Ok(Arc::new(CertifiedKey::new(chain, signing)))
 }
 
@@ -156,7 +192,7 @@ impl Tenants {
     }
 
     /// The tenant whose client CA signed `cert` for its API server, valid at `now` (seconds).
-    pub fn identify(&self, cert: &[u8], now: i64) -> Result<Identity, String> {
+    pub fn identify(&self, cert: &[u8], now: i64) -> Result<Identity, Refusal> {
         for secret in self.secrets.state() {
             let Some(owner) = secret
                 .owner_references()
@@ -177,22 +213,22 @@ impl Tenants {
             let namespace = secret.namespace().unwrap_or_default();
             let tenant = format!("{namespace}/{}", owner.name);
             if now < info.not_before || now > info.not_after {
-                return Err(format!(
-                    "the client certificate of tenant {tenant} is not valid now"
-                ));
+                return Err(Refusal::NotValidNow {
+                    owner: Some(tenant),
+                });
             }
             if !info.organizations.iter().any(|o| o == API_SERVER_GROUP) {
-                return Err(format!(
-                    "the client certificate {:?} of tenant {tenant} is not its API server's (no {API_SERVER_GROUP})",
-                    info.common_name
-                ));
+                return Err(Refusal::NotApiServer {
+                    common_name: info.common_name,
+                    tenant,
+                });
             }
             return Ok(Identity {
                 namespace,
                 owner: owner.clone(),
             });
         }
-        Err("the client certificate is not signed by any tenant's client CA".into())
+        Err(Refusal::UnknownSigner)
     }
 
     fn client_ca(&self, secret: &Secret) -> Option<Vec<u8>> {
@@ -212,7 +248,7 @@ impl Tenants {
 }
 
 /// What a client certificate must be for a connection to go on: `Ok`, or why it is refused.
-pub type CertCheck = dyn Fn(&[u8], i64) -> Result<(), String> + Send + Sync;
+pub type CertCheck = dyn Fn(&[u8], i64) -> Result<(), Refusal> + Send + Sync;
 
 /// Admits a client whose certificate passes a check (the kubelet endpoint's: a tenant API server
 /// that [`Tenants::identify`] places; the snapshot agent's: the operator).
@@ -241,7 +277,7 @@ impl ClientCertVerifier for CheckedClients {
     ) -> Result<ClientCertVerified, rustls::Error> {
         (self.check)(end_entity.as_ref(), now.as_secs() as i64)
             .map(|()| ClientCertVerified::assertion())
-            .map_err(rustls::Error::General)
+            .map_err(|refusal| rustls::Error::General(refusal.to_string()))
     }
 
     fn verify_tls12_signature(
@@ -329,6 +365,8 @@ mod tests {
             .issue(&Leaf::client("alice", &["developers"]))
             .unwrap();
         let e = tenants.identify(&der(&user.cert_pem), now).unwrap_err();
+        assert!(matches!(e, Refusal::NotApiServer { .. }), "{e}");
+        let e = e.to_string();
         assert!(
             e.contains("team-a/a") && e.contains("system:masters"),
             "{e}"
@@ -340,12 +378,13 @@ mod tests {
             .issue(&Leaf::client("system:apiserver", &["system:masters"]))
             .unwrap();
         let e = tenants.identify(&der(&foreign.cert_pem), now).unwrap_err();
-        assert!(e.contains("not signed by any tenant"), "{e}");
+        assert_eq!(e, Refusal::UnknownSigner);
+        assert!(e.to_string().contains("not signed by any tenant"), "{e}");
 
         let e = tenants
             .identify(&der(&api_server.cert_pem), now + 400 * 24 * 3600)
             .unwrap_err();
-        assert!(e.contains("not valid now"), "{e}");
+        assert!(e.to_string().contains("not valid now"), "{e}");
     }
 
     #[test]

@@ -27,7 +27,7 @@ use tokio_rustls::TlsAcceptor;
 use tracing::{info, warn};
 
 use super::copy;
-use crate::kubelet::tls::{self, CheckedClients, Serving};
+use crate::kubelet::tls::{self, CheckedClients, Refusal, Serving};
 use crate::tenant_pki::{CLIENT_CA_CRT, OPERATOR_USER, SERVER_CA_CRT, SERVER_CA_KEY};
 
 /// The name the agent's serving certificate carries, which the operator checks (it dials the
@@ -68,8 +68,34 @@ struct Agent {
     restored: watch::Sender<bool>,
 }
 
+/// Why the agent could not start: its PKI files, its certificate, its port or its signals.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("reading {}: {source}", path.display())]
+    Read {
+        path: std::path::PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// A CA in the mounted PKI does not parse.
+    #[error("the tenant's {which}: {detail}")]
+    Ca { which: &'static str, detail: String },
+    #[error(transparent)]
+    Certificate(#[from] tls::CertError),
+    #[error("TLS: {0}")]
+    Tls(#[from] rustls::Error),
+    #[error("listening on {address}: {source}")]
+    Listen {
+        address: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("handling SIGTERM: {0}")]
+    Signal(#[source] std::io::Error),
+}
+
 /// Run the agent until it is killed (or, restoring, until the restore is in place).
-pub async fn run(options: AgentOptions) -> Result<(), String> {
+pub async fn run(options: AgentOptions) -> Result<(), StartError> {
     if let Some(id) = &options.restore
         && restored_mark(&options.database, id).exists()
     {
@@ -78,15 +104,21 @@ pub async fn run(options: AgentOptions) -> Result<(), String> {
     }
     let read = |name: &str| {
         let path = options.pki.join(name);
-        std::fs::read_to_string(&path).map_err(|e| format!("reading {}: {e}", path.display()))
+        std::fs::read_to_string(&path).map_err(|source| StartError::Read { path, source })
     };
     let server_ca = tenantplane_pki::CertificateAuthority::from_pem(
         &read(SERVER_CA_CRT)?,
         &read(SERVER_CA_KEY)?,
     )
-    .map_err(|e| format!("the tenant's server CA: {e}"))?;
-    let client_ca = tenantplane_pki::cert_der(&read(CLIENT_CA_CRT)?)
-        .map_err(|e| format!("the tenant's client CA: {e}"))?;
+    .map_err(|e| StartError::Ca {
+        which: "server CA",
+        detail: e.to_string(),
+    })?;
+    let client_ca =
+        tenantplane_pki::cert_der(&read(CLIENT_CA_CRT)?).map_err(|e| StartError::Ca {
+            which: "client CA",
+            detail: e.to_string(),
+        })?;
     let serving = Arc::new(Serving::named(
         SERVER_NAME,
         server_ca,
@@ -98,15 +130,17 @@ pub async fn run(options: AgentOptions) -> Result<(), String> {
         provider: provider.clone(),
     });
     let mut config = rustls::ServerConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .map_err(|e| e.to_string())?
+        .with_safe_default_protocol_versions()?
         .with_client_cert_verifier(verifier)
         .with_cert_resolver(serving.clone());
     config.alpn_protocols = vec![b"http/1.1".to_vec()];
     let acceptor = TlsAcceptor::from(Arc::new(config));
     let listener = tokio::net::TcpListener::bind(options.listen)
         .await
-        .map_err(|e| format!("listening on {}: {e}", options.listen))?;
+        .map_err(|source| StartError::Listen {
+            address: options.listen,
+            source,
+        })?;
     // Copies a killed agent left behind.
     if let Ok(dir) = std::fs::read_dir(&options.scratch) {
         for entry in dir.flatten() {
@@ -116,7 +150,7 @@ pub async fn run(options: AgentOptions) -> Result<(), String> {
     // As PID 1 of its container, the agent would never see SIGTERM without a handler: the pod's
     // every stop (an upgrade, a restore, sleep, delete) would wait out its grace period for it.
     let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        .map_err(|e| format!("handling SIGTERM: {e}"))?;
+        .map_err(StartError::Signal)?;
     let (restored, mut done) = watch::channel(false);
     let agent = Arc::new(Agent {
         options,
@@ -163,17 +197,17 @@ pub async fn run(options: AgentOptions) -> Result<(), String> {
 }
 
 /// The operator's own client certificate of this tenant, and nothing else.
-fn operator_only(cert: &[u8], client_ca: &[u8], now: i64) -> Result<(), String> {
+fn operator_only(cert: &[u8], client_ca: &[u8], now: i64) -> Result<(), Refusal> {
     let info = tenantplane_pki::verify_der_signed_by(cert, client_ca)
-        .map_err(|e| format!("the client certificate is not the tenant client CA's: {e}"))?;
+        .map_err(|e| Refusal::NotSignedBy(e.to_string()))?;
     if now < info.not_before || now > info.not_after {
-        return Err("the client certificate is not valid now".into());
+        return Err(Refusal::NotValidNow { owner: None });
     }
     if info.common_name != OPERATOR_USER {
-        return Err(format!(
-            "only {OPERATOR_USER} may use the snapshot agent, not {:?}",
-            info.common_name
-        ));
+        return Err(Refusal::NotUser {
+            user: OPERATOR_USER,
+            common_name: info.common_name,
+        });
     }
     Ok(())
 }
@@ -332,17 +366,13 @@ impl RestoreState {
     }
 
     /// From the agent's answer (`state` and `detail`).
-    pub fn parse(state: &str, detail: &str) -> Result<Self, String> {
-        Ok(match state {
+    pub fn parse(state: &str, detail: &str) -> Option<Self> {
+        Some(match state {
             "waiting" => Self::Waiting,
             "restored" => Self::Restored(detail.into()),
             "abandoned" => Self::Abandoned(detail.into()),
             "unknown" => Self::Unknown,
-            other => {
-                return Err(format!(
-                    "the snapshot agent reported restore state {other:?}"
-                ));
-            }
+            _ => return None,
         })
     }
 }
@@ -483,7 +513,8 @@ mod tests {
             .issue(&Leaf::client("tenantplane-admin", &["system:masters"]))
             .unwrap();
         let e = operator_only(&der(&admin.cert_pem), &ca, now).unwrap_err();
-        assert!(e.contains("only tenantplane:operator"), "{e}");
+        assert!(matches!(e, Refusal::NotUser { .. }), "{e}");
+        assert!(e.to_string().contains("only tenantplane:operator"), "{e}");
         let foreign = other
             .client_ca
             .issue(&Leaf::client(OPERATOR_USER, &["system:masters"]))

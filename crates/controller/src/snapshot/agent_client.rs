@@ -335,7 +335,12 @@ pub async fn restore_state(
             .and_then(|v| v.as_str())
             .unwrap_or_default()
     };
-    super::agent::RestoreState::parse(field("state"), field("detail")).map_err(AgentError::Answer)
+    super::agent::RestoreState::parse(field("state"), field("detail")).ok_or_else(|| {
+        AgentError::Answer(format!(
+            "the snapshot agent reported restore state {:?}",
+            field("state")
+        ))
+    })
 }
 
 /// Give the pending restore up: the pod goes on with the data it had; `why` is kept beside it.
