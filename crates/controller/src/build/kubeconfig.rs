@@ -72,8 +72,8 @@ pub fn kubeconfig_secret(
 pub type ParsedKubeconfig = kubeconfig::Credentials;
 
 /// Read back a kubeconfig written by [`render`].
-pub fn parse(text: &str) -> Result<ParsedKubeconfig, String> {
-    kubeconfig::credentials(text).map_err(|e| e.to_string())
+pub fn parse(text: &str) -> Result<ParsedKubeconfig, kubeconfig::KubeconfigError> {
+    kubeconfig::credentials(text)
 }
 
 /// The kubeconfig text stored in a Secret under key `value`.
@@ -86,14 +86,19 @@ pub fn operator_text(secret: &Secret) -> Option<&str> {
     stored_key(secret, names::OPERATOR_KUBECONFIG_KEY)
 }
 
+/// The kubeconfig Secret does not hold the operator's kubeconfig yet.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "the kubeconfig Secret has no {} key yet",
+    names::OPERATOR_KUBECONFIG_KEY
+)]
+pub struct NoOperatorKubeconfig;
+
 /// The operator's own kubeconfig of a tenant, from its kubeconfig Secret, or why not.
-pub fn require_operator_text(secret: &Secret) -> Result<String, String> {
-    operator_text(secret).map(str::to_string).ok_or_else(|| {
-        format!(
-            "the kubeconfig Secret has no {} key yet",
-            names::OPERATOR_KUBECONFIG_KEY
-        )
-    })
+pub fn require_operator_text(secret: &Secret) -> Result<String, NoOperatorKubeconfig> {
+    operator_text(secret)
+        .map(str::to_string)
+        .ok_or(NoOperatorKubeconfig)
 }
 
 fn stored_key<'a>(secret: &'a Secret, key: &str) -> Option<&'a str> {

@@ -20,6 +20,8 @@ pub enum Error {
     Database(#[from] DatabaseError),
     #[error(transparent)]
     Agent(#[from] AgentError),
+    #[error(transparent)]
+    Kubeconfig(#[from] crate::build::kubeconfig::NoOperatorKubeconfig),
     /// The tenant's control plane cannot be reached: no address yet, or no client.
     #[error(transparent)]
     Connect(#[from] ConnectError),
@@ -91,6 +93,7 @@ impl Error {
             Error::Database(e) => e.label(),
             Error::Agent(e) => e.label(),
             Error::Connect(e) => e.label(),
+            Error::Kubeconfig(_) => "KubeconfigMissing",
             Error::InStore { source, .. } => source.label(),
             Error::Key { source, .. } => source.label(),
             Error::SecretMissing { .. } => "SecretMissing",

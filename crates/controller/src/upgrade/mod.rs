@@ -285,8 +285,31 @@ fn version_pair(version: &str) -> (u32, u32) {
     (major, minor)
 }
 
+/// Why the guard cannot check an upgrade yet: what it could not read or reach. The upgrade waits
+/// with this in its message.
+#[derive(Debug, thiserror::Error)]
+enum CheckError {
+    #[error("{action}: {}", api_message(.source))]
+    Api {
+        action: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("its {0} is not there yet")]
+    NotYet(&'static str),
+    #[error(transparent)]
+    Kubeconfig(#[from] crate::build::kubeconfig::NoOperatorKubeconfig),
+    #[error(transparent)]
+    Connect(#[from] crate::connector::ConnectError),
+}
+
+fn api_call(action: impl Into<String>) -> impl FnOnce(kube::Error) -> CheckError {
+    let action = action.into();
+    move |source| CheckError::Api { action, source }
+}
+
 /// The store an upgrade's snapshot goes to: the schedule's, else the default; `None` without.
-async fn guarding_store(tc: &TenantCluster, ctx: &Context) -> Result<Option<String>, String> {
+async fn guarding_store(tc: &TenantCluster, ctx: &Context) -> Result<Option<String>, CheckError> {
     if let Some(r) = tc
         .spec
         .snapshots
@@ -298,7 +321,7 @@ async fn guarding_store(tc: &TenantCluster, ctx: &Context) -> Result<Option<Stri
     let stores = Api::<SnapshotStore>::all(ctx.client.clone())
         .list(&ListParams::default())
         .await
-        .map_err(|e| format!("listing SnapshotStores: {}", api_message(&e)))?;
+        .map_err(api_call("listing SnapshotStores"))?;
     Ok(stores
         .items
         .into_iter()
@@ -313,7 +336,7 @@ async fn scan(
     ctx: &Context,
     from: (u32, u32),
     to: (u32, u32),
-) -> Result<Vec<removed_apis::Finding>, String> {
+) -> Result<Vec<removed_apis::Finding>, CheckError> {
     let kinds = removed_apis::kinds_between(from, to);
     if kinds.is_empty() {
         return Ok(Vec::new());
@@ -332,9 +355,12 @@ async fn scan(
         let list = api
             .list(&ListParams::default())
             .await
-            .map_err(|e| format!("listing {kind}: {}", api_message(&e)))?;
+            .map_err(api_call(format!("listing {kind}")))?;
         for item in list.items {
-            let mut value = serde_json::to_value(&item).map_err(|e| e.to_string())?;
+            // A listed object is JSON already: it serializes back.
+            let Ok(mut value) = serde_json::to_value(&item) else {
+                continue;
+            };
             // List items carry no kind; the evidence reads it.
             value["kind"] = json!(kind);
             objects.push(value);
@@ -344,7 +370,7 @@ async fn scan(
 }
 
 /// A client of the tenant's API server, as the operator.
-async fn tenant_client(tc: &TenantCluster, ctx: &Context) -> Result<Client, String> {
+async fn tenant_client(tc: &TenantCluster, ctx: &Context) -> Result<Client, CheckError> {
     let ns = tc.namespace().unwrap_or_default();
     let tenant = tc.name_any();
     let pod = crate::cache::get(
@@ -352,22 +378,17 @@ async fn tenant_client(tc: &TenantCluster, ctx: &Context) -> Result<Client, Stri
         Some(&ns),
         &names::control_plane_pod(&tenant),
     )
-    .ok_or_else(|| "its control-plane pod is not running".to_string())?;
+    .ok_or(CheckError::NotYet("control-plane pod"))?;
     let secret = crate::cache::get(
         &ctx.caches.secrets,
         Some(&ns),
         &names::kubeconfig_secret(&tenant),
     )
-    .ok_or_else(|| "its kubeconfig Secret is not there yet".to_string())?;
+    .ok_or(CheckError::NotYet("kubeconfig Secret"))?;
     let kubeconfig = crate::build::kubeconfig::require_operator_text(&secret)?;
     let connector = &ctx.options.connector;
-    let server = connector
-        .server(&tenant, &ns, &pod)
-        .map_err(|e| e.to_string())?;
-    connector
-        .client(&kubeconfig, &tenant, &ns, &server)
-        .await
-        .map_err(|e| e.to_string())
+    let server = connector.server(&tenant, &ns, &pod)?;
+    Ok(connector.client(&kubeconfig, &tenant, &ns, &server).await?)
 }
 
 #[cfg(test)]
