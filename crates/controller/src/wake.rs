@@ -73,6 +73,21 @@ pub struct DoorTarget {
     pub tenant: String,
 }
 
+/// No door could be opened: every port in the range is taken or refused. The last refusal, if
+/// any, says why.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "no free port for its wake door in {}-{} on {listen} (last: {})",
+    ports.start(),
+    ports.end(),
+    last.as_ref().map(|(port, e)| format!("port {port}: {e}")).unwrap_or_else(|| "every port is taken by another tenant".into())
+)]
+pub struct NoDoor {
+    ports: std::ops::RangeInclusive<u16>,
+    listen: IpAddr,
+    last: Option<(u16, std::io::Error)>,
+}
+
 impl Doors {
     /// The port of tenant `key`'s door, opened if it is not: `preferred` (the port its
     /// EndpointSlice names) when free, else the first free one.
@@ -82,12 +97,9 @@ impl Doors {
         key: &TenantKey,
         preferred: Option<u16>,
         target: DoorTarget,
-    ) -> Result<u16, String> {
+    ) -> Result<u16, NoDoor> {
         let taken: Vec<u16> = {
-            let mut open = self
-                .open
-                .lock()
-                .map_err(|_| "the doors' lock is poisoned")?;
+            let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
             match open.get(key) {
                 Some(door) if !door.retiring => return Ok(door.port),
                 // Asleep again before its door closed: a new door, which asks for a new wake.
@@ -119,16 +131,14 @@ impl Doors {
                     }
                     return Ok(port);
                 }
-                Err(e) => last_error = Some(format!("port {port}: {e}")),
+                Err(e) => last_error = Some((port, e)),
             }
         }
-        Err(format!(
-            "no free port for its wake door in {}-{} on {} (last: {})",
-            options.ports.start(),
-            options.ports.end(),
-            options.listen,
-            last_error.unwrap_or_else(|| "every port is taken by another tenant".into())
-        ))
+        Err(NoDoor {
+            ports: options.ports.clone(),
+            listen: options.listen,
+            last: last_error,
+        })
     }
 
     /// Close tenant `key`'s door after [`CLOSE_AFTER`] (it is awake): connections routed here
@@ -324,7 +334,7 @@ pub async fn request_wake(
     namespace: &str,
     tenant: &str,
     asleep_by_spec: bool,
-) -> Result<(), String> {
+) -> Result<(), kube::Error> {
     let api: Api<TenantCluster> = Api::namespaced(client.clone(), namespace);
     let mut patch = json!({"metadata": {"annotations": {
         names::WAKE: k8s_openapi::jiff::Timestamp::now().to_string()
@@ -335,7 +345,6 @@ pub async fn request_wake(
     api.patch(tenant, &PatchParams::default(), &Patch::Merge(patch))
         .await
         .map(drop)
-        .map_err(|e| e.to_string())
 }
 
 /// Wait until the tenant is awake (its status says its API server answers, and no longer that
@@ -446,7 +455,10 @@ mod tests {
         assert_ne!(pa, pb, "a port another door holds is not given again");
         let c = ("ns".to_string(), "c".to_string());
         let full = doors.open(&o, &c, None, target()).await.unwrap_err();
-        assert!(full.contains("no free port for its wake door"), "{full}");
+        assert!(
+            full.to_string().contains("no free port for its wake door"),
+            "{full}"
+        );
         doors.close(&a);
         assert!(!doors.is_open(&a));
         tokio::time::sleep(Duration::from_millis(50)).await;
