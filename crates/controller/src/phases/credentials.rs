@@ -28,7 +28,7 @@ pub(crate) async fn pki(tc: &TenantCluster, ctx: &Context) -> Phase<TenantPki> {
     let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &ns);
     match ensure_pki(ctx, tc, &secrets).await? {
         Ok(pki) => Ok(pki),
-        Err(detail) => stop(Progress::PkiDamaged(detail)),
+        Err(damaged) => stop(Progress::PkiDamaged(damaged.to_string())),
     }
 }
 
@@ -61,20 +61,34 @@ pub(crate) async fn kubeconfig(
 /// A rotation request finds a certificate issued less than this long ago already rotated.
 const ROTATION_DEBOUNCE_SECS: i64 = 15;
 
+/// The tenant's PKI Secret is there but does not hold a sound PKI: it is never replaced
+/// silently (a new CA would lock out every client of the old one).
+#[derive(Debug, thiserror::Error)]
+#[error("Secret {secret}: {source}")]
+struct PkiDamaged {
+    secret: String,
+    #[source]
+    source: crate::tenant_pki::PkiError,
+}
+
 /// Load the tenant's PKI, creating it on first sight. `Ok(Err(..))`: the Secret is damaged and
 /// must not be replaced silently.
 async fn ensure_pki(
     ctx: &Context,
     tc: &TenantCluster,
     secrets: &Api<Secret>,
-) -> Result<Result<TenantPki, String>, Error> {
+) -> Result<Result<TenantPki, PkiDamaged>, Error> {
     let (tenant, _) = build::identity(tc)?;
     let name = names::pki_secret(&tenant);
     let (_, ns) = build::identity(tc)?;
     if let Some(secret) = cache::get(&ctx.caches.secrets, Some(&ns), &name) {
         return Ok(
-            TenantPki::from_secret_data(&secret.data.clone().unwrap_or_default())
-                .map_err(|e| format!("Secret {name}: {e}")),
+            TenantPki::from_secret_data(&secret.data.clone().unwrap_or_default()).map_err(
+                |source| PkiDamaged {
+                    secret: name.clone(),
+                    source,
+                },
+            ),
         );
     }
     let pki = TenantPki::generate(&tenant)?;
@@ -103,8 +117,12 @@ async fn ensure_pki(
         Err(kube::Error::Api(e)) if e.code == 409 => {
             let secret = secrets.get(&name).await?;
             Ok(
-                TenantPki::from_secret_data(&secret.data.unwrap_or_default())
-                    .map_err(|e| format!("Secret {name}: {e}")),
+                TenantPki::from_secret_data(&secret.data.unwrap_or_default()).map_err(|source| {
+                    PkiDamaged {
+                        secret: name.clone(),
+                        source,
+                    }
+                }),
             )
         }
         Err(e) => Err(e.into()),
@@ -225,7 +243,7 @@ pub(crate) async fn component_certificates(
             renew_before,
         ) {
             Ok(due_at) => return Ok(Duration::from_secs((due_at - now).max(1) as u64)),
-            Err(why) => Some(why),
+            Err(why) => Some(why.to_string()),
         },
     };
     let secret = build::kubernetes::certificates_secret(

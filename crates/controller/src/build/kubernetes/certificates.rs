@@ -153,6 +153,29 @@ pub fn certificates_secret(
     })
 }
 
+/// Why the component certificates must be issued again.
+#[derive(Debug, thiserror::Error)]
+pub enum Reissue {
+    #[error("the tenant has no name or namespace")]
+    NoIdentity,
+    #[error("issued for other names or another kubelet CA")]
+    OtherNames,
+    #[error("{0} is missing")]
+    Missing(String),
+    #[error("{0} is not UTF-8 PEM")]
+    NotPem(String),
+    /// A certificate is not the tenant CA's, or cannot be read.
+    #[error("{file}: {detail}")]
+    Unsound { file: &'static str, detail: String },
+    #[error("{key} does not match {crt}")]
+    KeyMismatch {
+        key: &'static str,
+        crt: &'static str,
+    },
+    #[error("a certificate is due for renewal")]
+    Due,
+}
+
 /// Why the certificates in `secret` must be issued again, if they must: a file missing or not
 /// signed by the tenant's CA, issued for other names or another kubelet CA, or due (less than
 /// `renew_before` seconds left at `now`). Returns also when the soonest is due, when sound.
@@ -164,8 +187,8 @@ pub fn certificates_due(
     options: &BuildOptions,
     now: i64,
     renew_before: i64,
-) -> Result<i64, String> {
-    let (tenant, ns) = identity(tc).map_err(|e| e.to_string())?;
+) -> Result<i64, Reissue> {
+    let (tenant, ns) = identity(tc).map_err(|_| Reissue::NoIdentity)?;
     let wanted = issued_for(
         &serving_names(&tenant, &ns, addressing),
         options.kubelet.as_ref().map(|k| k.ca_pem.as_str()),
@@ -176,15 +199,15 @@ pub fn certificates_due(
         .as_ref()
         .and_then(|a| a.get(ANNOTATION_ISSUED_FOR));
     if has != Some(&wanted) {
-        return Err("issued for other names or another kubelet CA".into());
+        return Err(Reissue::OtherNames);
     }
-    let text = |key: &str| -> Result<String, String> {
+    let text = |key: &str| -> Result<String, Reissue> {
         let bytes = secret
             .data
             .as_ref()
             .and_then(|d| d.get(key))
-            .ok_or_else(|| format!("{key} is missing"))?;
-        String::from_utf8(bytes.0.clone()).map_err(|_| format!("{key} is not UTF-8 PEM"))
+            .ok_or_else(|| Reissue::Missing(key.to_string()))?;
+        String::from_utf8(bytes.0.clone()).map_err(|_| Reissue::NotPem(key.to_string()))
     };
     let mut due_at = i64::MAX;
     for (crt, key, ca) in [
@@ -198,17 +221,20 @@ pub fn certificates_due(
         ),
     ] {
         let (cert_pem, key_pem) = (text(crt)?, text(key)?);
-        tenantplane_pki::verify_signed_by(&cert_pem, ca.cert_pem())
-            .map_err(|e| format!("{crt}: {e}"))?;
+        let unsound = |e: tenantplane_pki::Error| Reissue::Unsound {
+            file: crt,
+            detail: e.to_string(),
+        };
+        tenantplane_pki::verify_signed_by(&cert_pem, ca.cert_pem()).map_err(unsound)?;
         if !tenantplane_pki::key_matches_certificate(&key_pem, &cert_pem) {
-            return Err(format!("{key} does not match {crt}"));
+            return Err(Reissue::KeyMismatch { key, crt });
         }
-        let lifetime = tenantplane_pki::lifetime(&cert_pem).map_err(|e| format!("{crt}: {e}"))?;
+        let lifetime = tenantplane_pki::lifetime(&cert_pem).map_err(unsound)?;
         due_at = due_at.min(lifetime.not_after - renew_before);
     }
     text(CONTROLLER_MANAGER_KUBECONFIG)?;
     if due_at <= now {
-        return Err("a certificate is due for renewal".into());
+        return Err(Reissue::Due);
     }
     Ok(due_at)
 }
@@ -280,17 +306,17 @@ mod tests {
         assert!(
             certificates_due(&secret, &tc, &other, &addressing(), &options, now, 0)
                 .unwrap_err()
+                .to_string()
                 .contains(SERVING_CRT)
         );
         let mut swapped = secret.clone();
         let data = swapped.data.as_mut().unwrap();
         let key = data[FRONT_PROXY_KEY].clone();
         data.insert(SERVING_KEY.into(), key);
-        assert!(
-            certificates_due(&swapped, &tc, &pki, &addressing(), &options, now, 0)
-                .unwrap_err()
-                .contains("does not match")
-        );
+        assert!(matches!(
+            certificates_due(&swapped, &tc, &pki, &addressing(), &options, now, 0),
+            Err(Reissue::KeyMismatch { .. })
+        ));
         // A kubelet endpoint later: issued again with its CA.
         let kubelet = with_kubelet(BuildOptions::default());
         assert!(certificates_due(&secret, &tc, &pki, &addressing(), &kubelet, now, 0).is_err());
