@@ -34,8 +34,23 @@ pub fn workload_service_account(tenant: &TenantRef, namespace: &str) -> ServiceA
     }
 }
 
+/// The workloads' ServiceAccount could not be applied: which, and what the host said.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "applying ServiceAccount {namespace}/{name}, which tenant pods run as on the host: {message}"
+)]
+pub struct IdentityError {
+    namespace: String,
+    name: String,
+    message: String,
+}
+
 /// Apply the workloads' ServiceAccount; the error says what failed, for the syncer's health.
-pub async fn ensure(host: &Client, tenant: &TenantRef, namespace: &str) -> Result<(), String> {
+pub async fn ensure(
+    host: &Client,
+    tenant: &TenantRef,
+    namespace: &str,
+) -> Result<(), IdentityError> {
     let sa = workload_service_account(tenant, namespace);
     let name = workload_service_account_name(&tenant.name);
     Api::<ServiceAccount>::namespaced(host.clone(), namespace)
@@ -46,14 +61,13 @@ pub async fn ensure(host: &Client, tenant: &TenantRef, namespace: &str) -> Resul
         )
         .await
         .map(drop)
-        .map_err(|e| {
-            format!(
-                "applying ServiceAccount {namespace}/{name}, which tenant pods run as on the host: {}",
-                match e {
-                    kube::Error::Api(s) => s.message,
-                    other => other.to_string(),
-                }
-            )
+        .map_err(|e| IdentityError {
+            namespace: namespace.to_string(),
+            name: name.clone(),
+            message: match e {
+                kube::Error::Api(s) => s.message,
+                other => other.to_string(),
+            },
         })
 }
 

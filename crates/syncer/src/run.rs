@@ -65,14 +65,14 @@ pub(crate) async fn supervise(
             // Stopping: whatever ended it, do not start again.
             _ if *stop.borrow() => return,
             Ok(Err(why)) => why,
-            Err(e) if e.is_panic() => format!("it panicked: {e}"),
+            Err(e) if e.is_panic() => EngineError::Panicked(e.to_string()),
             Err(_) => return,
         };
         failures = failures.saturating_add(1);
         let wait = backoff::delay(failures, RESTART_FIRST, RESTART_MAX);
         warn!(tenant = %spec.tenant, namespace = %spec.host_namespace, error = %why, "syncer stopped; restarting after {wait:?}");
         reporter.health.send_modify(|h| {
-            h.crashed = Some(why);
+            h.crashed = Some(why.to_string());
             h.ready = false;
         });
         (reporter.notify)();
@@ -147,19 +147,33 @@ impl Engine {
     }
 }
 
+/// Why a tenant's engine stopped: what it could not start with. The supervisor reports it in the
+/// syncer's health and starts it again after a back-off.
+#[derive(Debug, thiserror::Error)]
+enum EngineError {
+    #[error("the SyncPolicy's {setting}.selector is invalid: {source}")]
+    Selector {
+        setting: &'static str,
+        #[source]
+        source: kube::core::ParseExpressionError,
+    },
+    #[error(transparent)]
+    Identity(#[from] crate::identity::IdentityError),
+    #[error("it panicked: {0}")]
+    Panicked(String),
+}
+
 /// The policy's label selectors, by the kind they select.
 fn selectors(
     policy: &SyncPolicySpec,
     entries: &[kinds::Entry],
-) -> std::result::Result<BTreeMap<&'static str, Selector>, String> {
+) -> std::result::Result<BTreeMap<&'static str, Selector>, EngineError> {
     let mut out = BTreeMap::new();
     for entry in entries {
         if let Some(s) = (entry.selector)(policy) {
-            let s = Selector::try_from(s.clone()).map_err(|e| {
-                format!(
-                    "the SyncPolicy's {}.selector is invalid: {e}",
-                    entry.setting
-                )
+            let s = Selector::try_from(s.clone()).map_err(|source| EngineError::Selector {
+                setting: entry.setting,
+                source,
             })?;
             out.insert(entry.name, s);
         }
@@ -174,7 +188,7 @@ async fn run(
     watches: Arc<HostWatches>,
     reporter: Verdicts,
     stop: watch::Receiver<bool>,
-) -> std::result::Result<(), String> {
+) -> std::result::Result<(), EngineError> {
     let stopped = || {
         let mut stop = stop.clone();
         async move {
@@ -383,8 +397,10 @@ mod tests {
             ..Default::default()
         });
         let e = selectors(&policy, &kinds::all()).unwrap_err();
+        assert!(matches!(e, EngineError::Selector { .. }), "{e}");
         assert!(
-            e.starts_with("the SyncPolicy's toHost.configMaps.selector is invalid"),
+            e.to_string()
+                .starts_with("the SyncPolicy's toHost.configMaps.selector is invalid"),
             "{e}"
         );
     }
