@@ -5,14 +5,17 @@
 
 use std::time::Duration;
 
+/// Text that is not a duration, and how to write one.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "invalid duration {0:?}: use a number with a unit (ms, s, m, h, d), such as 90s, 5m, 1h30m or 30d"
+)]
+pub struct InvalidDuration(pub String);
+
 /// A duration as kubectl's `--timeout` takes it: `90s`, `5m`, `1h30m`, `1.5m`; a bare `0` is
 /// zero.
-pub fn parse(text: &str) -> Result<Duration, String> {
-    let bad = || {
-        format!(
-            "invalid duration {text:?}: use a number with a unit (ms, s, m, h, d), such as 90s, 5m, 1h30m or 30d"
-        )
-    };
+pub fn parse(text: &str) -> Result<Duration, InvalidDuration> {
+    let bad = || InvalidDuration(text.to_string());
     let text = text.trim();
     if text == "0" {
         return Ok(Duration::ZERO);
