@@ -133,7 +133,7 @@ pub async fn converge_copy<S: CopyDown>(cx: &Tenant, key: &Key) -> Result<Pair<S
                 // The host's refusal (its quota, its admission) is the tenant's to read too.
                 let terms = tenant_terms::about(cx, ns, name);
                 let message = tenant_terms::status_message(&e.to_string(), &terms);
-                tell::tell(cx, &**t, e.reason(), &message).await;
+                let _ = tell::tell(cx, &**t, e.reason(), &message).await;
             }
             applied?;
             if let Some(t) = &t {

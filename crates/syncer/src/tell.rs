@@ -68,29 +68,35 @@ where
     K: Resource<DynamicType = ()>,
 {
     if !review.dropped.is_empty() {
-        tell(cx, obj, NOT_COPIED, &review.left_out()).await;
+        let _ = tell(cx, obj, NOT_COPIED, &review.left_out()).await;
     }
     match review.refusal() {
-        Some(e) => {
-            tell(cx, obj, NOT_ALLOWED, &e.to_string()).await;
-            Err(e)
-        }
+        Some(e) => match tell(cx, obj, NOT_ALLOWED, &e.to_string()).await {
+            // Told: the refusal waits for the object or the profile to change.
+            Ok(()) => Err(e),
+            // Not told (the tenant API did not take the Event): tried again soon, so the tenant
+            // is told why, rather than waiting for a change that may never come.
+            Err(failed) => Err(failed),
+        },
         None => Ok(()),
     }
 }
 
 /// A Warning Event on tenant object `obj`, unless the same was said last time. The note is
-/// bounded (the API refuses a longer one, and the tenant would be told nothing).
-pub async fn tell<K>(cx: &Tenant, obj: &K, reason: &str, message: &str)
+/// bounded (the API refuses a longer one, and the tenant would be told nothing). An Event the
+/// tenant API did not take is not counted as said: the next converge says it again. Callers that
+/// only inform may ignore the error; a refusal must not (see [`enforce`]).
+pub async fn tell<K>(cx: &Tenant, obj: &K, reason: &str, message: &str) -> Result<()>
 where
     K: Resource<DynamicType = ()>,
 {
     let message = bounded(message);
+    let uid = obj.uid().unwrap_or_default();
     {
         let mut told = cx.told.lock().unwrap_or_else(|e| e.into_inner());
-        let said = told.entry(obj.uid().unwrap_or_default()).or_default();
+        let said = told.entry(uid.clone()).or_default();
         if said.get(reason) == Some(&message) {
-            return;
+            return Ok(());
         }
         said.insert(reason.to_string(), message.clone());
     }
@@ -103,7 +109,17 @@ where
     };
     if let Err(e) = cx.recorder.publish(&event, &obj.object_ref(&())).await {
         warn!(error = %e, "publishing an event in the tenant failed");
+        if let Some(said) = cx
+            .told
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get_mut(&uid)
+        {
+            said.remove(reason);
+        }
+        return Err(e.into());
     }
+    Ok(())
 }
 
 /// Was the object of `uid` last told `reason` (and not forgotten since)?

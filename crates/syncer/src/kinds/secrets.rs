@@ -126,7 +126,7 @@ pub(crate) async fn tell_refused<K: kube::Resource<DynamicType = ()>>(
     review: &Review,
 ) {
     if let Some(e) = review.refusal() {
-        tell::tell(cx, obj, tell::NOT_ALLOWED, &e.to_string()).await;
+        let _ = tell::tell(cx, obj, tell::NOT_ALLOWED, &e.to_string()).await;
     }
 }
 

@@ -108,7 +108,7 @@ pub async fn resize(
         .map_err(Error::from_api);
     if let Err(e @ Error::HostRejected(_)) = &resized {
         let message = tenant_terms::status_message(&format!("resizing: {e}"), &terms);
-        tell::tell(cx, t, e.reason(), &message).await;
+        let _ = tell::tell(cx, t, e.reason(), &message).await;
     }
     resized.map(|_| ())
 }

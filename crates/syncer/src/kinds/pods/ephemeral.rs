@@ -92,7 +92,7 @@ pub async fn carry(cx: &Tenant, t: &Pod, h: &Pod, host_name: &str, terms: Terms<
             Ok(ec) => start.push(ec),
             Err(why) => {
                 let message = format!("ephemeral container {name:?} is not started: {why}");
-                tell::tell(cx, t, tell::NOT_ALLOWED, &message).await;
+                let _ = tell::tell(cx, t, tell::NOT_ALLOWED, &message).await;
             }
         }
     }
@@ -114,7 +114,7 @@ pub async fn carry(cx: &Tenant, t: &Pod, h: &Pod, host_name: &str, terms: Terms<
     if let Err(e @ Error::HostRejected(_)) = &started {
         let message =
             tenant_terms::status_message(&format!("starting an ephemeral container: {e}"), &terms);
-        tell::tell(cx, t, e.reason(), &message).await;
+        let _ = tell::tell(cx, t, e.reason(), &message).await;
     }
     started.map(|_| ())
 }

@@ -408,7 +408,7 @@ async fn create_host_pod(cx: &Tenant, t: &Pod, host_name: &str) -> Result<()> {
     if let Err(e @ Error::HostRejected(_)) = &created {
         // The host's refusal names the copy (`pods "web-x-default-x-dev" is forbidden…`).
         let message = tenant_terms::status_message(&e.to_string(), &terms_for(cx, t, None));
-        tell::tell(cx, t, e.reason(), &message).await;
+        let _ = tell::tell(cx, t, e.reason(), &message).await;
         mark_unschedulable(cx, t, e.reason(), &message).await;
     }
     created.map(|_| ())

@@ -111,7 +111,7 @@ async fn converge_service(cx: &Tenant, ns: &str, name: &str) -> Result<()> {
     {
         // Made before reserved addresses were kept from tenants: it goes, and is made again
         // with an address the host allocates (its address cannot change in place).
-        tell::tell(cx, &*t, tell::NOT_COPIED, &format!(
+        let _ = tell::tell(cx, &*t, tell::NOT_COPIED, &format!(
             "the host copy held {ip}, an address hosts keep for their own Services; it is made again with one the host allocates"
         )).await;
         delete_if_present(&api, live, None).await?;
@@ -158,7 +158,7 @@ async fn converge_service(cx: &Tenant, ns: &str, name: &str) -> Result<()> {
         Err(Error::HostRejected(m)) if m.contains("nodePort") => {
             debug!(service = %format!("{ns}/{name}"), reason = %m, "the host refused the tenant's node port");
             apply_copy(cx, Services::NAME, ns, name, h.as_deref(), &desired).await?;
-            tell::tell(cx, &*t, tell::NOT_COPIED, &format!(
+            let _ = tell::tell(cx, &*t, tell::NOT_COPIED, &format!(
                 "the host holds a node port this Service asked for ({m}); it answers on the one the host chose, which the Service now shows"
             )).await;
         }
@@ -273,7 +273,7 @@ async fn take_cluster_ip(
         }
     };
     if let Some(note) = note {
-        tell::tell(cx, &made, tell::NOT_COPIED, note).await;
+        let _ = tell::tell(cx, &made, tell::NOT_COPIED, note).await;
     }
     debug!(service = %format!("{ns}/{name}"), ip = %ip, "tenant Service recreated with the host's cluster IP");
     if let Some(endpoints) = endpoints {
