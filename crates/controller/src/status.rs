@@ -98,17 +98,15 @@ fn upgrade_condition(tc: &TenantCluster) -> Option<ConditionSpec> {
     ))
 }
 
-/// The status a reconcile should leave, keeping transition times of unchanged conditions.
-pub fn desired_status(
+/// The phase and the `Ready` and `Synced` conditions that `progress` comes to: one arm per
+/// [`Progress`], the whole table of phases and reasons in one place, which is why it is long.
+fn verdict(
     tc: &TenantCluster,
     progress: &Progress,
     endpoint: &str,
-    now: &Time,
-) -> TenantClusterStatus {
-    let previous = tc.status.clone().unwrap_or_default();
-    let generation = tc.metadata.generation;
+) -> (Phase, ConditionSpec, ConditionSpec) {
     let waiting = |reason: &str, message: &str| ConditionSpec::new(SYNCED, false, reason, message);
-    let (phase, ready, synced) = match progress {
+    match progress {
         Progress::Accepted => (
             Phase::Pending,
             ConditionSpec::new(
@@ -239,7 +237,19 @@ pub fn desired_status(
                 ),
             )
         }
-    };
+    }
+}
+
+/// The status a reconcile should leave, keeping transition times of unchanged conditions.
+pub fn desired_status(
+    tc: &TenantCluster,
+    progress: &Progress,
+    endpoint: &str,
+    now: &Time,
+) -> TenantClusterStatus {
+    let previous = tc.status.clone().unwrap_or_default();
+    let generation = tc.metadata.generation;
+    let (phase, ready, synced) = verdict(tc, progress, endpoint);
     let mut list = previous.conditions.clone();
     for condition in [&ready, &synced, &mode_condition(tc)] {
         conditions::set(&mut list, condition, generation, now);
