@@ -46,27 +46,45 @@ pub struct LeaseSettings {
     pub retry_period: Duration,
 }
 
+/// Lease flags that do not fit together, and which to change.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LeaseFlagsError {
+    #[error("the leader election identity is empty: set POD_NAME or --leader-elect-identity")]
+    NoIdentity,
+    #[error(
+        "--lease-renew-deadline ({renew_deadline:?}) must be shorter than --lease-duration ({duration:?})"
+    )]
+    RenewAfterExpiry {
+        renew_deadline: Duration,
+        duration: Duration,
+    },
+    #[error(
+        "--lease-retry-period ({retry_period:?}) must be shorter than --lease-renew-deadline ({renew_deadline:?})"
+    )]
+    RetryAfterDeadline {
+        retry_period: Duration,
+        renew_deadline: Duration,
+    },
+}
+
 impl LeaseSettings {
     /// The timings must nest: retry period < renew deadline < duration, so that a holder stops
     /// before any standby may take over.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), LeaseFlagsError> {
         if self.identity.is_empty() {
-            return Err(
-                "the leader election identity is empty: set POD_NAME or --leader-elect-identity"
-                    .into(),
-            );
+            return Err(LeaseFlagsError::NoIdentity);
         }
         if self.renew_deadline >= self.duration {
-            return Err(format!(
-                "--lease-renew-deadline ({:?}) must be shorter than --lease-duration ({:?})",
-                self.renew_deadline, self.duration
-            ));
+            return Err(LeaseFlagsError::RenewAfterExpiry {
+                renew_deadline: self.renew_deadline,
+                duration: self.duration,
+            });
         }
         if self.retry_period >= self.renew_deadline {
-            return Err(format!(
-                "--lease-retry-period ({:?}) must be shorter than --lease-renew-deadline ({:?})",
-                self.retry_period, self.renew_deadline
-            ));
+            return Err(LeaseFlagsError::RetryAfterDeadline {
+                retry_period: self.retry_period,
+                renew_deadline: self.renew_deadline,
+            });
         }
         Ok(())
     }
@@ -400,13 +418,23 @@ mod tests {
     fn timings_that_do_not_nest_are_refused_with_the_flag_to_change() {
         let mut s = settings();
         s.renew_deadline = Duration::from_secs(15);
-        assert!(s.validate().unwrap_err().contains("--lease-renew-deadline"));
+        assert!(
+            s.validate()
+                .unwrap_err()
+                .to_string()
+                .contains("--lease-renew-deadline")
+        );
         let mut s = settings();
         s.retry_period = Duration::from_secs(10);
-        assert!(s.validate().unwrap_err().contains("--lease-retry-period"));
+        assert!(
+            s.validate()
+                .unwrap_err()
+                .to_string()
+                .contains("--lease-retry-period")
+        );
         let mut s = settings();
         s.identity.clear();
-        assert!(s.validate().unwrap_err().contains("POD_NAME"));
+        assert_eq!(s.validate(), Err(LeaseFlagsError::NoIdentity));
         assert!(settings().validate().is_ok());
     }
 }

@@ -43,21 +43,28 @@ impl Default for CertificateOptions {
     }
 }
 
+/// Certificate flags that do not fit together, and which to change.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CertificateFlagsError {
+    #[error(
+        "--renew-certificates-before ({renew_before}s) must be shorter than --certificate-validity ({validity}s)"
+    )]
+    RenewAfterExpiry { renew_before: u64, validity: u64 },
+    #[error("--certificate-validity ({0}s) must be at least 10s")]
+    TooShort(u64),
+}
+
 impl CertificateOptions {
     /// A certificate renewed before it is even issued would be renewed at every reconcile.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), CertificateFlagsError> {
         if self.renew_before >= self.validity {
-            return Err(format!(
-                "--renew-certificates-before ({}s) must be shorter than --certificate-validity ({}s)",
-                self.renew_before.as_secs(),
-                self.validity.as_secs()
-            ));
+            return Err(CertificateFlagsError::RenewAfterExpiry {
+                renew_before: self.renew_before.as_secs(),
+                validity: self.validity.as_secs(),
+            });
         }
         if self.validity < Duration::from_secs(10) {
-            return Err(format!(
-                "--certificate-validity ({}s) must be at least 10s",
-                self.validity.as_secs()
-            ));
+            return Err(CertificateFlagsError::TooShort(self.validity.as_secs()));
         }
         Ok(())
     }

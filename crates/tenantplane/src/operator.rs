@@ -121,7 +121,7 @@ impl OperatorArgs {
             validity: self.certificate_validity,
             renew_before: self.renew_certificates_before,
         };
-        options.validate().map_err(anyhow::Error::msg)?;
+        options.validate()?;
         Ok(options)
     }
 
@@ -143,7 +143,7 @@ impl OperatorArgs {
             renew_deadline: self.lease_renew_deadline,
             retry_period: self.lease_retry_period,
         };
-        settings.validate().map_err(anyhow::Error::msg)?;
+        settings.validate()?;
         Ok(settings)
     }
 }
