@@ -24,6 +24,8 @@ pub struct ControllerOptions {
     pub wake: Option<WakeOptions>,
     /// Where snapshot stores' credentials are.
     pub snapshots: crate::snapshot::SnapshotOptions,
+    /// How tenants' syncers retry an object that failed.
+    pub sync_retries: tenantplane_syncer::Retries,
 }
 
 /// The lifetime of the leaf certificates the operator issues, and how long before they expire

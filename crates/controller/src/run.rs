@@ -125,7 +125,8 @@ pub async fn run(
                 instance: std::env::var("POD_NAME").ok(),
             },
         ),
-        syncers: Syncers::new(client.clone(), sync_tx, telemetry.metrics.clone()),
+        syncers: Syncers::new(client.clone(), sync_tx, telemetry.metrics.clone())
+            .with_retries(options.sync_retries),
         client: client.clone(),
         options,
         caches,

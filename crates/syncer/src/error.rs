@@ -58,11 +58,17 @@ impl Error {
     /// The first delay of the key's back-off. A refusal does not go away by itself: it is looked
     /// at again slowly (or as soon as the tenant object changes); anything else soon.
     pub fn first_retry(&self) -> Duration {
+        self.first_retry_in(&crate::Retries::default())
+    }
+
+    /// The first retry under `retries`: a refusal waits [`Retries::refused_first`]
+    /// (crate::Retries), anything else a quarter second.
+    pub fn first_retry_in(&self, retries: &crate::Retries) -> Duration {
         match self {
             Error::HostRejected(_)
             | Error::NotAllowed(_)
             | Error::HostNameTaken { .. }
-            | Error::ServiceIpNotAdopted { .. } => Duration::from_secs(10),
+            | Error::ServiceIpNotAdopted { .. } => retries.refused_first,
             _ => Duration::from_millis(250),
         }
     }

@@ -96,6 +96,26 @@ pub struct Syncers {
     observer: Arc<dyn Observer>,
     /// Shared by every tenant's syncer.
     watches: Arc<host::HostWatches>,
+    retries: Retries,
+}
+
+/// How a tenant's syncer retries an object that failed: the first retry of one the host or the
+/// profile refused, and the longest wait the back-off grows to (each failure in a row doubles
+/// it). The operator's `--sync-retry-refused-after` and `--sync-retry-max` set them; tests that
+/// count retries shorten them rather than wait minutes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Retries {
+    pub refused_first: Duration,
+    pub max: Duration,
+}
+
+impl Default for Retries {
+    fn default() -> Self {
+        Self {
+            refused_first: Duration::from_secs(10),
+            max: queue::MAX_BACKOFF,
+        }
+    }
 }
 
 /// How long a reconcile waits for a new syncer's first lists before it reports `SyncStarting`.
@@ -113,7 +133,14 @@ impl Syncers {
             notify,
             observer,
             watches: Arc::new(crate::host::HostWatches::new()),
+            retries: Retries::default(),
         }
+    }
+
+    /// Retry failed objects as `retries` says (the default: 10 s after a refusal, at most 5 min).
+    pub fn with_retries(mut self, retries: Retries) -> Self {
+        self.retries = retries;
+        self
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<(String, String), Running>> {
@@ -173,6 +200,7 @@ impl Syncers {
                             self.watches.clone(),
                             reporter,
                             stop_rx,
+                            self.retries,
                         )
                         .instrument(tracing::info_span!(
                             "syncer",

@@ -179,10 +179,15 @@ impl<K: Clone + Eq + Hash + Send + 'static> WorkQueue<K> {
     /// `key` failed: queue it again after its back-off, which starts at `first` and doubles
     /// with each failure in a row, up to [`MAX_BACKOFF`]. Returns the delay.
     pub fn retry(&self, key: K, first: Duration) -> Duration {
+        self.retry_up_to(key, first, MAX_BACKOFF)
+    }
+
+    /// [`retry`](Self::retry), the delay growing up to `max` rather than [`MAX_BACKOFF`].
+    pub fn retry_up_to(&self, key: K, first: Duration, max: Duration) -> Duration {
         let mut s = self.lock();
         let failures = s.failures.entry(key.clone()).or_insert(0);
         *failures = failures.saturating_add(1);
-        let delay = backoff::delay(*failures, first, MAX_BACKOFF);
+        let delay = backoff::delay(*failures, first, max);
         if !s.closed {
             s.delay(key, Instant::now() + delay, false);
             drop(s);

@@ -47,6 +47,7 @@ pub(crate) async fn supervise(
     watches: Arc<HostWatches>,
     reporter: Verdicts,
     stop: watch::Receiver<bool>,
+    retries: crate::Retries,
 ) {
     let mut failures = 0u32;
     loop {
@@ -59,6 +60,7 @@ pub(crate) async fn supervise(
             watches.clone(),
             reporter.clone(),
             stop.clone(),
+            retries,
         )));
         let why = match (&mut engine.0).await {
             Ok(Ok(())) => return,
@@ -93,6 +95,7 @@ impl<T> Drop for AbortOnDrop<T> {
 struct Engine {
     cx: Tenant,
     entries: BTreeMap<&'static str, kinds::Entry>,
+    retries: crate::Retries,
 }
 
 impl Engine {
@@ -132,7 +135,11 @@ impl Engine {
                     cx.queue.forget(key);
                     debug!(key = %description, error = %e, "sync refused; waiting for a change");
                 } else {
-                    let delay = cx.queue.retry(key.clone(), e.first_retry());
+                    let delay = cx.queue.retry_up_to(
+                        key.clone(),
+                        e.first_retry_in(&self.retries),
+                        self.retries.max,
+                    );
                     debug!(key = %description, error = %e, "sync failed; retrying in {delay:?}");
                 }
                 cx.reporter.set_error(
@@ -188,6 +195,7 @@ async fn run(
     watches: Arc<HostWatches>,
     reporter: Verdicts,
     stop: watch::Receiver<bool>,
+    retries: crate::Retries,
 ) -> std::result::Result<(), EngineError> {
     let stopped = || {
         let mut stop = stop.clone();
@@ -272,6 +280,7 @@ async fn run(
             reporter,
         },
         entries: entries.into_iter().map(|e| (e.name, e)).collect(),
+        retries,
     });
     // Unsubscribed from the host watches when the engine stops.
     let _subscriptions = subscriptions;

@@ -236,6 +236,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 snapshots: tenantplane_controller::snapshot::SnapshotOptions {
                     secrets_namespace: operator_namespace.clone(),
                 },
+                sync_retries: operator.sync_retries()?,
             };
             operator::run(&cli.host, &operator, operator_namespace, options).await?;
         }

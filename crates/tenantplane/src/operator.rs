@@ -65,6 +65,13 @@ pub struct OperatorArgs {
     /// Renew an admin certificate (and rewrite the kubeconfig Secret) when less than this is left.
     #[arg(long, default_value = "30d", value_parser = format::parse_duration)]
     pub renew_certificates_before: Duration,
+    /// How long a tenant's syncer waits before it tries again an object the host or the
+    /// IsolationProfile refused; each failure in a row doubles the wait.
+    #[arg(long, default_value = "10s", value_parser = format::parse_duration)]
+    pub sync_retry_refused_after: Duration,
+    /// The longest wait between a syncer's tries of an object that keeps failing.
+    #[arg(long, default_value = "5m", value_parser = format::parse_duration)]
+    pub sync_retry_max: Duration,
     /// Where the kubelet endpoint of the virtual nodes listens (tenant API servers call it for
     /// logs, exec, attach and port-forward).
     #[arg(long, default_value = "0.0.0.0:10250", value_name = "ADDRESS:PORT")]
@@ -113,6 +120,20 @@ impl OperatorArgs {
             listen,
             advertise,
             ports: self.wake_ports.clone(),
+        })
+    }
+
+    /// How tenants' syncers retry: the first wait after a refusal is at most the longest.
+    pub fn sync_retries(&self) -> anyhow::Result<tenantplane_syncer::Retries> {
+        anyhow::ensure!(
+            self.sync_retry_refused_after <= self.sync_retry_max,
+            "--sync-retry-refused-after ({:?}) must not be longer than --sync-retry-max ({:?})",
+            self.sync_retry_refused_after,
+            self.sync_retry_max
+        );
+        Ok(tenantplane_syncer::Retries {
+            refused_first: self.sync_retry_refused_after,
+            max: self.sync_retry_max,
         })
     }
 

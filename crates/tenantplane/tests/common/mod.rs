@@ -103,6 +103,18 @@ fn start_operator_using(
     client: Client,
     kubelet: Option<KubeletOptions>,
 ) -> Operator {
+    start_operator_edited(ns, client, kubelet, |_| {})
+}
+
+/// The operator with its [`options`] changed by `edit` (a test's shorter timers).
+pub fn start_operator_edited(
+    ns: &TestNamespace,
+    client: Client,
+    kubelet: Option<KubeletOptions>,
+    edit: impl FnOnce(&mut ControllerOptions),
+) -> Operator {
+    let mut options = options(&ns.name, kubelet.clone());
+    edit(&mut options);
     // The operator's log, shown for failing tests; `RUST_LOG` picks the detail. Without it, not
     // kube-client's line per failed request: a test that stops an API server got thousands, and
     // they buried the test's own message (the operator reports those errors in status).
@@ -115,7 +127,7 @@ fn start_operator_using(
         .try_init();
     let controller = tokio::spawn(tenantplane_controller::run(
         client.clone(),
-        options(&ns.name, kubelet.clone()),
+        options,
         futures::future::pending(),
     ));
     let (runtime, task) = local_runtime_for(ns);
@@ -457,6 +469,14 @@ impl TestHost {
         install_crds_and_policies();
         let ns = namespace(prefix).await;
         let operator = start_operator(&ns);
+        Self::of(ns, operator)
+    }
+
+    /// [`TestHost::start`] with the operator's options changed by `edit`.
+    pub async fn start_edited(prefix: &str, edit: impl FnOnce(&mut ControllerOptions)) -> Self {
+        install_crds_and_policies();
+        let ns = namespace(prefix).await;
+        let operator = start_operator_edited(&ns, operator::client(), None, edit);
         Self::of(ns, operator)
     }
 

@@ -99,7 +99,16 @@ fn refused_writes(namespace: &str, resource: &str, name: &str, code: i64) -> usi
 
 #[tokio::test]
 async fn a_pod_the_host_refuses_backs_off() {
-    let world = ReadyTenant::start("sync-backoff").await;
+    // The operator's retry timers a tenth of their defaults (10 s first, 5 min at most), so the
+    // back-off's shape shows in 30 s rather than 5 minutes.
+    let retries = tenantplane_syncer::Retries {
+        refused_first: std::time::Duration::from_secs(1),
+        max: std::time::Duration::from_secs(30),
+    };
+    let world = TestHost::start_edited("sync-backoff", |o| o.sync_retries = retries)
+        .await
+        .ready(TenantSetup::seed())
+        .await;
     let (ns, host, tenant) = (&world.ns, &world.host, &world.tenant);
     create_privileged_pod(tenant).await;
     let copy = "priv-x-kube-system-x-dev";
@@ -109,7 +118,7 @@ async fn a_pod_the_host_refuses_backs_off() {
     .await;
     assert!(first.is_some(), "the host never refused the copy");
     let started = std::time::Instant::now();
-    let window = std::time::Duration::from_secs(300);
+    let window = retries.max;
     tokio::time::sleep(window).await;
     let attempts = refused_writes(&ns.name, "pods", copy, 403);
     println!(
@@ -118,7 +127,7 @@ async fn a_pod_the_host_refuses_backs_off() {
     );
     assert!(
         (2..=6).contains(&attempts),
-        "{attempts} host create attempts in 5 minutes (1 refused pod)"
+        "{attempts} host create attempts in {window:?} (1 refused pod)"
     );
     let (status, reason, _) = synced_condition(host, &ns.name, "dev").await;
     assert_eq!(
