@@ -23,7 +23,10 @@ mod launch;
 mod pod_address;
 mod pod_spec;
 mod restore;
+mod runs;
+
 use pod_spec::{args_value, go_runtime_env, init_env, mounted_config_map_file};
+use runs::Runs;
 
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -202,22 +205,6 @@ pub fn start(
 
 /// How long a launch may take before the runtime says it is slow.
 const SLOW_LAUNCH: Duration = Duration::from_secs(20);
-
-/// Which pods a watch event is about.
-#[derive(Clone, Copy, Debug)]
-enum Runs {
-    ControlPlane,
-    Dns,
-}
-
-impl Runs {
-    fn what(self) -> &'static str {
-        match self {
-            Runs::ControlPlane => "control-plane",
-            Runs::Dns => "CoreDNS",
-        }
-    }
-}
 
 /// Stops every tenant process when the runtime's task ends.
 struct StopOnDrop(LocalRuntime);
