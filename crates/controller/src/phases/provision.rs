@@ -317,7 +317,7 @@ fn waking_since(tc: &TenantCluster) -> Option<k8s_openapi::jiff::Timestamp> {
 }
 
 /// Whether Ready has kept its status for longer than a control plane may take to come up.
-fn for_too_long(tc: &TenantCluster) -> bool {
+pub(super) fn for_too_long(tc: &TenantCluster) -> bool {
     tc.status
         .as_ref()
         .and_then(|s| {
@@ -335,7 +335,7 @@ fn for_too_long(tc: &TenantCluster) -> bool {
 /// away (and stays so until it is back). Going away can first read as an API server that does
 /// not answer while its pod is still Ready; the pod's readiness then follows, and the tenant
 /// must stay Degraded rather than fall back to Provisioning.
-fn was_up(tc: &TenantCluster) -> bool {
+pub(super) fn was_up(tc: &TenantCluster) -> bool {
     let Some(status) = tc.status.as_ref() else {
         return false;
     };

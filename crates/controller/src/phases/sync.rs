@@ -7,7 +7,7 @@ use tenantplane_api::TenantCluster;
 use tenantplane_syncer::SyncerSpec;
 
 use super::credentials::Kubeconfig;
-use super::provision::{ControlPlane, waiting};
+use super::provision::{ControlPlane, for_too_long, waiting, was_up};
 use super::resolve::Policies;
 use super::{Phase, stop};
 use crate::build;
@@ -38,11 +38,11 @@ pub(crate) async fn tenant(
     let kubeconfig = &kubeconfig.text;
     let server = match connector.server(&tenant, &ns, &pod) {
         Ok(s) => s,
-        Err(e) => return stop(unreachable(replacing, e.to_string())),
+        Err(e) => return stop(unreachable(tc, replacing, e.to_string())),
     };
     let tenant_client = match connector.client(kubeconfig, &tenant, &ns, &server).await {
         Ok(c) => c,
-        Err(e) => return stop(unreachable(replacing, e.to_string())),
+        Err(e) => return stop(unreachable(tc, replacing, e.to_string())),
     };
     tracing::debug!(%server, "asking the tenant for its version");
     // Bounded as a whole: a wedged server can take the connection and never finish TLS, which
@@ -52,14 +52,14 @@ pub(crate) async fn tenant(
         Ok(Ok(info)) => info.git_version,
         Ok(Err(e)) => {
             let detail = format!("{server}: {e}");
-            return stop(unreachable(replacing, detail));
+            return stop(unreachable(tc, replacing, detail));
         }
         Err(_) => {
             let detail = format!(
                 "{server}: no answer to GET /version within {}s",
                 TENANT_ANSWER_WITHIN.as_secs()
             );
-            return stop(unreachable(replacing, detail));
+            return stop(unreachable(tc, replacing, detail));
         }
     };
     tracing::debug!(%version, "the tenant answered");
@@ -72,7 +72,7 @@ pub(crate) async fn tenant(
         .await
     {
         Ok(c) => c,
-        Err(e) => return stop(unreachable(replacing, e.to_string())),
+        Err(e) => return stop(unreachable(tc, replacing, e.to_string())),
     };
     let spec = SyncerSpec {
         tenant: tenant.clone(),
@@ -105,10 +105,18 @@ pub(crate) async fn tenant(
     })
 }
 
-/// The tenant API server does not answer: Degraded, unless a change is rolling out.
-fn unreachable(replacing: bool, detail: String) -> Progress {
+/// The tenant API server does not answer: Degraded when the tenant had been up. While a change
+/// rolls out, or while its pod has just turned Ready after a start or an upgrade and the server
+/// does not answer yet (a loaded machine makes that gap seconds long), it is on its way: it reads
+/// Provisioning, and Degraded only once that has lasted too long.
+fn unreachable(tc: &TenantCluster, replacing: bool, detail: String) -> Progress {
     if replacing {
         waiting(format!("{ROLLING_OUT}; the tenant API server: {detail}"))
+    } else if !was_up(tc) {
+        Progress::ControlPlaneNotReady {
+            detail: format!("the tenant API server does not answer yet: {detail}"),
+            stuck: for_too_long(tc),
+        }
     } else {
         Progress::Unreachable(detail)
     }
@@ -151,5 +159,58 @@ async fn read_activity(tc: &TenantCluster, ctx: &Context, tenant: &kube::Client)
             )
             .await;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tenant(phase: &str, ready: &str, reason: &str, since: &str) -> TenantCluster {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "tenantplane.io/v1alpha1", "kind": "TenantCluster",
+            "metadata": {"name": "dev", "namespace": "team-dev"},
+            "spec": {"kubernetesVersion": "v1.31.4"},
+            "status": {"phase": phase, "conditions": [{
+                "type": "Ready", "status": ready, "reason": reason, "message": "m",
+                "lastTransitionTime": since
+            }]}
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_server_that_does_not_answer_is_degraded_only_once_it_had_been_up() {
+        let now = k8s_openapi::jiff::Timestamp::now().to_string();
+        let long_ago = "2026-01-01T00:00:00Z";
+        let up = tenant("Ready", "True", "ControlPlaneReady", &now);
+        assert!(matches!(
+            unreachable(&up, false, "refused".into()),
+            Progress::Unreachable(_)
+        ));
+        // Rolling out: on its way, whatever it was.
+        let rolling = unreachable(&up, true, "refused".into());
+        assert!(matches!(
+            rolling,
+            Progress::ControlPlaneNotReady { stuck: false, .. }
+        ));
+        // Its pod just turned Ready after a start or an upgrade: Provisioning, not Degraded.
+        let coming = tenant("Provisioning", "False", "ControlPlaneNotReady", &now);
+        match unreachable(&coming, false, "TLS handshake timeout".into()) {
+            Progress::ControlPlaneNotReady { detail, stuck } => {
+                assert!(!stuck);
+                assert!(
+                    detail.contains("does not answer yet: TLS handshake timeout"),
+                    "{detail}"
+                );
+            }
+            other => panic!("expected ControlPlaneNotReady, got {other:?}"),
+        }
+        // Coming up for too long: Degraded all the same.
+        let stuck = tenant("Provisioning", "False", "ControlPlaneNotReady", long_ago);
+        assert!(matches!(
+            unreachable(&stuck, false, "refused".into()),
+            Progress::ControlPlaneNotReady { stuck: true, .. }
+        ));
     }
 }
