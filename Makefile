@@ -9,21 +9,23 @@ CARGO ?= cargo
 
 .PHONY: test unit testenv lint crds build demo bench-controller bench-sync bench-sleep bench-snapshot conformance docs
 
-## test: every test, unit and against the real control plane (builds the control plane if missing),
-## built first, then run in network, mount and PID namespaces of their own (testenv/isolated.sh);
-## every binary runs even after one fails; TEST_THREADS tests at once in each (most wait on the
-## control plane, not the CPU); prints the seconds of each test binary at the end, slowest first
-## (testenv/timed.sh)
+## test: every test, unit and against the real control plane (builds the control plane if missing).
+## `xtask suite` builds the test binaries, then runs up to TEST_JOBS of them at once, each in
+## network, mount and PID namespaces of its own (testenv/isolated.sh), longest first, beside each
+## other only while the CPU shares they used last time add up to TEST_CPU percent of the machine;
+## TEST_THREADS tests at once in each binary. Every binary runs even after one fails; the failures'
+## logs are printed as they end, and a table of every binary's seconds at the end.
 TEST_THREADS ?= 4
+TEST_JOBS ?= 3
+TEST_CPU ?= 100
 test: testenv
-	$(CARGO) test --workspace --locked --no-run
-	bash testenv/isolated.sh bash testenv/timed.sh $(CARGO) test --workspace --locked --offline --no-fail-fast -- --test-threads=$(TEST_THREADS)
+	$(CARGO) run -q -p xtask --locked -- suite --jobs $(TEST_JOBS) --cpu $(TEST_CPU) --isolate testenv/isolated.sh \
+	  -- --workspace --locked -- --test-threads=$(TEST_THREADS)
 
 ## unit: every test that needs no cluster (each crate's own tests, the admission rules run offline,
 ## the doc tests); builds no Go and starts no control plane
 unit:
-	bash testenv/timed.sh $(CARGO) test --workspace --locked --lib --bins --test admission
-	$(CARGO) test --workspace --locked --doc -q
+	$(CARGO) run -q -p xtask --locked -- suite --jobs 2 -- --workspace --locked --lib --bins --test admission
 
 ## demo: the local dev cluster with the example tenant, until Ctrl-C (state in .tenantplane/dev)
 demo: testenv

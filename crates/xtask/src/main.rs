@@ -3,8 +3,12 @@
 //! - `xtask circles [ROOT]`: every crate under `ROOT/crates` (default: the workspace) has no
 //!   import circle between its modules ([`circles`]); each circle is printed with the lines that
 //!   make it, and the exit code is 1.
+//! - `xtask suite [--jobs N] [--cpu PERCENT] [--isolate SCRIPT] [-- CARGO_ARGS… [-- TEST_ARGS…]]`:
+//!   build the test binaries and run them, several at once as they fit, with a table of their
+//!   times at the end ([`suite`]); `make test` and `make unit` run it.
 
 mod circles;
+mod suite;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -19,8 +23,12 @@ fn main() -> ExitCode {
                 .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../.."));
             check_circles(&root)
         }
+        Some("suite") => suite::main(&args[1..]),
         _ => {
-            eprintln!("usage: xtask circles [ROOT]   (no import circle between a crate's modules)");
+            eprintln!(
+                "usage: xtask circles [ROOT]   (no import circle between a crate's modules)\n       \
+                 xtask suite [--jobs N] [--cpu PERCENT] [--isolate SCRIPT] [-- CARGO_ARGS… [-- TEST_ARGS…]]"
+            );
             ExitCode::from(2)
         }
     }
