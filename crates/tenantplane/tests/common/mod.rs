@@ -240,9 +240,25 @@ pub fn condition<'a>(
 }
 
 /// A client for tenant `name` in `ns`: its kubeconfig Secret, dialled where the local runtime
-/// says the tenant API server answers.
+/// says the tenant API server answers. Right after a restart or an upgrade the new pod has no
+/// address yet: it waits for one.
 pub async fn tenant_client(host: &Client, ns: &str, name: &str) -> Client {
-    let client = tenant::tenant_client(host, ns, name).await.unwrap();
+    let last_error = std::sync::Mutex::new(String::new());
+    let client = eventually(WAIT, || async {
+        match tenant::tenant_client(host, ns, name).await {
+            Ok(client) => Some(client),
+            Err(e) => {
+                *last_error.lock().unwrap() = e;
+                None
+            }
+        }
+    })
+    .await;
+    let Some(client) = client else {
+        let error = last_error.lock().unwrap().clone();
+        let report = control_plane_report(host, ns, name).await;
+        panic!("no client for tenant {ns}/{name}: {error}\n{report}");
+    };
     // Pods are refused until the tenant's controller manager made the default ServiceAccount.
     let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), "default");
     let ready = eventually(WAIT, || async {

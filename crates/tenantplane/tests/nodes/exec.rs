@@ -115,23 +115,13 @@ async fn port_forward_and_debug_from_the_tenant() {
     running(tenant, "server").await;
     let (_connect, kubeconfig) = connect(&world).await;
 
-    // port-forward: a local port reaches the server in the container.
-    let mut forward = spawn_kubectl(
-        &kubeconfig,
-        &["port-forward", "pod/server", "--address=127.0.0.1", ":8080"],
-    );
-    let mut lines = stdout_lines(&mut forward);
-    let line = next_line(&mut lines, "kubectl port-forward").await;
-    let port: u16 = line
-        .strip_prefix("Forwarding from 127.0.0.1:")
-        .and_then(|rest| rest.split_whitespace().next())
-        .and_then(|p| p.parse().ok())
-        .unwrap_or_else(|| panic!("port-forward said {line:?}"));
-    // A connection through the chain of forwards (connect, the host API server, the tenant's, the
-    // kubelet) may be cut while a hop is still being set up on a loaded machine: a user retries.
+    // port-forward: a local port reaches the server in the container. A connection through the
+    // chain of forwards (connect, the host API server, the tenant's, the kubelet) may be cut while
+    // a hop is still being set up on a loaded machine, or before the server in the container
+    // listens; kubectl then ends its port-forward, and a user runs it again.
     let mut answers = Vec::new();
     for _ in 0..5 {
-        let answer = http_get(port, "/hostname").await;
+        let answer = forwarded_get(&kubeconfig, "/hostname").await;
         if answer.ends_with("\r\n\r\nserver") {
             break;
         }
@@ -142,7 +132,6 @@ async fn port_forward_and_debug_from_the_tenant() {
         answers.len() < 5,
         "port-forward never reached the server: {answers:?}"
     );
-    drop(forward);
 
     // debug: an ephemeral container starts in the running pod, logs, and takes exec.
     let custom = shared().dir().join(format!("{}-debug.json", world.ns.name));
@@ -267,6 +256,22 @@ async fn kubectl_until(kubeconfig: &std::path::Path, args: &[&str], want: &str) 
 }
 
 /// An HTTP/1.0 GET of `path` from 127.0.0.1:`port`: the whole answer.
+/// `GET path` from pod `server`'s port 8080 through a `kubectl port-forward` of its own.
+async fn forwarded_get(kubeconfig: &std::path::Path, path: &str) -> String {
+    let mut forward = spawn_kubectl(
+        kubeconfig,
+        &["port-forward", "pod/server", "--address=127.0.0.1", ":8080"],
+    );
+    let mut lines = stdout_lines(&mut forward);
+    let line = next_line(&mut lines, "kubectl port-forward").await;
+    let port: u16 = line
+        .strip_prefix("Forwarding from 127.0.0.1:")
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("port-forward said {line:?}"));
+    http_get(port, path).await
+}
+
 async fn http_get(port: u16, path: &str) -> String {
     let attempt = async {
         let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
