@@ -177,7 +177,15 @@ fn read_yaml(path: &Path) -> Value {
 
 /// `kubectl --kubeconfig FILE get namespaces -o name` through the forward; it must succeed.
 async fn tenant_namespaces(kubeconfig: &Path) -> String {
-    let (code, stdout, stderr) = run(
+    let (code, stdout, stderr) = try_tenant_namespaces(kubeconfig).await;
+    assert_eq!(code, 0, "kubectl through connect: {stderr}");
+    stdout
+}
+
+/// `kubectl --kubeconfig FILE get namespaces -o name` through the forward: exit code, stdout and
+/// stderr.
+async fn try_tenant_namespaces(kubeconfig: &Path) -> (i32, String, String) {
+    run(
         &kubectl(),
         &[
             "--kubeconfig",
@@ -189,9 +197,7 @@ async fn tenant_namespaces(kubeconfig: &Path) -> String {
         ],
         &host_kubeconfig(),
     )
-    .await;
-    assert_eq!(code, 0, "kubectl through connect: {stderr}");
-    stdout
+    .await
 }
 
 #[tokio::test]
@@ -528,7 +534,21 @@ async fn connect_wakes_a_sleeping_tenant_and_a_connection_wakes_it_again() {
         .unwrap();
     common::wait_for_phase(host, ns, "dev", Phase::Sleeping).await;
     let started = Instant::now();
-    assert!(tenant_namespaces(&out).await.contains("namespace/default"));
+    // The connection wakes the tenant. The forward carries TLS end to end, so kubectl's handshake
+    // waits for the wake, and kubectl gives up on a handshake after 10 s: on a loaded machine a
+    // wake can take longer, and a user then runs the command again, which is answered.
+    let (code, answer, stderr) = try_tenant_namespaces(&out).await;
+    let answer = if code != 0 && stderr.contains("TLS handshake timeout") {
+        eprintln!(
+            "the wake outlasted kubectl's TLS handshake ({:.1?}); again",
+            started.elapsed()
+        );
+        tenant_namespaces(&out).await
+    } else {
+        assert_eq!(code, 0, "kubectl through connect: {stderr}");
+        answer
+    };
+    assert!(answer.contains("namespace/default"));
     eprintln!(
         "a connection to the sleeping tenant was answered after {:.1?}",
         started.elapsed()
