@@ -277,7 +277,7 @@ impl Elector {
                     }
                 }
                 Err(e) => {
-                    warn!(lease = %self.settings.name, namespace = %self.settings.namespace, error = %e, "reading the leader Lease failed; retrying")
+                    warn!(lease = %self.settings.name, namespace = %self.settings.namespace, error = %e, "reading the leader Lease failed; retrying");
                 }
             }
             tokio::time::sleep(self.settings.retry_period).await;
@@ -303,7 +303,7 @@ impl Elector {
                     );
                 }
                 Err(e) => {
-                    warn!(lease = %self.settings.name, error = %e, "renewing the leader Lease failed; retrying")
+                    warn!(lease = %self.settings.name, error = %e, "renewing the leader Lease failed; retrying");
                 }
             }
         }

@@ -221,17 +221,14 @@ async fn hold(
         refuse(socket, &target, &why).await;
         return;
     }
-    let address = match tokio::time::timeout(WAKE_WITHIN, ready_address(&target)).await {
-        Ok(address) => address,
-        Err(_) => {
-            warn!(namespace = %ns, tenant = %tenant, %peer, "wake door: the tenant was not Ready within {}s", WAKE_WITHIN.as_secs());
-            let why = format!(
-                "tenant {tenant} in namespace {ns} was asleep and is not awake {}s after this request woke it; see `tenantplane status {tenant} -n {ns}`",
-                WAKE_WITHIN.as_secs()
-            );
-            refuse(socket, &target, &why).await;
-            return;
-        }
+    let Ok(address) = tokio::time::timeout(WAKE_WITHIN, ready_address(&target)).await else {
+        warn!(namespace = %ns, tenant = %tenant, %peer, "wake door: the tenant was not Ready within {}s", WAKE_WITHIN.as_secs());
+        let why = format!(
+            "tenant {tenant} in namespace {ns} was asleep and is not awake {}s after this request woke it; see `tenantplane status {tenant} -n {ns}`",
+            WAKE_WITHIN.as_secs()
+        );
+        refuse(socket, &target, &why).await;
+        return;
     };
     match TcpStream::connect(&address).await {
         Ok(mut upstream) => {

@@ -220,7 +220,7 @@ mod tests {
         assert_eq!(spec.access_modes.unwrap(), ["ReadWriteOnce"]);
         assert!(spec.selector.is_none());
         assert_eq!(review(&translator(), &pvc).dropped.len(), 3);
-        let mut clone = pvc.clone();
+        let mut clone = pvc;
         clone.spec.as_mut().unwrap().data_source = Some(TypedLocalObjectReference {
             api_group: None,
             kind: "PersistentVolumeClaim".into(),

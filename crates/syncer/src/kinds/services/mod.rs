@@ -428,7 +428,7 @@ pub fn service(tr: &Translator, svc: &Service, host_name: &str) -> Service {
             // Only addresses the profile allows (a Service with others is refused).
             external_ips: spec.external_ips.clone(),
             session_affinity_config: spec.session_affinity_config.clone(),
-            traffic_distribution: spec.traffic_distribution.clone(),
+            traffic_distribution: spec.traffic_distribution,
             ..Default::default()
         }),
         status: None,
