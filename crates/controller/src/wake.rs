@@ -62,14 +62,19 @@ impl Drop for Door {
 /// What a door needs to wake its tenant and reach it.
 #[derive(Clone)]
 pub struct DoorTarget {
+    /// The host client, as the operator.
     pub client: Client,
     /// The tenant's PKI Secret is here: past the bound, the door answers in the tenant's name.
     pub secrets: Store<k8s_openapi::api::core::v1::Secret>,
     /// The controller's cache of TenantClusters (the operator may not `get` one).
     pub tenants: Store<TenantCluster>,
+    /// The control-plane pods, to find the tenant's address.
     pub pods: Store<Pod>,
+    /// How to reach the tenant's API server.
     pub connector: Connector,
+    /// The tenant's host namespace.
     pub namespace: String,
+    /// The TenantCluster's name.
     pub tenant: String,
 }
 

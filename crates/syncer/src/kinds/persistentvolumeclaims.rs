@@ -16,6 +16,7 @@ use crate::tell::Review;
 use crate::tenant::Tenant;
 use crate::translate::Translator;
 
+/// PersistentVolumeClaims, copied down when the policy or a synced pod asks for them.
 pub struct Claims;
 
 copy_down_kind!(

@@ -32,6 +32,7 @@ pub mod node_ports;
 
 use address::{OwnAddress, own_address, squatted};
 
+/// Services, copied down; the host's cluster IP comes back to the tenant Service.
 pub struct Services;
 
 impl Kind for Services {
