@@ -83,7 +83,9 @@ conformance: testenv
 testenv:
 	@bash testenv/images.sh "$$(bash testenv/build.sh)" >/dev/null
 
-## lint: rustfmt and clippy, warnings as errors, and no import circle between a crate's modules (xtask)
+## lint: rustfmt, and clippy with warnings as errors: its default lints and the workspace's
+## (Cargo.toml's [workspace.lints]: a doc comment on every public item, and the clippy lints listed
+## there); then no import circle between a crate's modules (xtask)
 lint:
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets --locked -- -D warnings

@@ -316,27 +316,35 @@ impl Default for DurationCaps {
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
 #[serde(rename_all = "camelCase")]
 pub struct AnnotationAllowances {
+    /// Annotation keys the host copies of Pods may carry.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 64), inner(length(max = 317)))]
     pub pods: Vec<String>,
+    /// Annotation keys the host copies of Services may carry.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 64), inner(length(max = 317)))]
     pub services: Vec<String>,
+    /// Annotation keys the host copies of Ingresses may carry.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 64), inner(length(max = 317)))]
     pub ingresses: Vec<String>,
+    /// Annotation keys the host copies of PersistentVolumeClaims may carry.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 64), inner(length(max = 317)))]
     pub persistent_volume_claims: Vec<String>,
+    /// Annotation keys the host copies of ConfigMaps may carry.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 64), inner(length(max = 317)))]
     pub config_maps: Vec<String>,
+    /// Annotation keys the host copies of Secrets may carry.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 64), inner(length(max = 317)))]
     pub secrets: Vec<String>,
+    /// Annotation keys the host copies of ServiceAccounts may carry.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 64), inner(length(max = 317)))]
     pub service_accounts: Vec<String>,
+    /// Annotation keys the host copies of Endpoints and EndpointSlices may carry.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 64), inner(length(max = 317)))]
     pub endpoints: Vec<String>,

@@ -47,14 +47,17 @@ impl Cidr {
         Self(net.trunc())
     }
 
+    /// The block's network address, its first.
     pub fn network(&self) -> IpAddr {
         self.0.network()
     }
 
+    /// The block's prefix length in bits.
     pub fn prefix(&self) -> u8 {
         self.0.prefix_len()
     }
 
+    /// Whether the block holds IPv4 addresses.
     pub fn is_ipv4(&self) -> bool {
         matches!(self.0, IpNet::V4(_))
     }

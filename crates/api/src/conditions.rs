@@ -30,13 +30,18 @@ pub fn conditions_schema(generator: &mut SchemaGenerator) -> Schema {
 /// A condition as the controller means it, before times are stamped.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ConditionSpec {
+    /// The condition's `type`, one of the constants above (such as [`READY`]).
     pub type_: &'static str,
+    /// Whether the condition holds: `True` or `False` in the status.
     pub status: bool,
+    /// Why, as one CamelCase word.
     pub reason: String,
+    /// What a person reads: what happened, and what to change when it is not right.
     pub message: String,
 }
 
 impl ConditionSpec {
+    /// A condition of `type_`, before times are stamped.
     pub fn new(
         type_: &'static str,
         status: bool,

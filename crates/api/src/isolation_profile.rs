@@ -11,8 +11,11 @@ use crate::string_enum;
 string_enum! {
     /// Pod Security Standard enforced (and warned and audited) on the tenant's namespace.
     pub enum PodSecurityLevel ("podSecurity", default = Restricted) {
+        /// Unrestricted: any pod is admitted.
         Privileged = "privileged",
+        /// Minimally restrictive: known privilege escalations are refused.
         Baseline = "baseline",
+        /// Heavily restricted: current pod hardening practice is enforced.
         Restricted = "restricted",
     }
 }

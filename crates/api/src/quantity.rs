@@ -102,6 +102,7 @@ pub struct ParsedQuantity {
 }
 
 impl ParsedQuantity {
+    /// Read `text` once; a text that is not a quantity keeps no value.
     pub fn new(text: impl Into<String>) -> Self {
         let text = text.into();
         let value = Quantity::parse(&text);

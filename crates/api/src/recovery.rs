@@ -28,10 +28,12 @@ pub struct Restore {
 /// A TenantSnapshot by name, in this namespace unless another is named.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
 pub struct SnapshotRef {
+    /// Name of the TenantSnapshot.
     #[schemars(length(max = 253))]
     #[x_kube(validation = crate::rules::object_name("restore.snapshotRef.name"))]
     pub name: String,
 
+    /// Namespace of the TenantSnapshot, when it is not the TenantCluster's own.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 63))]
     pub namespace: Option<String>,
@@ -67,8 +69,11 @@ fn default_keep() -> i32 {
 string_enum! {
     /// Where a restore stands.
     pub enum RestorePhase ("status.restore.phase", default = Restoring) {
+        /// Under way: the tenant waits for the control-plane pod that carries the restore.
         Restoring = "Restoring",
+        /// The snapshot's data is in place and the tenant runs on it.
         Completed = "Completed",
+        /// Refused before anything was touched, or given up with the tenant on the data it had.
         Failed = "Failed",
     }
 }
@@ -98,9 +103,11 @@ pub struct RestoreStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub checksum: Option<String>,
 
+    /// When the restore began.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub start_time: Option<Time>,
 
+    /// When the restore completed or failed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub completion_time: Option<Time>,
 

@@ -19,6 +19,7 @@ fn both_versions_valid() -> String {
     format!("self.matches('{VERSION}') && oldSelf.matches('{VERSION}')")
 }
 
+/// The version looks like `v1.30.4`: a v, then major.minor.patch.
 pub fn version_format() -> Rule {
     rule(
         format!("self.matches('{VERSION}')"),
@@ -29,6 +30,7 @@ pub fn version_format() -> Rule {
 /// The oldest Kubernetes version a tenant runs.
 pub const OLDEST_VERSION: &str = "v1.30.0";
 
+/// The version is one a tenant runs: [`OLDEST_VERSION`] or newer.
 pub fn version_supported() -> Rule {
     let (n0, n1) = (part("self", 0), part("self", 1));
     rule(
@@ -71,6 +73,7 @@ pub fn version_no_downgrade() -> Rule {
     .field_path(".kubernetesVersion")
 }
 
+/// The version moves up one minor version at a time, never skipping one.
 pub fn version_one_minor_at_a_time() -> Rule {
     let (n0, n1) = (part("self", 0), part("self", 1));
     let (o0, o1) = (part("oldSelf", 0), part("oldSelf", 1));
@@ -91,6 +94,7 @@ pub fn tenant_name() -> Rule {
         .message("a TenantCluster name must be at most 52 characters of lowercase letters, digits and -, starting with a letter (it names the tenant's Service and StatefulSet)")
 }
 
+/// `spec.mode` changes only with `spec.migration.allowModeChange`.
 pub fn mode_change_allowed() -> Rule {
     rule(
         "self.mode == oldSelf.mode || (has(self.migration) && has(self.migration.allowModeChange) && self.migration.allowModeChange)",
@@ -107,6 +111,7 @@ fn distribution(of: &str) -> String {
     )
 }
 
+/// `spec.controlPlane.distribution` changes only with `spec.migration.allowModeChange`.
 pub fn distribution_change_allowed() -> Rule {
     let (new, old) = (distribution("self"), distribution("oldSelf"));
     rule(
@@ -150,6 +155,7 @@ pub fn k3s_shipped_the_version() -> Rule {
     .field_path(".kubernetesVersion")
 }
 
+/// `controlPlane.image` names a k3s image, so only the k3s distribution may set it.
 pub fn image_only_for_k3s() -> Rule {
     Rule::new("!has(self.image) || !has(self.distribution) || self.distribution == 'k3s'")
         .message("controlPlane.image names a k3s image and is only for distribution k3s; the kubernetes distribution runs the operator's kine, kube-apiserver and kube-controller-manager images: remove controlPlane.image")
@@ -159,16 +165,19 @@ pub fn image_only_for_k3s() -> Rule {
 // Messages that would print a number or a list are static: the API server's cost estimate of
 // `string(int)` and `join` is unbounded, and it refuses the CRD.
 
+/// The sqlite datastore runs a single replica.
 pub fn sqlite_single_replica() -> Rule {
     Rule::new("self.datastore.type != 'sqlite' || self.replicas <= 1")
         .message("the sqlite datastore runs a single replica: set controlPlane.replicas to 1")
         .field_path(".replicas")
 }
 
+/// An integer `field` of at least 1.
 pub fn at_least_one(field: &str) -> Rule {
     Rule::new("self >= 1").message(format!("{field} must be at least 1").as_str())
 }
 
+/// A quantity above zero; `example` shows one in the message.
 pub fn positive_quantity(field: &str, example: &str) -> Rule {
     rule(
         "isQuantity(self) && quantity(self).isGreaterThan(quantity('0'))",
@@ -230,12 +239,14 @@ pub fn duration_at_least(field: &str, min: &str) -> Rule {
     )
 }
 
+/// Every entry of the list `field` is a CIDR.
 pub fn cidrs(field: &str) -> Rule {
     Rule::new("self.all(c, isCIDR(c))").message(
         format!("{field} must hold only CIDRs, such as 10.0.0.0/8 or 203.0.113.7/32").as_str(),
     )
 }
 
+/// A valid object name (lowercase letters, digits, `-` and `.`); `what` names it in the message.
 pub fn object_name(what: &str) -> Rule {
     rule(
         r"self.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$')",

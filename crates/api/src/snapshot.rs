@@ -101,6 +101,7 @@ fn default_region() -> String {
 /// A Secret by name (in the operator's namespace).
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
 pub struct SecretRef {
+    /// Name of the Secret, in the operator's namespace.
     #[schemars(length(max = 253))]
     #[x_kube(validation = crate::rules::object_name("the Secret"))]
     pub name: String,
@@ -128,9 +129,13 @@ pub struct SnapshotStoreStatus {
 string_enum! {
     /// Where a snapshot stands.
     pub enum SnapshotPhase ("status.phase", default = Pending) {
+        /// Waiting for the tenant to be Ready.
         Pending = "Pending",
+        /// The copy is being taken and uploaded.
         Running = "Running",
+        /// The copy is in the store, whole.
         Completed = "Completed",
+        /// The copy was given up; `status.message` says why.
         Failed = "Failed",
     }
 }
@@ -168,6 +173,7 @@ pub struct TenantSnapshotSpec {
 /// An object by name.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
 pub struct LocalRef {
+    /// Name of the object.
     #[schemars(length(max = 253))]
     #[x_kube(validation = crate::rules::object_name("the name"))]
     pub name: String,

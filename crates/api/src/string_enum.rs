@@ -2,19 +2,21 @@
 //! with a message that names the field and the allowed values (and the rule runs in unit tests).
 
 /// Defines a unit-variant enum serialized as the given strings, with `Default`, `Display`,
-/// `as_str`, `ALL` and a `JsonSchema` whose `self in [...]` rule lists the allowed values.
+/// `as_str`, `ALL` and a `JsonSchema` whose `self in [...]` rule lists the allowed values. The
+/// enum and each variant take doc comments, as in a plain `enum`.
 #[macro_export]
 macro_rules! string_enum {
     (
         $(#[$meta:meta])*
         pub enum $name:ident ($field:literal, default = $default:ident) {
-            $($variant:ident = $value:literal,)+
+            $($(#[$variant_meta:meta])* $variant:ident = $value:literal,)+
         }
     ) => {
         $(#[$meta])*
         #[derive(::serde::Serialize, ::serde::Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash)]
         pub enum $name {
             $(
+                $(#[$variant_meta])*
                 #[serde(rename = $value)]
                 $variant,
             )+
@@ -24,6 +26,7 @@ macro_rules! string_enum {
             /// Every value, in the order the schema lists them.
             pub const ALL: &'static [$name] = &[$($name::$variant),+];
 
+            /// The value as the schema and serialization write it.
             pub fn as_str(&self) -> &'static str {
                 match self {
                     $($name::$variant => $value,)+

@@ -35,10 +35,13 @@ pub struct SyncPolicySpec {
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct ToHost {
+    /// Pods, copied to the host to run there (on by default).
     #[serde(default = "SyncToggle::on")]
     pub pods: SyncToggle,
+    /// Services, copied to the host (on by default).
     #[serde(default = "SyncToggle::on")]
     pub services: SyncToggle,
+    /// Endpoints and EndpointSlices written by hand for selector-less Services (on by default).
     #[serde(default = "SyncToggle::on")]
     pub endpoints: SyncToggle,
     /// ConfigMaps sync only when a synced pod uses them, unless `all` is true.
@@ -47,10 +50,13 @@ pub struct ToHost {
     /// Secrets sync only when a synced pod uses them, unless `all` is true.
     #[serde(default = "ReferencedSync::on")]
     pub secrets: ReferencedSync,
+    /// PersistentVolumeClaims, copied to the host to bind its storage (on by default).
     #[serde(default = "SyncToggle::on")]
     pub persistent_volume_claims: SyncToggle,
+    /// ServiceAccounts, copied as names only (off by default).
     #[serde(default)]
     pub service_accounts: SyncToggle,
+    /// Ingresses, copied when the profile admits them (off by default).
     #[serde(default)]
     pub ingresses: SyncToggle,
 }
@@ -73,6 +79,7 @@ impl Default for ToHost {
 /// Whether one kind syncs, and which of its objects.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
 pub struct SyncToggle {
+    /// Whether the kind syncs at all.
     #[serde(default)]
     pub enabled: bool,
     /// Only objects whose labels match sync; empty means all.
@@ -81,6 +88,7 @@ pub struct SyncToggle {
 }
 
 impl SyncToggle {
+    /// The kind syncs, every object of it.
     pub fn on() -> Self {
         Self {
             enabled: true,
@@ -92,8 +100,10 @@ impl SyncToggle {
 /// Sync of a kind that pods reference (ConfigMaps, Secrets).
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
 pub struct ReferencedSync {
+    /// Whether the kind syncs at all.
     #[serde(default)]
     pub enabled: bool,
+    /// Only objects whose labels match sync; empty means all.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub selector: Option<LabelSelector>,
     /// Sync every object, not only those a synced pod uses.
@@ -102,6 +112,7 @@ pub struct ReferencedSync {
 }
 
 impl ReferencedSync {
+    /// The kind syncs, the objects a synced pod uses.
     pub fn on() -> Self {
         Self {
             enabled: true,
@@ -115,7 +126,9 @@ string_enum! {
     /// How host nodes appear in the tenant: `virtual`, the nodes that run tenant pods; `all`,
     /// every node the tenant may schedule to (the profile's node selector and tolerations).
     pub enum NodeSyncMode ("fromHost.nodes.mode", default = Virtual) {
+        /// One Node per host node that runs the tenant's pods.
         Virtual = "virtual",
+        /// One Node per host node the tenant may schedule to.
         All = "all",
     }
 }
@@ -128,10 +141,13 @@ pub struct FromHost {
     /// host node the tenant may schedule to, before any pod runs there.
     #[serde(default)]
     pub nodes: NodeSync,
+    /// Host Events about the tenant's copies, shown on the tenant's objects (on by default).
     #[serde(default = "FromHostToggle::on")]
     pub events: FromHostToggle,
+    /// The host's StorageClasses the profile lets the tenant name (off by default).
     #[serde(default)]
     pub storage_classes: FromHostToggle,
+    /// The host's IngressClasses the profile lets the tenant name (off by default).
     #[serde(default)]
     pub ingress_classes: FromHostToggle,
 }
@@ -150,8 +166,10 @@ impl Default for FromHost {
 /// Node sync settings.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
 pub struct NodeSync {
+    /// Whether the tenant sees Nodes at all.
     #[serde(default = "yes")]
     pub enabled: bool,
+    /// Which host nodes appear, `virtual` or `all`.
     #[serde(default)]
     pub mode: NodeSyncMode,
     /// Host node labels a virtual Node shows besides the well-known topology ones
@@ -180,11 +198,13 @@ impl Default for NodeSync {
 /// Whether a host kind is shown in the tenant.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
 pub struct FromHostToggle {
+    /// Whether the host kind shows in the tenant.
     #[serde(default)]
     pub enabled: bool,
 }
 
 impl FromHostToggle {
+    /// The host kind shows in the tenant.
     pub fn on() -> Self {
         Self { enabled: true }
     }

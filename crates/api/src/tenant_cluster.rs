@@ -11,8 +11,11 @@ use crate::string_enum;
 string_enum! {
     /// How the tenant's control plane and workloads are placed on the host.
     pub enum TenantMode ("mode", default = Shared) {
+        /// Control plane and workloads on the host's shared nodes; the only mode implemented.
         Shared = "shared",
+        /// Not implemented yet: accepted, and run as shared with `ModeSupported` False.
         Dedicated = "dedicated",
+        /// Not implemented yet: accepted, and run as shared with `ModeSupported` False.
         Private = "private",
     }
 }
@@ -20,6 +23,7 @@ string_enum! {
 string_enum! {
     /// The tenant control plane's datastore. Only sqlite is implemented so far.
     pub enum DatastoreType ("controlPlane.datastore.type", default = Sqlite) {
+        /// kine over sqlite on the control plane's claim, one replica.
         Sqlite = "sqlite",
     }
 }
@@ -28,7 +32,9 @@ string_enum! {
     /// Which Kubernetes runs the tenant's control plane: k3s (one binary, the seed's), or the
     /// upstream components (kine, kube-apiserver, kube-controller-manager) from their own images.
     pub enum Distribution ("controlPlane.distribution", default = K3s) {
+        /// k3s, one binary: the seed's image, or the one `controlPlane.image` pins.
         K3s = "k3s",
+        /// kine, kube-apiserver and kube-controller-manager, each from its own image.
         Kubernetes = "kubernetes",
     }
 }
@@ -36,7 +42,9 @@ string_enum! {
 string_enum! {
     /// What the tenant's pods may reach outside their namespace.
     pub enum EgressPolicy ("networking.egressPolicy", default = DenyByDefault) {
+        /// Only DNS, the tenant's own namespace, its control plane and the profile's allowed CIDRs.
         DenyByDefault = "deny-by-default",
+        /// No egress limits.
         AllowAll = "allow-all",
     }
 }
@@ -44,10 +52,15 @@ string_enum! {
 string_enum! {
     /// Where a TenantCluster stands, as one word.
     pub enum Phase ("status.phase", default = Pending) {
+        /// Accepted, nothing built yet.
         Pending = "Pending",
+        /// Objects applied, waiting for the control-plane pod, or a change rolling out.
         Provisioning = "Provisioning",
+        /// The tenant answers and everything syncs.
         Ready = "Ready",
+        /// Something is wrong; the `Ready` condition's reason and message say what.
         Degraded = "Degraded",
+        /// Asleep: the control plane is stopped and the pods have left the host; the objects stay.
         Sleeping = "Sleeping",
     }
 }
@@ -55,7 +68,9 @@ string_enum! {
 string_enum! {
     /// Why a tenant sleeps: `spec.sleep.asleep` asks it, or nobody used it for `afterIdle`.
     pub enum SleepCause ("status.sleep.cause", default = Requested) {
+        /// `spec.sleep.asleep` asks it.
         Requested = "Requested",
+        /// Nobody used the tenant for `spec.sleep.afterIdle`.
         Idle = "Idle",
     }
 }
@@ -184,6 +199,7 @@ pub struct PolicyRef {
 }
 
 impl PolicyRef {
+    /// A reference to the policy object `name`.
     pub fn named(name: impl Into<String>) -> Self {
         Self { name: name.into() }
     }
@@ -276,6 +292,7 @@ pub const CONTROL_PLANE_DATA_SIZE: &str = "2Gi";
 /// The least CPU and memory caps a tenant may set: what its control plane (an agentless k3s
 /// server, which the caps limit) needs to start and serve; less starves or OOM-kills it.
 pub const CONTROL_PLANE_MIN_CPU: &str = "250m";
+/// The least memory cap a tenant may set (see [`CONTROL_PLANE_MIN_CPU`]).
 pub const CONTROL_PLANE_MIN_MEMORY: &str = "1Gi";
 const FLOOR_WHY: &str = "the caps limit the tenant control plane, which needs that much";
 

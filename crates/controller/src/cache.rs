@@ -72,16 +72,27 @@ pub fn tenants(api: Api<TenantCluster>) -> (Store<TenantCluster>, Trigger<Tenant
 /// The caches a reconcile reads.
 #[derive(Clone)]
 pub struct Caches {
+    /// Namespaces: every one, or only the operator's when it is limited to one.
     pub namespaces: Store<Namespace>,
+    /// Every IsolationProfile.
     pub profiles: Store<IsolationProfile>,
+    /// Every SyncPolicy.
     pub sync_policies: Store<SyncPolicy>,
+    /// The control planes' StatefulSets.
     pub statefulsets: Store<StatefulSet>,
+    /// The Services the controller made, such as each tenant's API Service.
     pub services: Store<Service>,
+    /// The Secrets the controller made: each tenant's PKI and kubeconfigs.
     pub secrets: Store<Secret>,
+    /// The ConfigMaps the controller made, such as each control plane's configuration.
     pub config_maps: Store<ConfigMap>,
+    /// The NetworkPolicies the controller made from the profiles.
     pub network_policies: Store<NetworkPolicy>,
+    /// The ResourceQuotas the controller made from the profiles.
     pub quotas: Store<ResourceQuota>,
+    /// The LimitRanges the controller made from the profiles.
     pub limit_ranges: Store<LimitRange>,
+    /// The control-plane pods.
     pub pods: Store<Pod>,
     /// The wake doors' EndpointSlices.
     pub endpoint_slices: Store<EndpointSlice>,
@@ -91,17 +102,29 @@ pub struct Caches {
 
 /// The watch streams behind [`Caches`]; the controller polls them.
 pub struct Triggers {
+    /// The watch that fills [`Caches::namespaces`].
     pub namespaces: Trigger<Namespace>,
+    /// The watch that fills [`Caches::profiles`].
     pub profiles: Trigger<IsolationProfile>,
+    /// The watch that fills [`Caches::sync_policies`].
     pub sync_policies: Trigger<SyncPolicy>,
+    /// The watch that fills [`Caches::statefulsets`].
     pub statefulsets: Trigger<StatefulSet>,
+    /// The watch that fills [`Caches::services`].
     pub services: Trigger<Service>,
+    /// The watch that fills [`Caches::secrets`].
     pub secrets: Trigger<Secret>,
+    /// The watch that fills [`Caches::config_maps`].
     pub config_maps: Trigger<ConfigMap>,
+    /// The watch that fills [`Caches::network_policies`].
     pub network_policies: Trigger<NetworkPolicy>,
+    /// The watch that fills [`Caches::quotas`].
     pub quotas: Trigger<ResourceQuota>,
+    /// The watch that fills [`Caches::limit_ranges`].
     pub limit_ranges: Trigger<LimitRange>,
+    /// The watch that fills [`Caches::pods`].
     pub pods: Trigger<Pod>,
+    /// The watch that fills [`Caches::endpoint_slices`].
     pub endpoint_slices: Trigger<EndpointSlice>,
 }
 

@@ -16,24 +16,38 @@ pub enum ConnectError {
     /// The control-plane pod does not say where it is yet: its IP, or the local runtime's
     /// announcement.
     #[error("pod {pod} has no {what} yet")]
-    NoAddress { pod: String, what: String },
+    NoAddress {
+        /// The pod's name.
+        pod: String,
+        /// What it lacks: an IP, or the local runtime's announcement.
+        what: String,
+    },
+    /// A pod the local runtime stands in for that announces no snapshot agent.
     #[error(
         "pod {pod} has no {annotation} annotation: the local runtime runs no snapshot agent for it"
     )]
     NoAgent {
+        /// The pod's name.
         pod: String,
+        /// The annotation that would give the agent's address.
         annotation: &'static str,
     },
+    /// The tenant's kubeconfig is not YAML of a kubeconfig.
     #[error("the kubeconfig does not parse: {0}")]
     KubeconfigText(#[source] kube::config::KubeconfigError),
+    /// The tenant's kubeconfig parses but does not make a client configuration.
     #[error("the kubeconfig is not usable: {0}")]
     KubeconfigUnusable(#[source] kube::config::KubeconfigError),
+    /// The server the kubeconfig or the pod names is not a URL.
     #[error("{server} is not a URL: {source}")]
     NotUrl {
+        /// The server as written.
         server: String,
+        /// What the URI parser said.
         #[source]
         source: http::uri::InvalidUri,
     },
+    /// A client could not be built from a sound configuration.
     #[error("cannot build a client: {0}")]
     Client(#[source] kube::Error),
 }
@@ -80,6 +94,7 @@ fn pod_address(tenant: &str, pod: &Pod) -> Result<String, ConnectError> {
     Ok(format!("https://{host}:{}", names::API_PORT))
 }
 
+/// How the operator reaches a tenant's API server.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum Connector {
     /// `https://<name>.<namespace>.svc:6443`, as written in the kubeconfig Secret.

@@ -23,10 +23,15 @@ pub(crate) type TenantKey = (String, String);
 
 /// What every reconcile shares.
 pub struct Context {
+    /// The host client, as the operator.
     pub client: Client,
+    /// How the operator runs.
     pub options: ControllerOptions,
+    /// Publishes Events about TenantClusters.
     pub recorder: Recorder,
+    /// The caches a reconcile reads.
     pub caches: Caches,
+    /// One syncer per Ready tenant.
     pub syncers: Syncers,
     /// The controller's own cache of TenantClusters: who else is in a tenant's namespace.
     pub tenants: Store<TenantCluster>,

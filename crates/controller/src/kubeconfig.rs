@@ -124,8 +124,11 @@ pub fn is_empty(k: &Kubeconfig) -> bool {
 /// on.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Credentials {
+    /// The API server's URL.
     pub server: String,
+    /// The CA the server's certificate chains to, PEM.
     pub ca_pem: String,
+    /// The client certificate and its key.
     pub client: KeyAndCert,
 }
 

@@ -34,7 +34,9 @@ use crate::telemetry::Role;
 /// Which Lease, who we are, and the timings.
 #[derive(Clone, Debug)]
 pub struct LeaseSettings {
+    /// The Lease's namespace: the operator's.
     pub namespace: String,
+    /// The Lease's name.
     pub name: String,
     /// This replica's identity (its pod name); unique among replicas.
     pub identity: String,
@@ -49,20 +51,27 @@ pub struct LeaseSettings {
 /// Lease flags that do not fit together, and which to change.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum LeaseFlagsError {
+    /// No identity was given.
     #[error("the leader election identity is empty: set POD_NAME or --leader-elect-identity")]
     NoIdentity,
+    /// `--lease-renew-deadline` is not shorter than `--lease-duration`.
     #[error(
         "--lease-renew-deadline ({renew_deadline:?}) must be shorter than --lease-duration ({duration:?})"
     )]
     RenewAfterExpiry {
+        /// The renew deadline given.
         renew_deadline: Duration,
+        /// The Lease duration given.
         duration: Duration,
     },
+    /// `--lease-retry-period` is not shorter than `--lease-renew-deadline`.
     #[error(
         "--lease-retry-period ({retry_period:?}) must be shorter than --lease-renew-deadline ({renew_deadline:?})"
     )]
     RetryAfterDeadline {
+        /// The retry period given.
         retry_period: Duration,
+        /// The renew deadline given.
         renew_deadline: Duration,
     },
 }
@@ -103,8 +112,11 @@ pub enum Attempt {
 /// duration (`expired`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Decision {
+    /// The Lease is ours: renew it.
     Renew,
+    /// The Lease is free or its holder stopped renewing: take it.
     TakeOver,
+    /// Another replica holds the Lease and renews it: wait. Its identity.
     Wait(String),
 }
 
@@ -154,6 +166,7 @@ pub struct Elector {
 }
 
 impl Elector {
+    /// An elector of the Lease `settings` name, not leading yet.
     pub fn new(client: Client, settings: LeaseSettings) -> Self {
         Self {
             api: Api::namespaced(client, &settings.namespace),
@@ -162,6 +175,7 @@ impl Elector {
         }
     }
 
+    /// Which Lease, who we are, and the timings.
     pub fn settings(&self) -> &LeaseSettings {
         &self.settings
     }
@@ -277,7 +291,7 @@ impl Elector {
                     }
                 }
                 Err(e) => {
-                    warn!(lease = %self.settings.name, namespace = %self.settings.namespace, error = %e, "reading the leader Lease failed; retrying")
+                    warn!(lease = %self.settings.name, namespace = %self.settings.namespace, error = %e, "reading the leader Lease failed; retrying");
                 }
             }
             tokio::time::sleep(self.settings.retry_period).await;
@@ -303,7 +317,7 @@ impl Elector {
                     );
                 }
                 Err(e) => {
-                    warn!(lease = %self.settings.name, error = %e, "renewing the leader Lease failed; retrying")
+                    warn!(lease = %self.settings.name, error = %e, "renewing the leader Lease failed; retrying");
                 }
             }
         }

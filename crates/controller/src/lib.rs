@@ -46,17 +46,27 @@ pub use tenantplane_syncer as sync;
 /// Everything that can go wrong in a reconcile. Each variant carries what a person needs to act.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
+    /// A call to the host's API server failed.
     #[error("Kubernetes API: {}", api_message(.0))]
     Kube(#[from] kube::Error),
     /// Writing one of the tenant's objects failed: which, and what the API server said.
     #[error("{object}: {}", api_message(.error))]
-    Write { object: String, error: kube::Error },
+    Write {
+        /// What was being written, such as "applying Secret ns/name".
+        object: String,
+        /// What the API server said.
+        error: kube::Error,
+    },
+    /// A desired object could not be built, or a step around it failed: what.
     #[error("{0}")]
     Build(String),
+    /// The finalizer's cleanup failed.
     #[error("finalizer: {0}")]
     Finalizer(String),
+    /// The tenant's PKI Secret cannot be used, or new CAs could not be made.
     #[error("the tenant PKI: {0}")]
     Pki(#[from] tenant_pki::PkiError),
+    /// A server-side apply of one of the tenant's objects failed.
     #[error("applying an object: {0}")]
     Apply(tenantplane_syncer::converge::Error),
 }

@@ -104,6 +104,7 @@ impl Default for Metrics {
 }
 
 impl Metrics {
+    /// Every metric registered, at zero.
     pub fn new() -> Self {
         let mut registry = Registry::with_prefix("tenantplane");
         let reconciles = Family::<ReconcileLabels, Counter>::default();
@@ -265,6 +266,7 @@ impl Metrics {
         // Error counters stay: a counter that vanishes reads as a reset, and their count is small.
     }
 
+    /// Record whether this replica leads.
     pub fn set_leader(&self, leading: bool) {
         self.leader.set(i64::from(leading));
     }

@@ -7,18 +7,25 @@ pub const FIELD_MANAGER: &str = "tenantplane";
 /// Removes the namespace labels when a TenantCluster goes (everything else is garbage-collected).
 pub const FINALIZER: &str = "tenantplane.io/cleanup";
 
+/// The standard label that says who manages an object; the controller watches only its own.
 pub const LABEL_MANAGED_BY: &str = "app.kubernetes.io/managed-by";
+/// This operator's value of [`LABEL_MANAGED_BY`].
 pub const MANAGED_BY: &str = "tenantplane";
+/// The TenantCluster an object belongs to, by name.
 pub const LABEL_TENANT: &str = "tenantplane.io/tenant";
+/// The standard label that says what part of the application an object is.
 pub const LABEL_COMPONENT: &str = "app.kubernetes.io/component";
+/// The control plane's value of [`LABEL_COMPONENT`].
 pub const COMPONENT_CONTROL_PLANE: &str = "control-plane";
 /// Marks control-plane pods that the local runtime (tests, `tenantplane dev`) runs instead of a
 /// kubelet. Only set when the operator runs with the local connector.
 pub const LABEL_RUNTIME: &str = "tenantplane.io/runtime";
+/// The local runtime's value of [`LABEL_RUNTIME`].
 pub const RUNTIME_LOCAL: &str = "local";
 /// Where the local runtime's control-plane pods go: the simulated node it stands behind (label
 /// `type=kwok`), through the taint that keeps workloads off it once a real node is there.
 pub const LOCAL_RUNTIME_NODE_LABEL: (&str, &str) = ("type", "kwok");
+/// The taint on the simulated node that the local runtime's control-plane pods tolerate.
 pub const SIMULATED_NODE_TAINT: &str = "tenantplane.io/simulated";
 /// Set on a TenantCluster (any value), it makes the operator issue a new admin certificate and
 /// rewrite the kubeconfig Secret now; the operator removes it when done.
@@ -54,9 +61,11 @@ pub const DEFAULT_KUBERNETES_REPOSITORY: &str = "registry.k8s.io";
 /// The `kubernetes` distribution's datastore: kine, the release k3s's own datastore code is.
 pub const DEFAULT_KINE_IMAGE: &str = "rancher/kine:v0.17.5";
 
+/// The control plane's StatefulSet: the tenant's own name.
 pub fn statefulset(tenant: &str) -> String {
     tenant.to_string()
 }
+/// The tenant API server's Service: the tenant's own name.
 pub fn service(tenant: &str) -> String {
     tenant.to_string()
 }
@@ -70,9 +79,11 @@ pub fn headless_service(tenant: &str) -> String {
 }
 /// The StatefulSet's volume claim template, and the claim it makes for pod `ordinal`.
 pub const DATA_VOLUME: &str = "data";
+/// The claim the StatefulSet makes for pod `ordinal`.
 pub fn data_claim(tenant: &str, ordinal: i32) -> String {
     format!("{DATA_VOLUME}-{}-{ordinal}", statefulset(tenant))
 }
+/// The control-plane pod: the StatefulSet's only one.
 pub fn control_plane_pod(tenant: &str) -> String {
     format!("{tenant}-0")
 }
@@ -84,6 +95,7 @@ pub fn control_plane_certs(tenant: &str) -> String {
 pub fn control_plane_config(tenant: &str) -> String {
     format!("{tenant}-control-plane-config")
 }
+/// The Secret of the tenant's CAs and service-account key.
 pub fn pki_secret(tenant: &str) -> String {
     format!("{tenant}-pki")
 }
@@ -91,18 +103,23 @@ pub fn pki_secret(tenant: &str) -> String {
 pub fn kubeconfig_secret(tenant: &str) -> String {
     format!("{tenant}-kubeconfig")
 }
+/// The key of the tenant's admin kubeconfig in [`kubeconfig_secret`].
 pub const KUBECONFIG_KEY: &str = "value";
 /// The key of the operator's own kubeconfig in the same Secret.
 pub const OPERATOR_KUBECONFIG_KEY: &str = "operator";
+/// The NetworkPolicy that fences off the tenant's pods.
 pub fn isolation_policy(tenant: &str) -> String {
     format!("{tenant}-isolation")
 }
+/// The NetworkPolicy of the control-plane pod.
 pub fn control_plane_policy(tenant: &str) -> String {
     format!("{tenant}-control-plane")
 }
+/// The ResourceQuota the profile asks for.
 pub fn resource_quota(tenant: &str) -> String {
     format!("{tenant}-quota")
 }
+/// The LimitRange the profile asks for.
 pub fn limit_range(tenant: &str) -> String {
     format!("{tenant}-limits")
 }

@@ -19,7 +19,9 @@ pub(crate) const NAMESPACE_IN_USE_RECHECK: Duration = Duration::from_secs(10);
 /// A TenantCluster as far as sharing a namespace goes.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Occupant {
+    /// The TenantCluster's name.
     pub name: String,
+    /// When it was created; the oldest holds the namespace.
     pub created: Option<Timestamp>,
     /// Being deleted (it still holds the namespace until it is gone).
     pub deleting: bool,

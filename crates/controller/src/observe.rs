@@ -15,6 +15,7 @@ const IMAGE_PULL_REASONS: &[&str] = &[
     "ErrImageNeverPull",
 ];
 
+/// The pod's `Ready` condition is True and it is not being deleted.
 pub fn pod_is_ready(pod: &Pod) -> bool {
     pod.metadata.deletion_timestamp.is_none()
         && pod

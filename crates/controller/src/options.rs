@@ -9,7 +9,9 @@ use crate::telemetry::Telemetry;
 /// How the operator runs.
 #[derive(Clone, Debug, Default)]
 pub struct ControllerOptions {
+    /// How desired objects are built: images, the kubelet endpoint, certificates.
     pub build: BuildOptions,
+    /// How the operator reaches the tenants' API servers.
     pub connector: Connector,
     /// Watch TenantClusters in this namespace only; all namespaces when `None`.
     pub namespace: Option<String>,
@@ -32,7 +34,9 @@ pub struct ControllerOptions {
 /// they are renewed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct CertificateOptions {
+    /// How long a leaf certificate is valid.
     pub validity: Duration,
+    /// How long before it expires a leaf certificate is renewed.
     pub renew_before: Duration,
 }
 
@@ -48,10 +52,17 @@ impl Default for CertificateOptions {
 /// Certificate flags that do not fit together, and which to change.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum CertificateFlagsError {
+    /// The renewal margin is not shorter than the validity.
     #[error(
         "--renew-certificates-before ({renew_before}s) must be shorter than --certificate-validity ({validity}s)"
     )]
-    RenewAfterExpiry { renew_before: u64, validity: u64 },
+    RenewAfterExpiry {
+        /// `--renew-certificates-before`, in seconds.
+        renew_before: u64,
+        /// `--certificate-validity`, in seconds.
+        validity: u64,
+    },
+    /// `--certificate-validity` is under 10 seconds: the value, in seconds.
     #[error("--certificate-validity ({0}s) must be at least 10s")]
     TooShort(u64),
 }

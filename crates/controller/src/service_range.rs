@@ -24,6 +24,7 @@ const PROBE_ADDRESS: &str = "192.0.2.1";
 /// What the host said its Service ranges are, and how it said so.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct HostRange {
+    /// The ranges, as CIDRs.
     pub cidrs: Vec<String>,
     /// For messages: `ServiceCIDR kubernetes` or `the API server's answer to a Service at …`.
     pub source: String,
@@ -33,32 +34,47 @@ pub struct HostRange {
 /// [`label`](Self::label) is the reason the tenant's `Ready` condition shows.
 #[derive(Debug, thiserror::Error)]
 pub enum RangeError {
+    /// The host's ServiceCIDR objects could not be listed.
     #[error("listing the host's ServiceCIDRs: {0}")]
     List(#[source] kube::Error),
+    /// The host accepted a Service at an address no range should hold: its range cannot be told.
     #[error(
         "the host accepts a Service at {PROBE_ADDRESS}, so its Service range cannot be told apart; start the operator with --service-cidr"
     )]
     Accepted,
+    /// The host refused that Service without naming its range: what it said.
     #[error(
         "the host refused a Service at {PROBE_ADDRESS} without naming its range ({0}); start the operator with --service-cidr"
     )]
     Unnamed(String),
+    /// The dry-run Service request failed.
     #[error("asking the host for its Service range: {0}")]
     Ask(#[source] kube::Error),
+    /// The API Service's address is outside the host's range.
     #[error(
         "the API Service's address {api_ip} is outside the host's Service range {} ({}); the host's Service allocation is inconsistent",
         range.cidrs.join(", "),
         range.source
     )]
-    Outside { api_ip: String, range: HostRange },
+    Outside {
+        /// The API Service's address.
+        api_ip: String,
+        /// The host's range.
+        range: HostRange,
+    },
+    /// `--service-cidr` names another range than the one the host allocates from.
     #[error(
         "--service-cidr is {flag} but the host allocates Services from {found} ({}), where the API Service got {api_ip}; drop the flag or set it to {found}",
         range.source
     )]
     FlagDisagrees {
+        /// The flag's value.
         flag: String,
+        /// The range the host allocates from.
         found: String,
+        /// The API Service's address.
         api_ip: String,
+        /// The host's range, and how it said so.
         range: HostRange,
     },
 }

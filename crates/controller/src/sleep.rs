@@ -179,7 +179,7 @@ mod tests {
         let tc = with_sleep(tc, Some(first.clone()));
         assert_eq!(wanted(&tc, at(500), None), Some(first), "since stays");
         // The spec says awake again: wake.
-        let mut awake = tc.clone();
+        let mut awake = tc;
         awake.spec.sleep.asleep = false;
         assert_eq!(wanted(&awake, at(600), None), None);
     }
@@ -233,7 +233,7 @@ mod tests {
         new.annotations_mut()
             .insert(WAKE.into(), at(2_000).to_string());
         assert_eq!(wanted(&new, at(5_000), None), None);
-        let mut by_hand = tc.clone();
+        let mut by_hand = tc;
         by_hand.annotations_mut().insert(WAKE.into(), "now".into());
         assert_eq!(wanted(&by_hand, at(5_000), None), None);
         // Waking: awake as far as sleep goes, until idle again.

@@ -14,10 +14,18 @@ pub enum Progress {
     /// Just accepted; nothing built yet.
     Accepted,
     /// A referenced policy does not exist.
-    PolicyMissing { kind: &'static str, name: String },
+    PolicyMissing {
+        /// `IsolationProfile` or `SyncPolicy`.
+        kind: &'static str,
+        /// The policy's name.
+        name: String,
+    },
     /// Another TenantCluster, `by`, holds the namespace (it is older): this one provisions
     /// nothing until it is gone.
-    NamespaceInUse { by: String },
+    NamespaceInUse {
+        /// The other TenantCluster's name.
+        by: String,
+    },
     /// The PKI Secret exists but cannot be used.
     PkiDamaged(String),
     /// An object could not be applied: what it was and the API server's answer.
@@ -26,28 +34,45 @@ pub enum Progress {
     /// operator's flag or the API Service's address (`ServiceCIDRMismatch`): nothing that would
     /// allocate from a wrong range is built.
     ServiceRange {
+        /// `ServiceCIDRUnknown` or `ServiceCIDRMismatch`.
         reason: &'static str,
+        /// What is wrong, in words.
         detail: String,
     },
     /// The control-plane pod cannot start for a reason waiting will not fix (its image cannot
     /// be pulled, its init container fails): `reason` says which.
     ControlPlaneFailing {
+        /// Why, as one word.
         reason: &'static str,
+        /// What the pod's status says.
         detail: String,
     },
     /// The control-plane pod is not Ready. `stuck` when it has been so for too long, or it was
     /// Ready before.
-    ControlPlaneNotReady { detail: String, stuck: bool },
+    ControlPlaneNotReady {
+        /// What the pod's status says.
+        detail: String,
+        /// Whether it has been not Ready for too long, or was Ready before.
+        stuck: bool,
+    },
     /// The pod is Ready but the tenant API server does not answer.
     Unreachable(String),
     /// The tenant answered but the syncer reports a failure.
     SyncFailed {
+        /// The Kubernetes version the tenant API server reports.
         version: String,
+        /// The `Synced` condition's reason.
         reason: String,
+        /// What failed, as the syncer reports it.
         error: String,
     },
     /// Everything is up and the sync pass succeeded.
-    Synced { version: String, summary: String },
+    Synced {
+        /// The Kubernetes version the tenant API server reports.
+        version: String,
+        /// What syncs, as the `Synced` condition's message says it.
+        summary: String,
+    },
     /// Asleep: the control plane scaled to zero, the syncer stopped, the pods' copies removed.
     Sleeping(SleepStatus),
 }

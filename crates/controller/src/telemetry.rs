@@ -48,6 +48,8 @@ impl Default for Readiness {
 }
 
 impl Readiness {
+    /// Starting, caches not ready; a standby stays ready for `contact_grace` after the API server
+    /// last answered.
     pub fn new(contact_grace: Duration) -> Self {
         Self {
             state: Mutex::new(ReadyState {
@@ -63,6 +65,7 @@ impl Readiness {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// Record this replica's part; one that does not lead has no caches ready.
     pub fn set_role(&self, role: Role) {
         let mut s = self.lock();
         if role != Role::Leader {
@@ -71,10 +74,12 @@ impl Readiness {
         s.role = role;
     }
 
+    /// This replica's part now.
     pub fn role(&self) -> Role {
         self.lock().role.clone()
     }
 
+    /// Record whether the leader's caches hold their first lists.
     pub fn set_caches_ready(&self, ready: bool) {
         self.lock().caches_ready = ready;
     }
@@ -114,7 +119,9 @@ impl Readiness {
 /// Metrics and readiness, shared by the controller, the elector and the HTTP endpoint.
 #[derive(Clone, Default)]
 pub struct Telemetry {
+    /// What `/metrics` reports.
     pub metrics: Arc<Metrics>,
+    /// What `/readyz` answers from.
     pub readiness: Arc<Readiness>,
 }
 

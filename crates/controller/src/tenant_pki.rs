@@ -10,26 +10,42 @@ use tenantplane_pki::{CertificateAuthority, KeyAndCert, Leaf};
 
 /// File names as k3s reads them from `server/tls/`.
 pub const SERVER_CA_CRT: &str = "server-ca.crt";
+/// The server CA's key.
 pub const SERVER_CA_KEY: &str = "server-ca.key";
+/// The client CA, which signs every client certificate the API server accepts.
 pub const CLIENT_CA_CRT: &str = "client-ca.crt";
+/// The client CA's key.
 pub const CLIENT_CA_KEY: &str = "client-ca.key";
+/// The request-header CA, which signs the front proxy's client certificate.
 pub const REQUEST_HEADER_CA_CRT: &str = "request-header-ca.crt";
+/// The request-header CA's key.
 pub const REQUEST_HEADER_CA_KEY: &str = "request-header-ca.key";
+/// The key that signs service-account tokens.
 pub const SERVICE_KEY: &str = "service.key";
 
 /// The user the operator's kubeconfig authenticates as: a cluster admin of the tenant.
 pub const ADMIN_USER: &str = "tenantplane-admin";
+/// The group of the operator's kubeconfig user: cluster admins.
 pub const ADMIN_GROUP: &str = "system:masters";
 /// The operator's own user in the tenant (an admin too): its requests, and the syncer's, are
 /// not a person's, so they do not keep a tenant awake.
 pub const OPERATOR_USER: &str = "tenantplane:operator";
 
+/// Why a tenant's PKI Secret cannot be used, or new CAs could not be made.
 #[derive(Debug, thiserror::Error)]
 pub enum PkiError {
+    /// A key of the Secret is missing: which.
     #[error("key {0} is missing")]
     Missing(&'static str),
+    /// A key of the Secret holds no usable certificate or key.
     #[error("key {key} is not usable: {reason}")]
-    Invalid { key: &'static str, reason: String },
+    Invalid {
+        /// The key.
+        key: &'static str,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// New CAs or keys could not be made.
     #[error(transparent)]
     Generate(#[from] tenantplane_pki::Error),
 }
@@ -37,9 +53,13 @@ pub enum PkiError {
 /// The tenant's certificate authorities and service-account key.
 #[derive(Debug)]
 pub struct TenantPki {
+    /// Signs the API server's serving certificate; clients trust it.
     pub server_ca: CertificateAuthority,
+    /// Signs the client certificates the API server accepts.
     pub client_ca: CertificateAuthority,
+    /// Signs the front proxy's client certificate for aggregated API servers.
     pub request_header_ca: CertificateAuthority,
+    /// The service-account signing key, PEM.
     pub service_key: String,
 }
 

@@ -62,14 +62,19 @@ impl Drop for Door {
 /// What a door needs to wake its tenant and reach it.
 #[derive(Clone)]
 pub struct DoorTarget {
+    /// The host client, as the operator.
     pub client: Client,
     /// The tenant's PKI Secret is here: past the bound, the door answers in the tenant's name.
     pub secrets: Store<k8s_openapi::api::core::v1::Secret>,
     /// The controller's cache of TenantClusters (the operator may not `get` one).
     pub tenants: Store<TenantCluster>,
+    /// The control-plane pods, to find the tenant's address.
     pub pods: Store<Pod>,
+    /// How to reach the tenant's API server.
     pub connector: Connector,
+    /// The tenant's host namespace.
     pub namespace: String,
+    /// The TenantCluster's name.
     pub tenant: String,
 }
 
@@ -221,17 +226,14 @@ async fn hold(
         refuse(socket, &target, &why).await;
         return;
     }
-    let address = match tokio::time::timeout(WAKE_WITHIN, ready_address(&target)).await {
-        Ok(address) => address,
-        Err(_) => {
-            warn!(namespace = %ns, tenant = %tenant, %peer, "wake door: the tenant was not Ready within {}s", WAKE_WITHIN.as_secs());
-            let why = format!(
-                "tenant {tenant} in namespace {ns} was asleep and is not awake {}s after this request woke it; see `tenantplane status {tenant} -n {ns}`",
-                WAKE_WITHIN.as_secs()
-            );
-            refuse(socket, &target, &why).await;
-            return;
-        }
+    let Ok(address) = tokio::time::timeout(WAKE_WITHIN, ready_address(&target)).await else {
+        warn!(namespace = %ns, tenant = %tenant, %peer, "wake door: the tenant was not Ready within {}s", WAKE_WITHIN.as_secs());
+        let why = format!(
+            "tenant {tenant} in namespace {ns} was asleep and is not awake {}s after this request woke it; see `tenantplane status {tenant} -n {ns}`",
+            WAKE_WITHIN.as_secs()
+        );
+        refuse(socket, &target, &why).await;
+        return;
     };
     match TcpStream::connect(&address).await {
         Ok(mut upstream) => {

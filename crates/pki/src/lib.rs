@@ -11,23 +11,32 @@ use rcgen::{
 };
 use time::OffsetDateTime;
 
+/// Why a certificate or key could not be made or read.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
+    /// rcgen could not make a key or a certificate.
     #[error("certificate generation failed: {0}")]
     Generate(#[from] rcgen::Error),
+    /// A stored key or certificate does not parse.
     #[error("{what} is not usable: {source}")]
     Parse {
+        /// Which one, such as "the CA private key".
         what: &'static str,
+        /// What rcgen said of it.
         source: rcgen::Error,
     },
+    /// An alternative name that is neither a DNS name nor an IP address.
     #[error("{0:?} is neither a DNS name nor an IP address")]
     Name(String),
+    /// A key could not be put into the form a file needs.
     #[error("encoding a key failed: {0}")]
     Encode(String),
+    /// A certificate does not parse or does not check out; the text says which.
     #[error("{0}")]
     Invalid(String),
 }
 
+/// This crate's results, failing with [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// Certificates are valid from a little before now, so a peer whose clock runs behind accepts them.
@@ -42,31 +51,40 @@ pub const LEAF_VALIDITY: Duration = Duration::from_secs(365 * 24 * 3600);
 /// A certificate and its private key, both PEM.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct KeyAndCert {
+    /// The certificate, PEM.
     pub cert_pem: String,
+    /// Its private key, PEM.
     pub key_pem: String,
 }
 
 /// What a leaf certificate is for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Usage {
+    /// A TLS server's certificate.
     Server,
+    /// A client's certificate, for authenticating to a server.
     Client,
+    /// Both: a server that is also a client of its peers.
     ServerAndClient,
 }
 
 /// A leaf certificate to issue.
 #[derive(Clone, Debug)]
 pub struct Leaf {
+    /// The subject's common name; Kubernetes reads it as a client's user name.
     pub common_name: String,
     /// Kubernetes reads these as the client's groups.
     pub organizations: Vec<String>,
     /// DNS names and IP addresses, as text.
     pub alt_names: Vec<String>,
+    /// Server, client or both.
     pub usage: Usage,
+    /// How long the certificate is valid from now.
     pub validity: Duration,
 }
 
 impl Leaf {
+    /// A server certificate for `alt_names`, valid for [`LEAF_VALIDITY`].
     pub fn server(common_name: impl Into<String>, alt_names: &[&str]) -> Self {
         Self {
             common_name: common_name.into(),
@@ -77,6 +95,8 @@ impl Leaf {
         }
     }
 
+    /// A client certificate for user `common_name` in groups `organizations`, valid for
+    /// [`LEAF_VALIDITY`].
     pub fn client(common_name: impl Into<String>, organizations: &[&str]) -> Self {
         Self {
             common_name: common_name.into(),
@@ -87,6 +107,7 @@ impl Leaf {
         }
     }
 
+    /// The same leaf, valid for `validity` instead.
     pub fn valid_for(mut self, validity: Duration) -> Self {
         self.validity = validity;
         self
@@ -162,14 +183,17 @@ impl CertificateAuthority {
         })
     }
 
+    /// The CA's certificate, PEM: what clients trust.
     pub fn cert_pem(&self) -> &str {
         &self.pair.cert_pem
     }
 
+    /// The CA's private key, PEM.
     pub fn key_pem(&self) -> &str {
         &self.pair.key_pem
     }
 
+    /// The certificate and key, to keep in a Secret.
     pub fn to_pair(&self) -> KeyAndCert {
         self.pair.clone()
     }
@@ -238,7 +262,9 @@ fn is_dns_name(name: &str) -> bool {
 /// (PKCS#8 PEM) and verifies with the public half (SPKI PEM), each in a file of its own.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SigningKey {
+    /// The signing half, SEC1 PEM with the curve named.
     pub private_pem: String,
+    /// The verifying half, SPKI PEM.
     pub public_pem: String,
 }
 
@@ -315,7 +341,9 @@ pub fn key_matches_certificate(key_pem: &str, cert_pem: &str) -> bool {
 /// What a certificate says about itself, for checks before trusting a stored one.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CertificateInfo {
+    /// The subject's common name.
     pub common_name: String,
+    /// The subject's organizations (Kubernetes groups).
     pub organizations: Vec<String>,
     /// Seconds since the Unix epoch.
     pub not_before: i64,
@@ -334,6 +362,7 @@ fn parse_pem_cert(pem_text: &str) -> Result<Vec<u8>> {
 pub struct Lifetime {
     /// `notBefore` plus the clock-skew allowance every certificate here is issued with.
     pub issued_at: i64,
+    /// `notAfter`: when the certificate expires.
     pub not_after: i64,
 }
 

@@ -27,6 +27,7 @@ use crate::naming::{LABEL_SYNCED_FROM, SYNCER_MANAGER};
 pub const COREDNS_IMAGE: &str = "rancher/mirrored-coredns-coredns:1.12.3";
 /// Where the tenant's DNS runs and what its Service is called, as in every Kubernetes cluster.
 pub const DNS_NAMESPACE: &str = "kube-system";
+/// The tenant DNS's Service name, also its pods' `k8s-app` label.
 pub const DNS_SERVICE: &str = "kube-dns";
 /// The port CoreDNS listens on in its pod: unprivileged, so it runs without any capability.
 const DNS_PORT: i32 = 1053;
@@ -79,14 +80,23 @@ fn object<K: DeserializeOwned>(value: serde_json::Value) -> Result<K> {
 
 /// Everything the tenant's DNS is made of, for tenant `tenant` whose host DNS is `upstream`.
 pub struct DnsObjects {
+    /// The identity CoreDNS runs as.
     pub service_account: ServiceAccount,
+    /// What CoreDNS may read: Services, their endpoints, pods and namespaces.
     pub cluster_role: ClusterRole,
+    /// Grants the ClusterRole to the ServiceAccount.
     pub cluster_role_binding: ClusterRoleBinding,
+    /// The Corefile: `cluster.local` from the tenant's objects, every other name from the host's
+    /// DNS.
     pub config_map: ConfigMap,
+    /// CoreDNS itself.
     pub deployment: Deployment,
+    /// The `kube-dns` Service the tenant's pods name as their DNS server.
     pub service: Service,
 }
 
+/// The DNS objects of tenant `tenant`, forwarding other names to the host DNS servers
+/// `upstream`.
 pub fn dns_objects(tenant: &str, upstream: &[String]) -> Result<DnsObjects> {
     let labels = labels(tenant);
     let meta = |name: &str| json!({"name": name, "namespace": DNS_NAMESPACE, "labels": labels});

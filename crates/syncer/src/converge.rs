@@ -19,24 +19,36 @@ use crate::stages::{Stage, Stages};
 /// What [`converge`] did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Outcome {
+    /// The live object already matched: nothing was sent.
     Unchanged,
+    /// The object did not exist and was created.
     Created,
+    /// The live object differed and was updated.
     Updated,
 }
 
 /// Why converging failed.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
+    /// The API server refused the request or could not be reached.
     #[error(transparent)]
     Api(#[from] kube::Error),
+    /// The object could not be turned into JSON (a bug, not the user's).
     #[error("serializing {kind}: {source}")]
     Serialize {
+        /// The kind being serialized.
         kind: String,
+        /// What serde said.
         source: serde_json::Error,
     },
     /// A create found an object of the name that is not the one we saw (someone else's).
     #[error("a {kind} named {name} exists that was not made here")]
-    NameTaken { kind: String, name: String },
+    NameTaken {
+        /// The kind of the object.
+        kind: String,
+        /// The name the other object holds.
+        name: String,
+    },
 }
 
 /// Which object an apply may touch.
@@ -50,10 +62,13 @@ pub enum Target<'a> {
     /// show is taken only if `ours` says it is ours (a copy of our own the watch has not brought
     /// yet); never another object that happens to have it.
     Copy {
+        /// The UID of the live copy we saw, if any.
         live_uid: Option<&'a str>,
+        /// Whether an object the cache did not show is a copy of our own.
         ours: &'a (dyn Fn(&ObjectMeta) -> bool + Send + Sync),
         /// Where the host read and write are timed, as `kind` (see [`crate::stages`]).
         stages: &'a Stages,
+        /// The kind, as the stages name it.
         kind: &'static str,
     },
 }

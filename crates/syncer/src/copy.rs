@@ -234,6 +234,7 @@ pub fn copies(_policy: &SyncPolicySpec) -> Option<Scope> {
     Some(Scope::Copies)
 }
 
+/// The host Api of a copied-down kind, in the operator's scope (`namespace`, if it has one).
 pub fn copies_api<K>(client: Client, namespace: Option<&str>) -> kube::Api<K>
 where
     K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>,

@@ -16,19 +16,31 @@ pub enum Error {
     #[error(
         "a host {kind} named {name} exists that the syncer did not create; rename or delete it"
     )]
-    HostNameTaken { kind: String, name: String },
+    HostNameTaken {
+        /// The kind of the host object.
+        kind: String,
+        /// Its name on the host: the name the copy would take.
+        name: String,
+    },
     /// The tenant refused the cluster IP of the host copy of a Service.
     #[error(
         "the tenant refused the cluster IP {ip} ({message}); is the tenant's service CIDR the host's?"
     )]
-    ServiceIpNotAdopted { ip: String, message: String },
+    ServiceIpNotAdopted {
+        /// The host copy's cluster IP.
+        ip: String,
+        /// Why the tenant API server refused it.
+        message: String,
+    },
     /// The tenant API minted no token for a service account.
     #[error("the tenant API returned no token for ServiceAccount {0}")]
     TokenRequestFailed(String),
     /// An object could not be turned into JSON (a bug, not the user's).
     #[error("serializing {kind}: {source}")]
     Serialize {
+        /// The kind being serialized.
         kind: String,
+        /// What serde said.
         source: serde_json::Error,
     },
     /// Any other API error: usually passing (a conflict, a timeout), so retried soon.
@@ -103,6 +115,7 @@ impl Error {
     }
 }
 
+/// The syncer's results, failing with [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 #[cfg(test)]

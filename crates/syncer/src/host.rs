@@ -45,7 +45,9 @@ type Slot = (String, String);
 
 /// One tenant's interest in a shared watch.
 pub struct Subscriber<K> {
+    /// The tenant's host namespace.
     pub namespace: String,
+    /// The tenant's name; empty for a watch scoped by namespace only.
     pub tenant: String,
     /// An object of the tenant's slice changed or went.
     pub changed: Box<dyn Fn(&K) + Send + Sync>,
@@ -313,6 +315,7 @@ impl<K: HostObject> HostStore<K> {
         self.store.state().len()
     }
 
+    /// Whether the watch holds no object.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
@@ -339,6 +342,7 @@ impl Default for HostWatches {
 }
 
 impl HostWatches {
+    /// No watch yet: each starts on first use.
     pub fn new() -> Self {
         Self {
             kinds: Mutex::new(HashMap::new()),

@@ -9,12 +9,16 @@ use crate::host::HostObject;
 /// kinds and for host Events, whose name is the host's.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Key {
+    /// The kind, as its syncer names it (`Pod`).
     pub kind: &'static str,
+    /// The tenant namespace; empty for cluster-scoped kinds and host Events.
     pub namespace: String,
+    /// The object's name: the tenant's, or the host's for host Events.
     pub name: String,
 }
 
 impl Key {
+    /// The key of object `namespace/name` of `kind`.
     pub fn new(kind: &'static str, namespace: impl Into<String>, name: impl Into<String>) -> Self {
         Self {
             kind,

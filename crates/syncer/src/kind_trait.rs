@@ -50,6 +50,7 @@ pub fn shown_watch_config() -> watcher::Config {
 pub trait Kind: Sized + Send + Sync + 'static {
     /// The kind, as keys, messages and metrics name it.
     const NAME: &'static str;
+    /// The Kubernetes type the kind syncs.
     type Object: Object;
     /// Where the kind's switch sits in the SyncPolicy, as a person writes it (`toHost.pods`).
     const SETTING: &'static str;

@@ -105,7 +105,9 @@ pub struct Syncers {
 /// count retries shorten them rather than wait minutes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Retries {
+    /// How long before the first retry of an object the host or the profile refused.
     pub refused_first: Duration,
+    /// The longest wait between retries of one object.
     pub max: Duration,
 }
 
@@ -122,6 +124,8 @@ impl Default for Retries {
 const FIRST_LIST_WAIT: Duration = Duration::from_secs(10);
 
 impl Syncers {
+    /// No syncer running yet. `host` is the operator's client, `notify` asks the controller to
+    /// reconcile a tenant again, and `observer` is told what the syncers did, for the metrics.
     pub fn new(
         host: Client,
         notify: UnboundedSender<ObjectRef<TenantCluster>>,

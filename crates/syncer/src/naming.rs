@@ -17,13 +17,17 @@ use kube::api::ObjectMeta;
 
 /// Every synced host object carries these labels…
 pub const LABEL_SYNCED_FROM: &str = "tenantplane.io/synced-from";
+/// The tenant object's namespace when it is a valid label value, else its hash.
 pub const LABEL_VIRTUAL_NAMESPACE: &str = "tenantplane.io/virtual-namespace";
 /// The tenant object's name when it is a valid label value, else its hash.
 pub const LABEL_VIRTUAL_NAME: &str = "tenantplane.io/virtual-name";
 /// …and these annotations, which hold the full values.
 pub const ANNOTATION_TENANT: &str = "tenantplane.io/tenant";
+/// The tenant object's namespace.
 pub const ANNOTATION_VIRTUAL_NAMESPACE: &str = "tenantplane.io/virtual-namespace";
+/// The tenant object's name.
 pub const ANNOTATION_VIRTUAL_NAME: &str = "tenantplane.io/virtual-name";
+/// The tenant object's UID.
 pub const ANNOTATION_VIRTUAL_UID: &str = "tenantplane.io/virtual-uid";
 /// The UID of the TenantCluster the copy was made for, recorded at creation.
 pub const ANNOTATION_TENANT_UID: &str = "tenantplane.io/tenant-uid";
@@ -111,8 +115,11 @@ pub fn label_value(value: &str) -> String {
 /// Which tenant object a host object stands for.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Virtual {
+    /// The object's tenant namespace; empty when cluster-scoped.
     pub namespace: String,
+    /// The object's name in the tenant.
     pub name: String,
+    /// The object's UID in the tenant; empty on copies made before it was recorded.
     pub uid: String,
 }
 
@@ -129,11 +136,14 @@ pub fn owner_labels(tenant: &str, namespace: &str, name: &str) -> BTreeMap<Strin
 /// carries.
 #[derive(Clone, Debug, PartialEq)]
 pub struct TenantRef {
+    /// The TenantCluster's name.
     pub name: String,
+    /// The owner reference to the TenantCluster that every copy carries.
     pub owner: OwnerReference,
 }
 
 impl TenantRef {
+    /// The TenantCluster's UID.
     pub fn uid(&self) -> &str {
         &self.owner.uid
     }

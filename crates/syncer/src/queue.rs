@@ -251,6 +251,7 @@ impl<K: Clone + Eq + Hash + Send + 'static> WorkQueue<K> {
         self.lock().queue.len()
     }
 
+    /// Whether no key waits.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }

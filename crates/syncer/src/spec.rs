@@ -7,16 +7,21 @@ use tenantplane_api::{IsolationProfileSpec, SyncPolicySpec};
 /// Everything a syncer runs with; a change restarts it.
 #[derive(Clone, Debug, PartialEq)]
 pub struct SyncerSpec {
+    /// The TenantCluster's name.
     pub tenant: String,
+    /// The host namespace the tenant's copies live in.
     pub host_namespace: String,
     /// The TenantCluster's owner reference: every copy carries it.
     pub owner: OwnerReference,
     /// The namespace the operator is limited to, if it is: the host watches stay inside it.
     pub scope: Option<String>,
+    /// The tenant's SyncPolicy: which kinds sync.
     pub policy: SyncPolicySpec,
+    /// The tenant's IsolationProfile: what tenant objects may ask of the host.
     pub profile: IsolationProfileSpec,
     /// Where the tenant API server answers, and with which kubeconfig (for change detection).
     pub server: String,
+    /// The kubeconfig of the tenant API server, as text.
     pub kubeconfig: String,
     /// The cluster IP of the tenant API server's Service: synced pods dial it, on 6443 directly
     /// and on 443 through the tenant's `kubernetes` Service, which is given this address.
@@ -34,5 +39,6 @@ pub struct SyncerSpec {
 pub struct KubeletEndpoint {
     /// An IP address: virtual Nodes give it as their `InternalIP`.
     pub address: String,
+    /// The port of the kubelet endpoint.
     pub port: u16,
 }

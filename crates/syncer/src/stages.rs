@@ -35,6 +35,7 @@ pub enum Stage {
 }
 
 impl Stage {
+    /// Every stage, in the order an object meets them.
     pub const ALL: [Stage; 6] = [
         Stage::Queue,
         Stage::Converge,

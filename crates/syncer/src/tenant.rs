@@ -39,10 +39,15 @@ impl TypeMap {
 
 /// What a kind's converge step reads and writes through.
 pub struct Tenant {
+    /// Names and translates between the tenant and the host.
     pub tr: Translator,
+    /// The tenant's SyncPolicy.
     pub policy: SyncPolicySpec,
+    /// A client of the tenant API server, as the syncer.
     pub tenant: Client,
+    /// A client of the host API server, as the operator.
     pub host: Client,
+    /// The keys waiting to be converged.
     pub queue: Arc<WorkQueue<Key>>,
     /// Events in the tenant, as the syncer.
     pub recorder: Recorder,

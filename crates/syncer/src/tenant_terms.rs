@@ -32,6 +32,7 @@ pub struct Terms<'a> {
     pub host_namespace: &'a str,
     /// The tenant namespace and name of the object the text is about.
     pub namespace: &'a str,
+    /// The name of the object the text is about.
     pub name: &'a str,
     /// The tenant object a host name stands for, when it is a copy of this tenant's.
     pub copy: Lookup<'a, Option<Virtual>>,

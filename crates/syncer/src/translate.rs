@@ -15,6 +15,7 @@ pub struct Translator {
     /// The TenantCluster: every copy is owned by it, so the garbage collector removes the copies
     /// with it, and only copies it owns are taken for copies.
     pub tenant: TenantRef,
+    /// The tenant's host namespace, where every copy lives.
     pub host_namespace: String,
     /// The cluster IP of the tenant API server's host Service; pods reach it on port 443, as
     /// they would reach `kubernetes.default` (`KUBERNETES_SERVICE_HOST`/`_PORT`).
@@ -22,7 +23,9 @@ pub struct Translator {
     /// The Service range the tenant allocates from (the host's): a host address outside it is
     /// never forced on a tenant Service.
     pub service_cidr: String,
+    /// The profile's node selector, which every pod copy carries.
     pub node_selector: BTreeMap<String, String>,
+    /// The profile's tolerations, which every pod copy carries.
     pub tolerations: Vec<Toleration>,
     /// What tenant objects may ask of the host (the IsolationProfile's `allow`).
     pub allow: tenantplane_api::Allowances,

@@ -54,7 +54,7 @@ pub async fn run(client: &kube::Client, o: &ConnectOptions) -> anyhow::Result<()
     println!("Stopped forwarding 127.0.0.1:{port}.");
     match wrote {
         Wrote::Merged(file, previous) => {
-            println!("{}", leave_context(&file, &context, previous.as_deref()))
+            println!("{}", leave_context(&file, &context, previous.as_deref()));
         }
         Wrote::File(path) => println!(
             "{path} stays, but answers only while `{} connect` runs.",

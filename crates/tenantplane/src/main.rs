@@ -263,7 +263,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 },
             )
             .await
-            .map_err(anyhow::Error::msg)?
+            .map_err(anyhow::Error::msg)?;
         }
         #[cfg(feature = "dev")]
         Command::Dev { state_dir, nodes } => dev::run(state_dir, nodes).await?,

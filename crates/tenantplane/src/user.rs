@@ -302,7 +302,7 @@ pub async fn run_user(host: &HostArgs, command: UserCommand) -> anyhow::Result<(
             } else {
                 match context_name {
                     Some(context_name) => {
-                        print!("{}", kubeconfig_cmd::rename(&text, &context_name)?)
+                        print!("{}", kubeconfig_cmd::rename(&text, &context_name)?);
                     }
                     None => print!("{text}"),
                 }

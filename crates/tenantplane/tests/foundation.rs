@@ -153,14 +153,14 @@ async fn the_real_api_server_admits_exactly_what_the_rules_say() {
         let verdict = submit(&api, old, named(object, &name, &ns.name)).await;
         match (&case.expect, verdict) {
             (None, Err(e)) => {
-                failures.push(format!("{}: expected acceptance, got: {e}", case.name))
+                failures.push(format!("{}: expected acceptance, got: {e}", case.name));
             }
             (Some(expected), Ok(())) => failures.push(format!(
                 "{}: expected refusal with {expected:?}, was accepted",
                 case.name
             )),
             (Some(expected), Err(e)) if !e.contains(expected.as_str()) => {
-                failures.push(format!("{}: expected {expected:?} in: {e}", case.name))
+                failures.push(format!("{}: expected {expected:?} in: {e}", case.name));
             }
             _ => {}
         }

@@ -295,16 +295,13 @@ async fn logs_exec_attach_port_forward_and_cp_work_in_a_tenant() {
         .await
         .ok()
         .and_then(Result::ok);
-    let port = match port {
-        Some(p) => p,
-        None => {
-            let _ = forward.kill();
-            let out = forward.wait_with_output().unwrap();
-            panic!(
-                "kubectl port-forward never listened: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
+    let Some(port) = port else {
+        let _ = forward.kill();
+        let out = forward.wait_with_output().unwrap();
+        panic!(
+            "kubectl port-forward never listened: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     };
     let mut conn = tokio::net::TcpStream::connect(("127.0.0.1", port))
         .await

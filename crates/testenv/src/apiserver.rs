@@ -23,15 +23,25 @@ rules:
 /// What a kube-apiserver needs; the local runtime starts tenant API servers with the same flags.
 #[derive(Clone, Debug)]
 pub struct ApiServerConfig {
+    /// etcd's URL (`--etcd-servers`).
     pub etcd: String,
+    /// The key prefix in etcd, one per API server sharing it.
     pub etcd_prefix: String,
+    /// The port to serve HTTPS on.
     pub port: u16,
+    /// Where the API server writes what it generates.
     pub cert_dir: PathBuf,
+    /// The client CA: clients' certificates must chain to it.
     pub ca_crt: PathBuf,
+    /// The serving certificate.
     pub serving_crt: PathBuf,
+    /// The serving certificate's key.
     pub serving_key: PathBuf,
+    /// The key that signs service-account tokens.
     pub sa_key: PathBuf,
+    /// The public key that verifies them.
     pub sa_pub: PathBuf,
+    /// The aggregation layer's CA and client certificate, if aggregated API servers are served.
     pub front_proxy: Option<FrontProxy>,
     /// Serve on every address of the namespace and advertise this one (the real node's, which
     /// pods reach) in the `kubernetes` Endpoints; `None`: loopback only, no Endpoints.
@@ -43,8 +53,11 @@ pub struct ApiServerConfig {
 /// The request-header (aggregation) CA and the API server's client certificate under it.
 #[derive(Clone, Debug)]
 pub struct FrontProxy {
+    /// The request-header CA.
     pub ca: PathBuf,
+    /// The API server's client certificate under it.
     pub client_crt: PathBuf,
+    /// That certificate's key.
     pub client_key: PathBuf,
 }
 

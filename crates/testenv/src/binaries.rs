@@ -103,6 +103,7 @@ impl Binaries {
         self.dir.join(name)
     }
 
+    /// The folder of the built binaries.
     pub fn dir(&self) -> &Path {
         &self.dir
     }

@@ -9,6 +9,7 @@ use serde_json::Value;
 /// One object (or update) and the message that refuses it, or `None` when it must be accepted.
 #[derive(Clone, Debug, Deserialize)]
 pub struct AdmissionCase {
+    /// What the case checks, in words; failures name it.
     pub name: String,
     /// `tenantcluster`, `isolationprofile` or `syncpolicy`: which shipped example to start from.
     pub base: String,
@@ -17,6 +18,7 @@ pub struct AdmissionCase {
     pub before: Option<Value>,
     /// JSON merge patch (RFC 7386) over the base.
     pub patch: Value,
+    /// A text the refusal must contain; `None`, the object must be accepted.
     pub expect: Option<String>,
 }
 

@@ -10,8 +10,11 @@ use crate::{Error, Result};
 /// How one spec ended on one side.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Outcome {
+    /// The spec passed.
     Passed,
+    /// The spec failed: why, as the report says.
     Failed(String),
+    /// The spec was skipped: why, as the report says.
     Skipped(String),
     /// Selected but never run: the run's time bound ended it first, or the side has no report.
     NotRun,

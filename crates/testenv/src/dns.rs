@@ -10,6 +10,7 @@ use crate::{Error, Result};
 pub struct Answer {
     /// The response code: 0 NOERROR, 2 SERVFAIL, 3 NXDOMAIN …
     pub rcode: u8,
+    /// The A records of the answer.
     pub addresses: Vec<Ipv4Addr>,
 }
 

@@ -166,7 +166,7 @@ impl ControlPlane {
 
         let mut plane = ControlPlane {
             dir: dir.clone(),
-            server: server.clone(),
+            server,
             kubeconfig: kubeconfig_path.clone(),
             binaries,
             processes: Default::default(),

@@ -46,7 +46,9 @@ pub async fn config(path: &Path) -> Result<kube::Config> {
 /// Requests a client sent, split into reads (GET, including lists and watches) and writes.
 #[derive(Debug, Default)]
 pub struct RequestCounter {
+    /// GET requests so far, including lists and watches.
     pub reads: std::sync::atomic::AtomicUsize,
+    /// Every other request so far.
     pub writes: std::sync::atomic::AtomicUsize,
 }
 
@@ -57,6 +59,7 @@ impl RequestCounter {
         (self.reads.load(SeqCst), self.writes.load(SeqCst))
     }
 
+    /// Start counting again from zero.
     pub fn reset(&self) {
         use std::sync::atomic::Ordering::SeqCst;
         self.reads.store(0, SeqCst);

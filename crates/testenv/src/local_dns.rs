@@ -174,13 +174,13 @@ pub(crate) fn local_corefile(
                 out.push_str(&format!("{} {{\n    bind 127.0.0.1\n", keys.join(" ")));
             }
             (1, Some("health")) => {
-                out.push_str(&format!("{indent}health 127.0.0.1:{}\n", ports.health))
+                out.push_str(&format!("{indent}health 127.0.0.1:{}\n", ports.health));
             }
             (1, Some("ready")) => {
-                out.push_str(&format!("{indent}ready 127.0.0.1:{}\n", ports.ready))
+                out.push_str(&format!("{indent}ready 127.0.0.1:{}\n", ports.ready));
             }
             (1, Some("prometheus")) => {
-                out.push_str(&format!("{indent}prometheus 127.0.0.1:{}\n", ports.metrics))
+                out.push_str(&format!("{indent}prometheus 127.0.0.1:{}\n", ports.metrics));
             }
             (1, Some("forward")) if words.len() >= 3 => {
                 let rest = if opens { " {" } else { "" };
@@ -264,9 +264,8 @@ pub(crate) async fn launch(
 ) -> Result<DnsServer> {
     let ns = pod.namespace().unwrap_or_default();
     let name = pod.name_any();
-    let (spec, container) = match (pod.spec.as_ref(), dns_container(pod)) {
-        (Some(s), Some(c)) => (s, c),
-        _ => return Err(Error::Io(format!("pod {ns}/{name} runs no CoreDNS"))),
+    let (Some(spec), Some(container)) = (pod.spec.as_ref(), dns_container(pod)) else {
+        return Err(Error::Io(format!("pod {ns}/{name} runs no CoreDNS")));
     };
     let args = container.args.clone().unwrap_or_default();
     let conf = args

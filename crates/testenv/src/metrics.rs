@@ -64,7 +64,9 @@ pub fn parse_open_watches(text: &str) -> BTreeMap<String, f64> {
 /// from the exposition.
 #[derive(Clone, Debug, PartialEq)]
 pub struct StageSummary {
+    /// How many observations the stage has.
     pub count: u64,
+    /// Their sum, in seconds.
     pub sum: f64,
     /// (upper bound in seconds, cumulative count), ascending, `+Inf` last.
     pub buckets: Vec<(f64, u64)>,

@@ -9,6 +9,7 @@ use crate::{kubeconfig, kubectl, repo_path, shared};
 
 /// The operator's namespace and ServiceAccount, as in `deploy/operator`.
 pub const NAMESPACE: &str = "tenantplane-system";
+/// The operator's ServiceAccount in [`NAMESPACE`].
 pub const SERVICE_ACCOUNT: &str = "tenantplane";
 /// The user name the API server sees for the operator.
 pub const USER: &str = "system:serviceaccount:tenantplane-system:tenantplane";

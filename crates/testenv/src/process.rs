@@ -94,7 +94,9 @@ extern "C" fn stop_all_at_exit() {
 /// A process of ours, by pid, and the log file it writes.
 #[derive(Clone, Debug)]
 pub struct Handle {
+    /// The name it was started under, for messages.
     pub name: String,
+    /// Its process id.
     pub pid: u32,
 }
 

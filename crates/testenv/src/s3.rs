@@ -20,7 +20,9 @@ pub struct S3Server {
     handle: Handle,
     /// `http://127.0.0.1:<port>`.
     pub endpoint: String,
+    /// The access key id that signs requests.
     pub access_key: String,
+    /// The secret access key that signs requests.
     pub secret_key: String,
     master: String,
     weed: PathBuf,

@@ -80,7 +80,9 @@ pub fn shared() -> &'static ControlPlane {
 /// A namespace of its own for one test. When the test panics, dropping it prints the last lines
 /// of every component's log.
 pub struct TestNamespace {
+    /// The namespace's name.
     pub name: String,
+    /// A client of the test control plane, as a cluster admin.
     pub client: kube::Client,
 }
 

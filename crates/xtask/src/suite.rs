@@ -287,7 +287,7 @@ fn run_all(
                 done.push(finished);
             }
             Err(mpsc::RecvTimeoutError::Timeout) => {
-                say(started, &still_running(&running, done.len(), total))
+                say(started, &still_running(&running, done.len(), total));
             }
             Err(mpsc::RecvTimeoutError::Disconnected) => break,
         }

@@ -16,6 +16,7 @@ use crate::{Error, names};
 
 /// The file's key in the ConfigMap, and its path in the pod.
 pub const ADMISSION_KEY: &str = "admission.yaml";
+/// The admission configuration's path in the pod.
 pub const ADMISSION_CONFIG: &str = "/etc/tenantplane/config/admission.yaml";
 const _: () = assert!(ADMISSION_CONFIG.len() == CONFIG_MOUNT.len() + 1 + ADMISSION_KEY.len());
 

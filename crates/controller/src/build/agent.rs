@@ -11,6 +11,7 @@ use super::layout::{
 };
 use crate::names;
 
+/// The snapshot agent's container.
 pub const CONTAINER: &str = "snapshot-agent";
 /// The init container that puts a restore in place before the datastore starts.
 pub const RESTORE_CONTAINER: &str = "snapshot-restore";

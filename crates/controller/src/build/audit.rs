@@ -13,6 +13,7 @@ use crate::tenant_pki::OPERATOR_USER;
 
 /// The policy's key in the ConfigMap, and its path in the pod.
 pub const POLICY_KEY: &str = "audit-policy.yaml";
+/// The audit policy's path in the pod.
 pub const POLICY_FILE: &str = "/etc/tenantplane/config/audit-policy.yaml";
 const _: () = assert!(POLICY_FILE.len() == CONFIG_MOUNT.len() + 1 + POLICY_KEY.len());
 

@@ -40,6 +40,7 @@ pub fn k3s_image(repository: &str, kubernetes_version: &str) -> String {
 
 /// The kubelet CA's file in `server/tls/`, and the init container's variable that carries it.
 pub const KUBELET_CA_FILE: &str = "kubelet-ca.crt";
+/// The init container's variable that carries the kubelet CA.
 pub const KUBELET_CA_ENV: &str = "TENANTPLANE_KUBELET_CA";
 
 /// k3s writes here even without an agent (its agent setup makes `/etc/rancher/node/password`

@@ -18,7 +18,9 @@ use crate::names;
 /// tenant allocates from the same range).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Addressing {
+    /// The cluster IP of the tenant's API Service.
     pub api_ip: String,
+    /// The host's Service range that holds it, which the tenant allocates from too.
     pub service_cidr: String,
 }
 
@@ -38,6 +40,7 @@ macro_rules! database_dir {
         "/var/lib/rancher/k3s/server/db"
     };
 }
+/// The folder of kine's database on the claim.
 pub const DATABASE_DIR: &str = database_dir!();
 /// kine's sqlite database on the claim, where k3s keeps it.
 pub const DATABASE: &str = concat!(database_dir!(), "/state.db");
@@ -56,6 +59,7 @@ pub const RUN_AS_USER: i64 = 10001;
 /// What the control plane requests of the tenant's quota (an agentless k3s server's need; the
 /// `kubernetes` distribution's three containers share the same).
 pub const CONTROL_PLANE_CPU_REQUEST: &str = "250m";
+/// The memory the control plane requests of the tenant's quota.
 pub const CONTROL_PLANE_MEMORY_REQUEST: &str = "512Mi";
 
 /// Where sqlite puts its temporary files, in kine and in k3s (which embeds kine): the database's

@@ -49,8 +49,11 @@ pub fn restricted_pod(user: i64) -> PodSecurityContext {
 
 /// One resource of a container: the tenant's cap on it, if any, and what the container needs.
 pub struct CapAndNeed<'a> {
+    /// The resource's name (`cpu`, `memory`).
     pub resource: &'a str,
+    /// The tenant's cap on it, if any.
     pub cap: Option<&'a ParsedQuantity>,
+    /// What the container needs.
     pub need: ParsedQuantity,
 }
 
@@ -90,8 +93,11 @@ pub fn capped_resources<'a>(
 /// How often a probe runs, how long it waits, and after how many failures it gives up.
 #[derive(Clone, Copy, Debug)]
 pub struct ProbeTiming {
+    /// Seconds between runs.
     pub period_seconds: i32,
+    /// Seconds one run may take.
     pub timeout_seconds: i32,
+    /// Failures in a row before the probe fails.
     pub failure_threshold: i32,
 }
 

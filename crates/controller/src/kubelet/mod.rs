@@ -34,17 +34,29 @@ const CA_KEY: &str = "ca.key";
 /// The port virtual Nodes name, as a kubelet's.
 pub const DEFAULT_PORT: u16 = 10250;
 
+/// Why the kubelet endpoint could not start or serve.
 #[derive(Debug, thiserror::Error)]
 pub enum KubeletError {
+    /// The endpoint's CA Secret could not be read or made.
     #[error("Secret {namespace}/{CA_SECRET}: {message}")]
-    Ca { namespace: String, message: String },
-    #[error("serving the kubelet endpoint on {address}: {message}")]
-    Listen {
-        address: SocketAddr,
+    Ca {
+        /// The operator's namespace, which holds the Secret.
+        namespace: String,
+        /// What went wrong.
         message: String,
     },
+    /// The endpoint could not listen.
+    #[error("serving the kubelet endpoint on {address}: {message}")]
+    Listen {
+        /// The address it tried.
+        address: SocketAddr,
+        /// What the system said.
+        message: String,
+    },
+    /// The serving certificate could not be issued.
     #[error("the kubelet serving certificate: {0}")]
     Certificate(#[from] tls::CertError),
+    /// The TLS configuration was refused.
     #[error("the kubelet endpoint's TLS: {0}")]
     Tls(#[from] rustls::Error),
 }
@@ -53,7 +65,9 @@ pub enum KubeletError {
 /// their API servers trust for it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct KubeletOptions {
+    /// The endpoint virtual Nodes name as their kubelet.
     pub endpoint: KubeletEndpoint,
+    /// The CA of the endpoint's serving certificate, PEM, which the tenants' API servers trust.
     pub ca_pem: String,
 }
 
@@ -63,13 +77,16 @@ pub struct Settings {
     pub listen: SocketAddr,
     /// The address and port virtual Nodes give, and DNS names the certificate also names.
     pub endpoint: KubeletEndpoint,
+    /// DNS names the serving certificate carries besides the endpoint's address.
     pub dns_names: Vec<String>,
+    /// The CA that signs the serving certificate.
     pub ca: CertificateAuthority,
     /// The namespace the operator is limited to, if it is.
     pub scope: Option<String>,
 }
 
 impl Settings {
+    /// What the tenants' control planes are given.
     pub fn options(&self) -> KubeletOptions {
         KubeletOptions {
             endpoint: self.endpoint.clone(),

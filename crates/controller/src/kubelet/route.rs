@@ -16,9 +16,13 @@ use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, percent_decode_str, utf8_perc
 /// The subresource a request maps to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Action {
+    /// Container logs (`/containerLogs`).
     Logs,
+    /// A command run in a container (`/exec`).
     Exec,
+    /// Attaching to a running container (`/attach`).
     Attach,
+    /// Forwarding ports of the pod (`/portForward`).
     PortForward,
 }
 
@@ -42,8 +46,11 @@ impl fmt::Display for Action {
 /// A kubelet request of a tenant pod.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Route {
+    /// Which subresource.
     pub action: Action,
+    /// The pod's tenant namespace.
     pub namespace: String,
+    /// The pod's tenant name.
     pub pod: String,
     /// The pod UID, when the path names it.
     pub uid: Option<String>,
@@ -56,12 +63,19 @@ pub struct Route {
 /// Why a request cannot be served; each says what the endpoint does serve.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum RouteError {
+    /// A path that is not one of the endpoint's.
     #[error(
         "{0} is not served here: this kubelet endpoint serves /containerLogs, /exec, /attach and /portForward of the tenant's pods"
     )]
     NotServed(String),
+    /// A path of the endpoint's that does not parse.
     #[error("{path}: {reason}")]
-    Malformed { path: String, reason: String },
+    Malformed {
+        /// The path.
+        path: String,
+        /// What is wrong with it.
+        reason: String,
+    },
 }
 
 /// Log parameters the API server passes through to the kubelet, under the same names.

@@ -26,11 +26,13 @@ use crate::tenant_pki::CLIENT_CA_CRT;
 
 /// How long a serving certificate lives, and how often a fresh one is issued.
 pub const SERVING_VALIDITY: Duration = Duration::from_secs(7 * 24 * 3600);
+/// How often a fresh serving certificate is issued, well before the current one expires.
 pub const SERVING_RENEWAL: Duration = Duration::from_secs(24 * 3600);
 
 /// The organisation a tenant API server's kubelet client certificate carries.
 const API_SERVER_GROUP: &str = "system:masters";
 
+/// The crypto provider of every TLS configuration here: rustls's ring one.
 pub fn provider() -> Arc<CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
 }
@@ -56,19 +58,34 @@ pub struct CertError {
 /// Why a client's certificate is refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Refusal {
+    /// No tenant's client CA signed the certificate (the kubelet endpoint's check).
     #[error("the client certificate is not signed by any tenant's client CA")]
     UnknownSigner,
+    /// The tenant's client CA did not sign the certificate (the snapshot agent's check): why.
     #[error("the client certificate is not the tenant client CA's: {0}")]
     NotSignedBy(String),
+    /// The certificate is expired or not yet valid.
     #[error("the client certificate{} is not valid now", owner.as_deref().map(|t| format!(" of tenant {t}")).unwrap_or_default())]
-    NotValidNow { owner: Option<String> },
+    NotValidNow {
+        /// The tenant it names, when known.
+        owner: Option<String>,
+    },
+    /// A certificate of the tenant's client CA that is not its API server's.
     #[error(
         "the client certificate {common_name:?} of tenant {tenant} is not its API server's (no {API_SERVER_GROUP})"
     )]
-    NotApiServer { common_name: String, tenant: String },
+    NotApiServer {
+        /// The certificate's common name.
+        common_name: String,
+        /// The tenant whose CA signed it.
+        tenant: String,
+    },
+    /// A client other than the one user the snapshot agent serves.
     #[error("only {user} may use the snapshot agent, not {common_name:?}")]
     NotUser {
+        /// The user the agent serves.
         user: &'static str,
+        /// The client certificate's common name.
         common_name: String,
     },
 }
@@ -111,6 +128,7 @@ impl Serving {
         Ok(())
     }
 
+    /// The crypto provider the certificates were made with.
     pub fn provider(&self) -> Arc<CryptoProvider> {
         self.provider.clone()
     }
@@ -184,6 +202,7 @@ impl std::fmt::Debug for Tenants {
 }
 
 impl Tenants {
+    /// No tenant parsed yet; each is read from `secrets` when first asked for.
     pub fn new(secrets: Store<Secret>) -> Self {
         Self {
             secrets,
@@ -253,7 +272,9 @@ pub type CertCheck = dyn Fn(&[u8], i64) -> Result<(), Refusal> + Send + Sync;
 /// Admits a client whose certificate passes a check (the kubelet endpoint's: a tenant API server
 /// that [`Tenants::identify`] places; the snapshot agent's: the operator).
 pub struct CheckedClients {
+    /// The check every client certificate must pass.
     pub check: Box<CertCheck>,
+    /// The crypto provider of the TLS configuration.
     pub provider: Arc<CryptoProvider>,
 }
 

@@ -36,11 +36,13 @@ pub const SERVER_NAME: &str = "tenantplane-agent";
 /// The header with the SHA-256 (hex) of a snapshot's bytes, both ways.
 pub const SHA256_HEADER: &str = "x-tenantplane-sha256";
 
+/// The body of every answer the agent gives.
 pub type Body = UnsyncBoxBody<Bytes, std::io::Error>;
 
 /// How the agent runs.
 #[derive(Clone, Debug)]
 pub struct AgentOptions {
+    /// The address to listen on.
     pub listen: SocketAddr,
     /// kine's sqlite database.
     pub database: PathBuf,
@@ -71,25 +73,39 @@ struct Agent {
 /// Why the agent could not start: its PKI files, its certificate, its port or its signals.
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
+    /// A file of the mounted PKI could not be read.
     #[error("reading {}: {source}", path.display())]
     Read {
+        /// The file.
         path: std::path::PathBuf,
+        /// What the system said.
         #[source]
         source: std::io::Error,
     },
     /// A CA in the mounted PKI does not parse.
     #[error("the tenant's {which}: {detail}")]
-    Ca { which: &'static str, detail: String },
+    Ca {
+        /// Which CA.
+        which: &'static str,
+        /// What is wrong with it.
+        detail: String,
+    },
+    /// The serving certificate could not be issued.
     #[error(transparent)]
     Certificate(#[from] tls::CertError),
+    /// The TLS configuration was refused.
     #[error("TLS: {0}")]
     Tls(#[from] rustls::Error),
+    /// The agent could not listen.
     #[error("listening on {address}: {source}")]
     Listen {
+        /// The address it tried.
         address: SocketAddr,
+        /// What the system said.
         #[source]
         source: std::io::Error,
     },
+    /// SIGTERM could not be handled.
     #[error("handling SIGTERM: {0}")]
     Signal(#[source] std::io::Error),
 }
@@ -349,6 +365,7 @@ pub enum RestoreState {
 const ABANDONED: &str = "abandoned: ";
 
 impl RestoreState {
+    /// The state as one word, as the agent's answer writes it.
     pub fn as_str(&self) -> &'static str {
         match self {
             Self::Waiting => "waiting",
@@ -358,6 +375,7 @@ impl RestoreState {
         }
     }
 
+    /// What goes with the state: the restored checksum, or why it was abandoned; empty otherwise.
     pub fn detail(&self) -> &str {
         match self {
             Self::Restored(d) | Self::Abandoned(d) => d,

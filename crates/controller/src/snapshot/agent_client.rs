@@ -30,33 +30,62 @@ const ANSWER_WITHIN: Duration = Duration::from_secs(600);
 pub enum AgentError {
     /// The operator's TLS setup for the agent (the tenant's CAs, the operator's certificate).
     #[error("{what}: {detail}")]
-    Credentials { what: &'static str, detail: String },
+    Credentials {
+        /// Which part: "the tenant's server CA", "the operator's certificate", …
+        what: &'static str,
+        /// What was wrong with it.
+        detail: String,
+    },
+    /// The agent did not take the connection in time.
     #[error("the snapshot agent at {address} did not answer within {seconds}s")]
-    ConnectTimeout { address: String, seconds: u64 },
+    ConnectTimeout {
+        /// Where the agent was dialled.
+        address: String,
+        /// How long the operator waited.
+        seconds: u64,
+    },
+    /// The connection to the agent failed.
     #[error("connecting to the snapshot agent at {address}: {source}")]
     Connect {
+        /// Where the agent was dialled.
         address: String,
+        /// What the system said.
         #[source]
         source: std::io::Error,
     },
+    /// The TLS handshake with the agent failed: it is not the tenant's agent, or does not trust the
+    /// operator.
     #[error("TLS with the snapshot agent at {address}: {source}")]
     Tls {
+        /// Where the agent was dialled.
         address: String,
+        /// What the TLS layer said.
         #[source]
         source: std::io::Error,
     },
     /// An HTTP exchange with the agent failed: what was being done.
     #[error("{what}: {source}")]
     Http {
+        /// What was being done.
         what: String,
+        /// What hyper said.
         #[source]
         source: hyper::Error,
     },
+    /// The agent took the connection but did not answer in time.
     #[error("the snapshot agent did not answer within {seconds}s")]
-    AnswerTimeout { seconds: u64 },
+    AnswerTimeout {
+        /// How long the operator waited.
+        seconds: u64,
+    },
     /// The agent refused: its status and its body, which says why.
     #[error("the snapshot agent answered {status}: {text}")]
-    Refused { status: StatusCode, text: String },
+    Refused {
+        /// The HTTP status.
+        status: StatusCode,
+        /// The body.
+        text: String,
+    },
     /// The agent's answer is not what the operator understands.
     #[error("{0}")]
     Answer(String),
@@ -84,9 +113,11 @@ fn credentials(what: &'static str) -> impl FnOnce(String) -> AgentError {
 
 /// A snapshot as the agent sends it.
 pub struct Download {
+    /// The copy's size in bytes, as the agent announced it.
     pub size: u64,
     /// The SHA-256 (hex) the agent computed of its copy.
     pub sha256: String,
+    /// The copy's bytes, as they arrive.
     pub bytes: BoxStream<'static, Result<Bytes, AgentError>>,
 }
 

@@ -24,44 +24,79 @@ pub enum DatabaseError {
     /// A file could not be read, made, written, renamed or removed.
     #[error("{action} {}: {source}", path.display())]
     File {
+        /// What was being done: "reading", "creating", "renaming", …
         action: &'static str,
+        /// The file it was done to.
         path: PathBuf,
+        /// What the system said.
         #[source]
         source: std::io::Error,
     },
     /// sqlite failed at a step of the copy or of the check.
     #[error("{action} {}: {source}", path.display())]
     Sqlite {
+        /// The step that failed, such as "opening" or "copying".
         action: &'static str,
+        /// The database it failed on.
         path: PathBuf,
+        /// What sqlite said.
         #[source]
         source: rusqlite::Error,
     },
+    /// No database file where the copy looked for one.
     #[error("there is no database at {}", .0.display())]
     Missing(PathBuf),
+    /// A received or copied file that sqlite cannot open as a database.
     #[error("{} is not a readable sqlite database: {source}", path.display())]
     Unreadable {
+        /// The file sqlite could not open.
         path: PathBuf,
+        /// What sqlite said.
         #[source]
         source: rusqlite::Error,
     },
+    /// A writer held the database locked for longer than the copy waits.
     #[error("copying {}: the database stayed locked for {seconds}s", path.display())]
-    Locked { path: PathBuf, seconds: u64 },
+    Locked {
+        /// The database.
+        path: PathBuf,
+        /// How long the copy waited.
+        seconds: u64,
+    },
+    /// The file fails sqlite's `quick_check`: it is damaged.
     #[error("{} fails sqlite's quick_check: {verdict}", path.display())]
-    Corrupt { path: PathBuf, verdict: String },
+    Corrupt {
+        /// The damaged file.
+        path: PathBuf,
+        /// What `quick_check` found.
+        verdict: String,
+    },
+    /// The received bytes do not hash to the checksum the snapshot recorded.
     #[error(
         "the received snapshot's checksum is sha256:{got}, not the expected sha256:{expected}: it is corrupt or was cut short ({size} bytes received)"
     )]
     Checksum {
+        /// The received bytes' SHA-256, hex.
         got: String,
+        /// The SHA-256 the snapshot recorded, hex.
         expected: String,
+        /// How many bytes arrived.
         size: u64,
     },
+    /// A checksum that is not `sha256:` and 64 hex digits.
     #[error("checksum {text:?} {why}")]
-    ChecksumText { text: String, why: &'static str },
+    ChecksumText {
+        /// The checksum as written.
+        text: String,
+        /// What is wrong with it.
+        why: &'static str,
+    },
+    /// Removing the distribution's own state from a received database failed.
     #[error("removing {pattern} from the snapshot: {source}")]
     Forget {
+        /// The `LIKE` pattern of the keys being removed.
         pattern: &'static str,
+        /// What sqlite said.
         #[source]
         source: rusqlite::Error,
     },
@@ -104,8 +139,11 @@ fn sqlite(action: &'static str, path: &Path) -> impl FnOnce(rusqlite::Error) -> 
 /// A finished copy: a scratch file, its size and SHA-256.
 #[derive(Debug)]
 pub struct Copy {
+    /// The scratch file that holds the copy.
     pub path: PathBuf,
+    /// Its size in bytes.
     pub size: u64,
+    /// Its SHA-256, hex.
     pub sha256: String,
 }
 
@@ -139,6 +177,7 @@ impl Default for Hasher {
 }
 
 impl Hasher {
+    /// Feed `bytes` to the hash.
     pub fn update(&mut self, bytes: &[u8]) {
         self.0.update(bytes);
     }
@@ -160,6 +199,7 @@ impl Hasher {
 pub struct Tally(std::sync::Arc<std::sync::Mutex<(Hasher, u64)>>);
 
 impl Tally {
+    /// `stream`, unchanged, with every chunk that passes counted and hashed.
     pub fn tap<S, E>(
         &self,
         stream: S,
@@ -326,6 +366,7 @@ pub struct Incoming {
 }
 
 impl Incoming {
+    /// Start receiving a database that is to replace `database`: a new file beside it.
     pub fn create(database: &Path) -> Result<Self, DatabaseError> {
         if let Some(dir) = database.parent() {
             std::fs::create_dir_all(dir).map_err(file("making", dir))?;
@@ -340,6 +381,7 @@ impl Incoming {
         })
     }
 
+    /// Append `bytes` to the file and the hash.
     pub fn write(&mut self, bytes: &[u8]) -> Result<(), DatabaseError> {
         self.hasher.update(bytes);
         self.size += bytes.len() as u64;

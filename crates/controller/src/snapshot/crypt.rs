@@ -32,30 +32,48 @@ pub const KEY: &str = "key";
 /// What goes wrong with a key or with the bytes it seals or opens.
 #[derive(Debug, thiserror::Error)]
 pub enum CryptError {
+    /// The key is not base64.
     #[error("the key is not base64 ({0}): make one with `head -c 32 /dev/urandom | base64`")]
     NotBase64(base64::DecodeError),
+    /// The key is not 32 bytes: how many it is.
     #[error("the key is {0} bytes, not 32: make one with `head -c 32 /dev/urandom | base64`")]
     KeyLength(usize),
+    /// The system gave no random bytes for a nonce.
     #[error("no random bytes for the nonce")]
     NoRandom,
+    /// Encryption failed.
     #[error("encrypting the snapshot failed")]
     Seal,
+    /// The stored bytes do not start with an encrypted snapshot's header.
     #[error("the stored snapshot is not encrypted (or not one of ours)")]
     NotEncrypted,
+    /// The stored bytes end before the header does.
     #[error("the stored snapshot is cut short: no header")]
     NoHeader,
+    /// The store's key does not open the bytes: another key sealed them, or they were changed or
+    /// cut short.
     #[error(
         "the stored snapshot does not decrypt with the store's key: a different key encrypted it, or it was changed or cut short"
     )]
     WrongKey,
+    /// The snapshot is encrypted but its store has no key now.
     #[error(
         "the snapshot is encrypted (key {key_id}) but its store has no key now: put that key back in the store's spec.encryption"
     )]
-    NoKey { key_id: String },
+    NoKey {
+        /// The id of the key that sealed it.
+        key_id: String,
+    },
+    /// The snapshot was sealed with another key than the store's.
     #[error(
         "the snapshot was encrypted with key {key_id}, and the store's key now is {current}: put the old key back to read it"
     )]
-    OtherKey { key_id: String, current: String },
+    OtherKey {
+        /// The id of the key that sealed it.
+        key_id: String,
+        /// The id of the store's key now.
+        current: String,
+    },
     /// The bytes being sealed or opened broke off: what their source said.
     #[error("{0}")]
     Input(String),

@@ -10,16 +10,22 @@ use super::store::BucketError;
 use crate::connector::ConnectError;
 use crate::error_text::api_message;
 
+/// Why a snapshot, a store check or a restore failed.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
+    /// The store: reaching it, or moving objects in and out.
     #[error(transparent)]
     Bucket(#[from] BucketError),
+    /// The snapshot's encryption or decryption.
     #[error(transparent)]
     Crypt(#[from] CryptError),
+    /// Copying, checking or putting back the database.
     #[error(transparent)]
     Database(#[from] DatabaseError),
+    /// Talking to the snapshot agent in the tenant's pod.
     #[error(transparent)]
     Agent(#[from] AgentError),
+    /// The tenant has no operator kubeconfig yet.
     #[error(transparent)]
     Kubeconfig(#[from] crate::build::kubeconfig::NoOperatorKubeconfig),
     /// The tenant's control plane cannot be reached: no address yet, or no client.
@@ -28,20 +34,31 @@ pub enum Error {
     /// A store's spec or credentials do not make a client.
     #[error("SnapshotStore {store}: {source}")]
     InStore {
+        /// The SnapshotStore's name.
         store: String,
+        /// What was wrong.
         #[source]
         source: BucketError,
     },
     /// A store's encryption key is not a key.
     #[error("SnapshotStore {store}'s key in Secret {secret}: {source}")]
     Key {
+        /// The SnapshotStore's name.
         store: String,
+        /// The Secret that holds the key.
         secret: String,
+        /// What is wrong with the key.
         #[source]
         source: CryptError,
     },
+    /// A Secret the store names does not exist.
     #[error("Secret {namespace}/{name} does not exist: create it")]
-    SecretMissing { namespace: String, name: String },
+    SecretMissing {
+        /// The Secret's namespace.
+        namespace: String,
+        /// The Secret's name.
+        name: String,
+    },
     /// The store's credentials Secret cannot be read: why, and what it should hold.
     #[error(
         "{0} (a store's credentials Secret holds {ACCESS_KEY_ID} and {SECRET_ACCESS_KEY})",
@@ -52,10 +69,13 @@ pub enum Error {
     /// A call to the host's API server failed: what it was for, and what the server said.
     #[error("{action}: {}", api_message(.source))]
     Api {
+        /// What the call was for.
         action: String,
+        /// What the server said.
         #[source]
         source: kube::Error,
     },
+    /// A schedule that does not parse.
     #[error(transparent)]
     Schedule(#[from] super::schedule::ScheduleError),
     /// A step of the controllers that is not one of the above: what it was and what it met.

@@ -149,7 +149,7 @@ async fn tick(
             .await
         {
             Ok(_) => {
-                info!(%tenant, namespace = %ns, snapshot = %name, "scheduled snapshot created")
+                info!(%tenant, namespace = %ns, snapshot = %name, "scheduled snapshot created");
             }
             Err(kube::Error::Api(e)) if e.code == 409 => {}
             Err(e) => return Err(super::api(format!("creating TenantSnapshot {name}"))(e)),
@@ -182,7 +182,7 @@ async fn retain(
         let name = snap.name_any();
         match api.delete(&name, &DeleteParams::default()).await {
             Ok(_) => {
-                info!(namespace = %ns, snapshot = %name, "retention: deleted a scheduled snapshot")
+                info!(namespace = %ns, snapshot = %name, "retention: deleted a scheduled snapshot");
             }
             Err(kube::Error::Api(e)) if e.code == 404 => {}
             Err(e) => return Err(super::api(format!("deleting TenantSnapshot {name}"))(e)),

@@ -27,6 +27,7 @@ use crate::error_chain;
 
 /// The credentials Secret's keys.
 pub const ACCESS_KEY_ID: &str = "accessKeyId";
+/// The credentials Secret's key that holds the secret access key.
 pub const SECRET_ACCESS_KEY: &str = "secretAccessKey";
 
 /// Size of one part of a multipart upload: S3 allows 10,000 parts, so this holds snapshots up to
@@ -39,10 +40,18 @@ const PARTS_IN_FLIGHT: usize = 2;
 /// shows.
 #[derive(Debug, thiserror::Error)]
 pub enum BucketError {
+    /// The store's credentials Secret lacks one of its keys.
     #[error("Secret {secret} has no key {key}: it needs {ACCESS_KEY_ID} and {SECRET_ACCESS_KEY}")]
-    MissingKey { secret: String, key: &'static str },
+    MissingKey {
+        /// The Secret's name.
+        secret: String,
+        /// The key it lacks.
+        key: &'static str,
+    },
+    /// `s3.caBundle` is not a usable PEM bundle: why.
     #[error("s3.caBundle: {0}")]
     CaBundle(String),
+    /// `s3.caBundle` holds no certificate at all.
     #[error("s3.caBundle holds no PEM certificate")]
     NoCertificate,
     /// The S3 client could not be built from the spec (the chain of causes).
@@ -51,19 +60,26 @@ pub enum BucketError {
     /// A request to the store failed: what was being done, to which object.
     #[error("{action} {at}: {}", error_chain(.source))]
     Request {
+        /// What was being done.
         action: &'static str,
+        /// The object, as `s3://bucket/key`.
         at: String,
+        /// What the store said.
         #[source]
         source: object_store::Error,
     },
+    /// The store's check object read back other bytes than were written to it: where.
     #[error("{0} read back other bytes than were written")]
     ReadBack(String),
     /// The bytes being uploaded broke off: what their source said.
     #[error("reading the snapshot while uploading it: {0}")]
     Source(String),
+    /// A manifest object that does not parse.
     #[error("{at} is not a snapshot manifest: {source}")]
     Manifest {
+        /// The object, as `s3://bucket/key`.
         at: String,
+        /// What the parser said.
         #[source]
         source: serde_json::Error,
     },
@@ -93,13 +109,19 @@ fn request(action: &'static str, at: &str) -> impl FnOnce(object_store::Error) -
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Manifest {
+    /// The tenant's namespace.
     pub namespace: String,
+    /// The TenantCluster's name.
     pub tenant: String,
+    /// The TenantSnapshot's name.
     pub snapshot: String,
+    /// The stored snapshot's size in bytes.
     pub size: u64,
     /// `sha256:<hex>`.
     pub checksum: String,
+    /// The Kubernetes version the tenant ran, which a restore runs again.
     pub kubernetes_version: String,
+    /// The distribution the tenant ran (`k3s` or `kubernetes`).
     pub distribution: String,
     /// RFC 3339.
     pub created: String,
@@ -112,9 +134,11 @@ pub struct Manifest {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ManifestEncryption {
+    /// The cipher's name ([`super::crypt::CIPHER`]).
     pub cipher: String,
     /// [`super::crypt::SnapshotKey::id`].
     pub key_id: String,
+    /// The database's size in bytes, before encryption.
     pub plaintext_size: u64,
     /// `sha256:<hex>` of the database's bytes.
     pub plaintext_checksum: String,
@@ -142,7 +166,9 @@ impl std::fmt::Debug for Store {
 /// A snapshot's two objects.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Objects {
+    /// The database's bytes (`.db`).
     pub data: ObjectPath,
+    /// The manifest (`.json`).
     pub manifest: ObjectPath,
 }
 
@@ -316,6 +342,7 @@ impl Store {
         Ok((size, hasher.finish()))
     }
 
+    /// Write `manifest` as JSON to `object`.
     pub async fn put_manifest(
         &self,
         object: &ObjectPath,
@@ -330,6 +357,7 @@ impl Store {
             .map_err(request("writing", &self.location(object)))
     }
 
+    /// Read the manifest at `object`.
     pub async fn manifest(&self, object: &ObjectPath) -> Result<Manifest, BucketError> {
         let at = self.location(object);
         let bytes = self

@@ -20,6 +20,7 @@ use crate::context::now;
 
 /// How often an available store is checked again; a failing one, sooner.
 pub const RECHECK: Duration = Duration::from_secs(300);
+/// How often a failing store is checked again.
 pub const RECHECK_FAILING: Duration = Duration::from_secs(30);
 
 struct Ctx {

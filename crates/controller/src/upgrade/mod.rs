@@ -33,12 +33,20 @@ pub const GUARDS_UPGRADE: &str = "tenantplane.io/guards-upgrade";
 
 /// Reasons in `status.upgrade.reason` (and the `UpgradeGuarded` condition).
 pub mod reason {
+    /// The tenant's objects are being checked for API versions the target no longer serves, or a
+    /// check could not run: the upgrade waits.
     pub const CHECKING: &str = "CheckingRemovedAPIs";
+    /// Objects use API versions the target no longer serves: the upgrade is refused.
     pub const REMOVED_APIS: &str = "RemovedAPIsInUse";
+    /// The snapshot that guards the upgrade is being taken.
     pub const TAKING_SNAPSHOT: &str = "TakingSnapshot";
+    /// The guarding snapshot failed.
     pub const SNAPSHOT_FAILED: &str = "SnapshotFailed";
+    /// No SnapshotStore to keep a snapshot in: the upgrade goes on without one.
     pub const NO_STORE: &str = "NoSnapshotStore";
+    /// The tenant sleeps: the checks and the snapshot wait for it to wake.
     pub const WAITING_FOR_WAKE: &str = "WaitingForWake";
+    /// The guarding snapshot is taken: the upgrade goes on.
     pub const GUARDED: &str = "SnapshotTaken";
 }
 

@@ -251,7 +251,7 @@ mod tests {
             ("kubernetes.io/os".to_string(), "linux".to_string()),
             (
                 "node-role.kubernetes.io/control-plane".to_string(),
-                "".to_string(),
+                String::new(),
             ),
         ]);
         let (kept, dropped) = node_selector(&Allowances::default(), &selector);

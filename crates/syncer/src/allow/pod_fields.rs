@@ -30,11 +30,16 @@ pub enum Decision {
     Bound,
     /// Refused whenever set, unless the named profile setting opens it.
     Refuse {
+        /// The profile setting that opens the field, as a person writes it.
         setting: &'static str,
+        /// Whether the profile opens it.
         open: fn(&Allowances) -> bool,
     },
     /// Refused whenever set: nothing on this host serves it for a tenant.
-    Never { hint: &'static str },
+    Never {
+        /// What to tell the person whose pod sets it.
+        hint: &'static str,
+    },
 }
 
 use Decision::*;

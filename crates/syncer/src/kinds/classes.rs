@@ -21,6 +21,7 @@ use crate::tenant::Tenant;
 
 /// A cluster-scoped host kind shown in tenants.
 pub trait Class: Object + Resource<Scope = k8s_openapi::ClusterResourceScope> {
+    /// The kind, as keys, messages and metrics name it (`StorageClass`).
     const NAME: &'static str;
     /// Its switch in the SyncPolicy (`fromHost.storageClasses`).
     const SETTING: &'static str;

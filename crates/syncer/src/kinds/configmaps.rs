@@ -12,6 +12,7 @@ use crate::tell::Review;
 use crate::tenant::Tenant;
 use crate::translate::Translator;
 
+/// ConfigMaps, copied down when the policy or a synced pod asks for them.
 pub struct ConfigMaps;
 
 copy_down_kind!(ConfigMaps, ConfigMap, "ConfigMap", to_host.config_maps as "configMaps");

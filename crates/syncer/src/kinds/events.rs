@@ -24,6 +24,7 @@ use crate::naming;
 use crate::tenant::Tenant;
 use crate::tenant_terms::{self, Terms};
 
+/// Host Events about the tenant's copies, shown in the tenant in its own terms.
 pub struct Events;
 
 impl Kind for Events {

@@ -22,6 +22,7 @@ use crate::tell::Review;
 use crate::tenant::Tenant;
 use crate::translate::Translator;
 
+/// Ingresses, copied down when the policy says so and the profile admits them.
 pub struct Ingresses;
 
 copy_down_kind!(Ingresses, Ingress, "Ingress", to_host.ingresses as "ingresses", then = after_copy;

@@ -28,14 +28,21 @@ pub mod services;
 
 /// A kind as the engine runs it.
 pub struct Entry {
+    /// The kind, as keys, messages and metrics name it.
     pub name: &'static str,
     /// Where its switch sits in the SyncPolicy (`toHost.pods`).
     pub setting: &'static str,
+    /// Does the kind sync at all under a policy?
     pub enabled: fn(&SyncPolicySpec) -> bool,
+    /// How the `Synced` summary names the kind's objects.
     pub listed_as: fn() -> String,
+    /// The policy's label selector for the kind, if it has one.
     pub selector: fn(&SyncPolicySpec) -> Option<&LabelSelector>,
+    /// Converges one key of the kind.
     pub converge: for<'a> fn(&'a Tenant, &'a Key) -> BoxFuture<'a, Result<()>>,
+    /// Every key of the kind to look at in a resync.
     pub everything: fn(&Tenant) -> Vec<Key>,
+    /// Wires the kind's tenant watch and its slice of the shared host watch.
     pub wire: fn(&mut Setup<'_>),
 }
 

@@ -16,6 +16,7 @@ use crate::tell::Review;
 use crate::tenant::Tenant;
 use crate::translate::Translator;
 
+/// PersistentVolumeClaims, copied down when the policy or a synced pod asks for them.
 pub struct Claims;
 
 copy_down_kind!(
@@ -220,7 +221,7 @@ mod tests {
         assert_eq!(spec.access_modes.unwrap(), ["ReadWriteOnce"]);
         assert!(spec.selector.is_none());
         assert_eq!(review(&translator(), &pvc).dropped.len(), 3);
-        let mut clone = pvc.clone();
+        let mut clone = pvc;
         clone.spec.as_mut().unwrap().data_source = Some(TypedLocalObjectReference {
             api_group: None,
             kind: "PersistentVolumeClaim".into(),

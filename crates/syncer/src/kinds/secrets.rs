@@ -19,6 +19,7 @@ use crate::tell::{self, Review};
 use crate::tenant::Tenant;
 use crate::translate::Translator;
 
+/// Secrets, copied down when the policy or a synced pod asks for them.
 pub struct Secrets;
 
 copy_down_kind!(Secrets, Secret, "Secret", to_host.secrets as "secrets";

@@ -12,6 +12,7 @@ use crate::kind_trait::{Kind, tenant_watch_config};
 use crate::tenant::Tenant;
 use crate::translate::Translator;
 
+/// ServiceAccounts, copied down as names only when the policy says so.
 pub struct ServiceAccounts;
 
 copy_down_kind!(ServiceAccounts, ServiceAccount, "ServiceAccount", to_host.service_accounts as "serviceAccounts";

@@ -39,10 +39,10 @@ pub(super) fn watch_one(
 
 /// A watch error that waiting longer will not fix.
 pub(super) fn fatal_watch_error(error: &watcher::Error) -> Option<String> {
-    let status = match error {
-        watcher::Error::InitialListFailed(kube::Error::Api(s))
-        | watcher::Error::WatchStartFailed(kube::Error::Api(s)) => s,
-        _ => return None,
+    let (watcher::Error::InitialListFailed(kube::Error::Api(status))
+    | watcher::Error::WatchStartFailed(kube::Error::Api(status))) = error
+    else {
+        return None;
     };
     matches!(status.code, 401 | 403).then(|| {
         format!(

@@ -32,7 +32,7 @@ pub async fn list(
         .await
         .map_err(|e| explain(e, &what))?;
     match output {
-        Some(ListOutput::Json) | Some(ListOutput::Yaml) => {
+        Some(ListOutput::Json | ListOutput::Yaml) => {
             let doc = PrintedList {
                 api_version: "v1",
                 kind: "List",
@@ -189,7 +189,7 @@ fn describe(tc: &TenantCluster, admin_expiry: Option<i64>) -> String {
     }
     out.push('\n');
     // Ready, Synced and ModeSupported first, in that order, then anything else.
-    let mut conditions = status.conditions.clone();
+    let mut conditions = status.conditions;
     let rank = |t: &str| {
         [READY, SYNCED, MODE_SUPPORTED]
             .iter()

@@ -676,7 +676,7 @@ async fn kubelet_as_tenant_admin(host: &Client, ns: &str, kubelet: &KubeletOptio
     let mut kubeconfig = kube::config::Kubeconfig::from_yaml(&text).unwrap();
     let ca = std::env::temp_dir().join(format!("{ns}-kubelet-ca.crt"));
     std::fs::write(&ca, &kubelet.ca_pem).unwrap();
-    for c in kubeconfig.clusters.iter_mut() {
+    for c in &mut kubeconfig.clusters {
         if let Some(cluster) = c.cluster.as_mut() {
             cluster.server = Some(format!(
                 "https://{}:{}",

@@ -269,8 +269,7 @@ async fn twenty_refused_pods_rewrite_the_tenant_status_a_few_times() {
     counter.abort();
     let n = writes.load(Ordering::SeqCst);
     eprintln!(
-        "TenantCluster writes while 20 pods were refused a second apart: {n} in {:.0?}",
-        elapsed
+        "TenantCluster writes while 20 pods were refused a second apart: {n} in {elapsed:.0?}"
     );
     assert!(n >= 1, "the refusals were never written");
     assert!(n <= 8, "{n} writes of the TenantCluster in {elapsed:.0?}");

@@ -437,12 +437,11 @@ async fn a_k3s_tenant_becomes_a_kubernetes_one_keeping_its_data() {
         runs_kube_apiserver.then_some(pod)
     })
     .await;
-    let pod = match replaced {
-        Some(pod) => pod,
-        None => panic!(
+    let Some(pod) = replaced else {
+        panic!(
             "the control-plane pod was never replaced by the kubernetes distribution's\n{}",
             pod_report(&world).await
-        ),
+        );
     };
     assert!(
         pod.labels().get(names::LABEL_RUNTIME).is_none(),

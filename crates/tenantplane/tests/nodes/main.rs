@@ -50,7 +50,9 @@ pub async fn real_tenant(prefix: &str) -> ReadyTenant {
         .await
 }
 
+/// The busybox image the tests' pods run.
 pub const BUSYBOX: &str = "busybox:1.35.0";
+/// The agnhost image (upstream's e2e test image) the tests' pods run.
 pub const AGNHOST: &str = "registry.k8s.io/e2e-test-images/agnhost:2.63.0";
 
 /// A container that passes Pod Security `restricted`, running `script` in busybox.
@@ -96,6 +98,7 @@ where
         .unwrap()
 }
 
+/// Create the tenant pod `default/name`, labelled `app: name`, with `spec`.
 pub async fn create_pod(tenant: &Client, name: &str, spec: serde_json::Value) {
     create::<Pod>(
         tenant,
@@ -143,6 +146,7 @@ pub async fn pod_where_within(
     }
 }
 
+/// The pod's phase, once it has a status.
 pub fn phase(pod: &Pod) -> Option<&str> {
     pod.status.as_ref()?.phase.as_deref()
 }
@@ -200,6 +204,7 @@ pub fn waiting(pod: &Pod) -> Option<&k8s_openapi::api::core::v1::ContainerStateW
         .as_ref()
 }
 
+/// The first container's terminated state, if it ended.
 pub fn terminated(pod: &Pod) -> Option<&k8s_openapi::api::core::v1::ContainerStateTerminated> {
     pod.status
         .as_ref()?

@@ -173,7 +173,7 @@ async fn removals_reach_the_host_copies_and_forged_copies_are_left_alone() {
         let p = h_pods.get("web-x-default-x-dev").await.ok()?;
         let s = h_services.get("web-x-default-x-dev").await.ok()?;
         let data = cm.data.clone().unwrap_or_default();
-        let selector = s.spec.clone()?.selector.unwrap_or_default();
+        let selector = s.spec?.selector.unwrap_or_default();
         *last.lock().unwrap() = format!(
             "ConfigMap data {:?} labels {:?}; pod labels {:?}; selector {:?}",
             data.keys().collect::<Vec<_>>(),

@@ -258,7 +258,7 @@ impl ControlPlane {
         cgroups::kill_shims(&socket);
         let cgroup_root = cgroups::create(&node_dir)?;
         self.real_node = Some(RealNodeState {
-            registry: registry.clone(),
+            registry,
             cgroup_root: cgroup_root.clone(),
             containerd_socket: socket.clone(),
         });

@@ -48,8 +48,7 @@ pub(super) async fn volume(client: &Client, dir: &Path, pod: &Pod) -> Result<Vol
         .map(|c| c.claim_name.clone())
         .ok_or_else(|| {
             Error::Io(format!(
-                "pod {ns}/{name} has no {} volume from a claim, which holds the tenant's data",
-                DATA_VOLUME
+                "pod {ns}/{name} has no {DATA_VOLUME} volume from a claim, which holds the tenant's data"
             ))
         })?;
     // The scheduler places a pod only once its claims are bound, so the claim is there; a

@@ -66,9 +66,8 @@ impl LocalRuntime {
             return;
         }
         let result = self.launch_dns(client, binaries, dir, &pod).await;
-        let mut pending = match self.pending_dns.lock() {
-            Ok(p) => p,
-            Err(_) => return,
+        let Ok(mut pending) = self.pending_dns.lock() else {
+            return;
         };
         match result {
             Ok(server) => {

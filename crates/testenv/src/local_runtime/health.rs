@@ -142,7 +142,7 @@ impl LocalRuntime {
                     t.namespace,
                     t.pod,
                     error_chain(&e)
-                )
+                );
             }
             (None, Err(_)) => {}
         }

@@ -46,7 +46,9 @@ impl LocalRuntime {
 /// One tenant control plane's processes and their resident memory.
 #[derive(Debug, Clone)]
 pub struct ControlPlaneMemory {
+    /// The tenant's host namespace.
     pub namespace: String,
+    /// The TenantCluster's name.
     pub tenant: String,
     /// Each process's name (`tenant-kine`, `tenant-kube-apiserver`, …) and memory.
     pub processes: Vec<(String, process::ProcessMemory)>,

@@ -24,6 +24,7 @@ const DISABLED_CONTROLLERS: &[&str] = &[
 
 /// The tenant API server's flag for which Node address it dials a kubelet at, and its order.
 pub const KUBELET_ADDRESS_TYPES: &str = "kubelet-preferred-address-types=";
+/// The order: a Node's Hostname address first, where virtual Nodes name the kubelet endpoint.
 pub const KUBELET_ADDRESS_ORDER: &str = "Hostname,InternalIP,ExternalIP";
 
 /// The controller manager's `--controllers`: everything it runs by default and k3s's

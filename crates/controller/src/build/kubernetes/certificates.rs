@@ -18,14 +18,24 @@ use crate::{Error, names};
 
 /// The certificates Secret's files.
 pub const SERVING_CRT: &str = "apiserver.crt";
+/// The serving certificate's key.
 pub const SERVING_KEY: &str = "apiserver.key";
+/// kube-apiserver's client certificate for kubelets (`--kubelet-client-certificate`).
 pub const KUBELET_CLIENT_CRT: &str = "apiserver-kubelet-client.crt";
+/// The kubelet client certificate's key.
 pub const KUBELET_CLIENT_KEY: &str = "apiserver-kubelet-client.key";
+/// kube-apiserver's client certificate for aggregated API servers (`--proxy-client-cert-file`).
 pub const FRONT_PROXY_CRT: &str = "front-proxy-client.crt";
+/// The front-proxy client certificate's key.
 pub const FRONT_PROXY_KEY: &str = "front-proxy-client.key";
+/// kube-controller-manager's client certificate.
 pub const CONTROLLER_MANAGER_CRT: &str = "controller-manager.crt";
+/// kube-controller-manager's client key.
 pub const CONTROLLER_MANAGER_KEY: &str = "controller-manager.key";
+/// kube-controller-manager's kubeconfig, naming its certificate, its key and the tenant CA.
 pub const CONTROLLER_MANAGER_KUBECONFIG: &str = "controller-manager.kubeconfig";
+/// The operator's kubelet endpoint's CA, which kube-apiserver checks virtual Nodes' kubelet
+/// against.
 pub const KUBELET_CA_CRT: &str = "kubelet-ca.crt";
 /// The Secret's annotation with a digest of what its certificates were issued for (the serving
 /// names and the kubelet CA): when that changes they are issued again.
@@ -156,22 +166,35 @@ pub fn certificates_secret(
 /// Why the component certificates must be issued again.
 #[derive(Debug, thiserror::Error)]
 pub enum Reissue {
+    /// The tenant has no name or namespace yet.
     #[error("the tenant has no name or namespace")]
     NoIdentity,
+    /// The certificates were issued for other serving names or another kubelet CA.
     #[error("issued for other names or another kubelet CA")]
     OtherNames,
+    /// A file of the Secret is missing: which.
     #[error("{0} is missing")]
     Missing(String),
+    /// A file of the Secret is not UTF-8 PEM: which.
     #[error("{0} is not UTF-8 PEM")]
     NotPem(String),
     /// A certificate is not the tenant CA's, or cannot be read.
     #[error("{file}: {detail}")]
-    Unsound { file: &'static str, detail: String },
+    Unsound {
+        /// The file.
+        file: &'static str,
+        /// What is wrong with it.
+        detail: String,
+    },
+    /// A private key does not belong to its certificate.
     #[error("{key} does not match {crt}")]
     KeyMismatch {
+        /// The key's file.
         key: &'static str,
+        /// The certificate's file.
         crt: &'static str,
     },
+    /// A certificate has less than the renewal margin left.
     #[error("a certificate is due for renewal")]
     Due,
 }

@@ -20,6 +20,7 @@ use crate::tell::Review;
 use crate::tenant::Tenant;
 use crate::translate::Translator;
 
+/// Endpoints, copied down for selector-less Services only.
 pub struct EndpointsKind;
 
 copy_down_kind!(EndpointsKind, Endpoints, "Endpoints", to_host.endpoints as "endpoints");

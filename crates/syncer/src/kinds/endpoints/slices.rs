@@ -29,6 +29,7 @@ const TENANT_CONTROLLERS: [&str; 2] = [
     "endpointslicemirroring-controller.k8s.io",
 ];
 
+/// EndpointSlices written by hand for selector-less Services, copied down.
 pub struct EndpointSlices;
 
 // One switch for what a person writes of a Service's endpoints, in either API.

@@ -21,6 +21,7 @@ pub mod virtual_node;
 
 use virtual_node::{labels_patch, node_differs, virtual_node};
 
+/// Host nodes, shown in the tenant as virtual Nodes.
 pub struct Nodes;
 
 impl Kind for Nodes {

@@ -116,7 +116,7 @@ pub fn virtual_node(
 /// A host node's conditions as the tenant reads them: a kubelet's message can name the node's
 /// addresses (a runtime or network plugin error), which the tenant reads only when shown them.
 fn conditions(mut conditions: Vec<NodeCondition>, node_addresses: bool) -> Vec<NodeCondition> {
-    for c in conditions.iter_mut() {
+    for c in &mut conditions {
         if let Some(m) = c.message.as_mut() {
             *m = tenant_terms::without_host_addresses(m, &|_| node_addresses);
         }

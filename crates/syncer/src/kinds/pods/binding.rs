@@ -58,7 +58,7 @@ pub fn pin_to_node(spec: &mut PodSpec, node: &str) {
             .node_selector_terms
             .push(NodeSelectorTerm::default());
     }
-    for term in required.node_selector_terms.iter_mut() {
+    for term in &mut required.node_selector_terms {
         let fields = term.match_fields.get_or_insert_with(Vec::new);
         fields.retain(|f| f.key != "metadata.name");
         fields.push(pin.clone());
@@ -243,7 +243,7 @@ mod tests {
             unplaceable(&tenant, &copy(&PodSpec::default(), held.clone())),
             None
         );
-        let mut unbound = tenant.clone();
+        let mut unbound = tenant;
         unbound.spec.as_mut().unwrap().node_name = None;
         assert_eq!(unplaceable(&unbound, &copy(&spec, held)), None);
     }

@@ -180,7 +180,7 @@ mod tests {
         // get node disk defaults; this one must not).
         assert_eq!(ec.resources, None);
         // Started once: a copy that runs it is not asked again.
-        let mut running = copy.clone();
+        let mut running = copy;
         running.spec.as_mut().unwrap().ephemeral_containers = Some(vec![ec.clone()]);
         assert!(super::judged(&tr, &t, &running, "web-x-default-x-dev").is_empty());
     }

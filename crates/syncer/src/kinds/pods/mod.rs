@@ -48,6 +48,7 @@ pub mod translate;
 use plan::Step;
 use translate::{images, pod_meta, references};
 
+/// Pods: the host runs a copy of each, and the tenant pod shows its status.
 pub struct Pods;
 
 impl Kind for Pods {

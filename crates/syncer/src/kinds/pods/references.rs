@@ -11,9 +11,13 @@ use crate::tenant::Tenant;
 /// The ConfigMaps, Secrets and claims a pod uses, by tenant name.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct References {
+    /// ConfigMaps the pod mounts or reads its environment from.
     pub config_maps: BTreeSet<String>,
+    /// Secrets the pod mounts, reads its environment from, or pulls its images with.
     pub secrets: BTreeSet<String>,
+    /// PersistentVolumeClaims the pod's volumes name.
     pub claims: BTreeSet<String>,
+    /// The ServiceAccount the pod runs as, if it names one.
     pub service_account: Option<String>,
 }
 

@@ -48,7 +48,7 @@ fn node_affinity(tr: &Translator, na: Option<&mut NodeAffinity>) -> Vec<String> 
         .required_during_scheduling_ignored_during_execution
         .as_mut()
     {
-        for term in required.node_selector_terms.iter_mut() {
+        for term in &mut required.node_selector_terms {
             dropped.extend(allow::node_term(&tr.allow, term));
         }
         // An empty term matches no node: one that lost every expression goes.

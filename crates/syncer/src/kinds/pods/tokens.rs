@@ -22,8 +22,11 @@ use crate::tenant::Tenant;
 /// A service-account token a tenant pod mounts, and the key of the host Secret that holds it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TokenSource {
+    /// The key in the host Secret that holds this token.
     pub key: String,
+    /// Who the token is for; `None`, the API server's default audience.
     pub audience: Option<String>,
+    /// How long the token is valid, in seconds.
     pub expiration_seconds: i64,
 }
 

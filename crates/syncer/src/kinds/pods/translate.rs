@@ -86,7 +86,7 @@ pub fn pod(
     // Without the host's network, ClusterFirstWithHostNet is ClusterFirst: the tenant's DNS.
     let cluster_first = matches!(
         spec.dns_policy.as_deref(),
-        None | Some("ClusterFirst") | Some("ClusterFirstWithHostNet")
+        None | Some("ClusterFirst" | "ClusterFirstWithHostNet")
     ) && spec.host_network != Some(true);
     if let (Some(dns), true) = (dns, cluster_first) {
         spec.dns_policy = Some("None".into());

@@ -32,6 +32,7 @@ pub mod node_ports;
 
 use address::{OwnAddress, own_address, squatted};
 
+/// Services, copied down; the host's cluster IP comes back to the tenant Service.
 pub struct Services;
 
 impl Kind for Services {
@@ -428,7 +429,7 @@ pub fn service(tr: &Translator, svc: &Service, host_name: &str) -> Service {
             // Only addresses the profile allows (a Service with others is refused).
             external_ips: spec.external_ips.clone(),
             session_affinity_config: spec.session_affinity_config.clone(),
-            traffic_distribution: spec.traffic_distribution.clone(),
+            traffic_distribution: spec.traffic_distribution,
             ..Default::default()
         }),
         status: None,

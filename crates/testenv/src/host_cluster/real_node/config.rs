@@ -5,7 +5,9 @@ use std::path::Path;
 
 /// The pod network of the real node, the bridge's address (the node's InternalIP) and its name.
 pub const POD_CIDR: &str = "10.88.0.0/24";
+/// The bridge's address, which is the node's InternalIP.
 pub const NODE_IP: &str = "10.88.0.1";
+/// The bridge's name.
 pub const BRIDGE: &str = "tp-node0";
 /// The prefix length of [`POD_CIDR`], for the bridge's address.
 pub const POD_PREFIX: u8 = 24;
@@ -130,10 +132,15 @@ pub fn cni_conflist(ipam_dir: &Path) -> String {
 
 /// Where the kubelet's files are.
 pub struct KubeletPaths<'a> {
+    /// The client CA the kubelet checks API servers' client certificates against.
     pub ca: &'a Path,
+    /// Where the kubelet writes pods' logs.
     pub pod_logs: &'a Path,
+    /// containerd's socket.
     pub containerd_socket: &'a Path,
+    /// The resolv.conf the kubelet gives pods.
     pub resolv_conf: &'a Path,
+    /// Where the kubelet looks for volume plugins.
     pub volume_plugins: &'a Path,
 }
 
