@@ -36,8 +36,7 @@ async fn a_running_tenant_is_snapshotted_into_the_store_listed_and_deleted_with_
         .unwrap();
     let endpoint = s3().await.endpoint.clone();
     let store_name = store(host, ns, &endpoint).await;
-    let (status, message) = availability(host, &store_name).await;
-    assert_eq!(status, "True", "{message}");
+    available(host, &store_name).await;
 
     // The CLI takes it and waits, saying what it does.
     let (code, out, err) = tp(&[
@@ -260,7 +259,7 @@ async fn a_tenant_rolls_back_in_place_and_the_host_follows_a_corrupt_snapshot_is
     let tenant = world.tenant.clone();
     let endpoint = s3().await.endpoint.clone();
     let store_name = store(host, ns, &endpoint).await;
-    assert_eq!(availability(host, &store_name).await.0, "True");
+    available(host, &store_name).await;
 
     // The state the snapshot holds: a ConfigMap, and a Service copied to the host.
     config_map(&tenant, "settings", "before").await;
@@ -397,7 +396,7 @@ async fn a_new_tenant_is_built_from_the_snapshot_of_one_that_is_gone() {
     let (ns, host, name) = (&world.ns.name, &world.host, &world.name);
     let endpoint = s3().await.endpoint.clone();
     let store_name = store(host, ns, &endpoint).await;
-    assert_eq!(availability(host, &store_name).await.0, "True");
+    available(host, &store_name).await;
     config_map(&world.tenant, "carried", "over").await;
     let (code, out, err) = snapshot_waiting(name, ns, "keep", &store_name).await;
     assert_eq!(code, 0, "{out}{err}");
@@ -450,7 +449,7 @@ async fn a_schedule_takes_snapshots_and_keeps_the_newest() {
     let (ns, host, name) = (&world.ns.name, &world.host, &world.name);
     let endpoint = s3().await.endpoint.clone();
     let store_name = store(host, ns, &endpoint).await;
-    assert_eq!(availability(host, &store_name).await.0, "True");
+    available(host, &store_name).await;
     let tenants: Api<TenantCluster> = Api::namespaced(host.clone(), ns);
     // A schedule that does not parse is refused at admission, saying what to write.
     let refused = tenants
@@ -493,6 +492,7 @@ async fn a_schedule_takes_snapshots_and_keeps_the_newest() {
     let seen = seen.into_inner().unwrap();
     assert!(four.is_some(), "scheduled snapshots seen: {seen:?}");
     // Retention: at most two Completed remain, the newest.
+    let oldest = seen.iter().next().unwrap();
     let kept = eventually(Duration::from_secs(60), || async {
         let items = snapshots.list(&scheduled).await.ok()?.items;
         let completed: Vec<String> = items
@@ -502,15 +502,12 @@ async fn a_schedule_takes_snapshots_and_keeps_the_newest() {
             })
             .map(|s| s.name_any())
             .collect();
-        (completed.len() == 2).then_some(completed)
+        // Under load a newer snapshot may still be running while two older ones are the newest
+        // Completed: retention keeps those until the newer complete.
+        (completed.len() == 2 && !completed.contains(oldest)).then_some(completed)
     })
     .await
-    .unwrap_or_else(|| panic!("retention never left two: seen {seen:?}"));
-    let oldest = seen.iter().next().unwrap();
-    assert!(
-        !kept.contains(oldest),
-        "the oldest, {oldest}, was kept: {kept:?}"
-    );
+    .unwrap_or_else(|| panic!("retention never left the two newest: seen {seen:?}"));
     for k in &kept {
         assert!(k.starts_with(&format!("{name}-")), "{k}");
     }
@@ -547,7 +544,7 @@ async fn an_upgrade_is_snapshotted_first_and_rolls_back() {
     let (ns, host, name) = (&world.ns.name, &world.host, &world.name);
     let endpoint = s3().await.endpoint.clone();
     let store_name = store(host, ns, &endpoint).await;
-    assert_eq!(availability(host, &store_name).await.0, "True");
+    available(host, &store_name).await;
     let tenants: Api<TenantCluster> = Api::namespaced(host.clone(), ns);
     // The store is the schedule's (a yearly one that does not come due here).
     tenants
@@ -885,7 +882,7 @@ async fn an_operator_killed_mid_snapshot_and_mid_restore_completes_them_cleanly(
     let stores: Api<SnapshotStore> = Api::all(host.clone());
     let _ = stores.delete(&ns.name, &Default::default()).await;
     stores.create(&PostParams::default(), &store).await.unwrap();
-    assert_eq!(availability(&host, &ns.name).await.0, "True");
+    available(&host, &ns.name).await;
     fill(&tenant, 240).await;
     config_map(&tenant, "marker", "in the snapshot").await;
 
@@ -989,7 +986,7 @@ async fn a_snapshot_taken_under_writes_restores_a_prefix_of_them() {
     let (ns, host, name) = (&world.ns.name, &world.host, &world.name);
     let endpoint = s3().await.endpoint.clone();
     let store_name = store(host, ns, &endpoint).await;
-    assert_eq!(availability(host, &store_name).await.0, "True");
+    available(host, &store_name).await;
     // A client writes numbered ConfigMaps, one after the other, throughout the snapshot.
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let writer = {

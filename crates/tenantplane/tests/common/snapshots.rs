@@ -69,6 +69,25 @@ pub async fn availability(host: &Client, name: &str) -> (String, String) {
     .unwrap_or_else(|| panic!("SnapshotStore {name} was never checked"))
 }
 
+/// Wait until SnapshotStore `name` reads Available: a check that failed (an S3 store slow to
+/// answer on a loaded machine) is made again after 30 s. Panics with the last message otherwise.
+pub async fn available(host: &Client, name: &str) {
+    let stores: Api<SnapshotStore> = Api::all(host.clone());
+    let last = std::sync::Mutex::new(String::from("never checked"));
+    let up = eventually(WAIT, || async {
+        let s = stores.get(name).await.ok()?;
+        let c = conditions::find(&s.status?.conditions, STORE_AVAILABLE)?.clone();
+        *last.lock().unwrap() = format!("{}: {}", c.status, c.message);
+        (c.status == "True").then_some(())
+    })
+    .await;
+    let last = last.into_inner().unwrap();
+    assert!(
+        up.is_some(),
+        "SnapshotStore {name} is not available: {last}"
+    );
+}
+
 pub async fn snapshot_done(host: &Client, ns: &str, name: &str) -> TenantSnapshot {
     let api: Api<TenantSnapshot> = Api::namespaced(host.clone(), ns);
     eventually(Duration::from_secs(180), || async {
