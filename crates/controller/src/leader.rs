@@ -299,7 +299,7 @@ impl Elector {
     }
 
     /// Renew every retry period while we lead; returns why leadership was lost.
-    pub async fn hold(&mut self, mut on_try: impl FnMut(Result<&Attempt, &kube::Error>)) -> String {
+    pub async fn hold(&mut self, mut on_try: impl FnMut(Result<&Attempt, &kube::Error>)) -> Lost {
         let mut renewed = Instant::now();
         loop {
             tokio::time::sleep(self.settings.retry_period).await;
@@ -307,14 +307,12 @@ impl Elector {
             on_try(attempt.as_ref());
             match attempt {
                 Ok(Attempt::Held) => renewed = Instant::now(),
-                Ok(Attempt::HeldBy(holder)) => {
-                    return format!("the Lease is held by {holder:?} now");
-                }
-                Err(e) if renewed.elapsed() >= self.settings.renew_deadline => {
-                    return format!(
-                        "the Lease could not be renewed for {:?}: {e}",
-                        self.settings.renew_deadline
-                    );
+                Ok(Attempt::HeldBy(holder)) => return Lost::HeldBy(holder),
+                Err(error) if renewed.elapsed() >= self.settings.renew_deadline => {
+                    return Lost::NotRenewed {
+                        deadline: self.settings.renew_deadline,
+                        error,
+                    };
                 }
                 Err(e) => {
                     warn!(lease = %self.settings.name, error = %e, "renewing the leader Lease failed; retrying");
@@ -322,6 +320,22 @@ impl Elector {
             }
         }
     }
+}
+
+/// Why this replica stopped leading.
+#[derive(Debug, thiserror::Error)]
+pub enum Lost {
+    /// Another replica holds the Lease now.
+    #[error("lost leadership: the Lease is held by {0:?} now")]
+    HeldBy(String),
+    /// The Lease could not be renewed within the renew deadline.
+    #[error("lost leadership: the Lease could not be renewed for {deadline:?}: {error}")]
+    NotRenewed {
+        /// The renew deadline.
+        deadline: Duration,
+        /// What the last renewal met.
+        error: kube::Error,
+    },
 }
 
 /// Run the controller while this replica holds the Lease, standing by until then.
@@ -335,7 +349,7 @@ pub async fn run_elected(
     options: ControllerOptions,
     settings: LeaseSettings,
     shutdown: impl Future<Output = ()> + Send + 'static,
-) -> Result<(), String> {
+) -> Result<(), Lost> {
     let telemetry = options.telemetry.clone();
     let readiness = telemetry.readiness.clone();
     let shutdown = shutdown.boxed().shared();
@@ -370,7 +384,7 @@ pub async fn run_elected(
         }
         Err(lost) => {
             readiness.set_role(Role::Starting);
-            Err(format!("lost leadership: {lost}"))
+            Err(lost)
         }
     }
 }

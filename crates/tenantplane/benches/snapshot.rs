@@ -236,7 +236,7 @@ async fn measure(
     let bytes = store
         .download(&objects.data)
         .await?
-        .map_err(|e| e.to_string())
+        .map_err(std::io::Error::other)
         .boxed();
     agent_client::upload(&address, pki, &sha, size, bytes)
         .await

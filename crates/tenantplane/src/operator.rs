@@ -96,9 +96,14 @@ pub struct OperatorArgs {
     pub wake_ports: std::ops::RangeInclusive<u16>,
 }
 
+/// A `--wake-ports` value that is not `FIRST-LAST`.
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+#[error("invalid port range {0:?}: use FIRST-LAST, such as 7400-7999")]
+pub struct BadPortRange(String);
+
 /// `FIRST-LAST`, such as `7400-7999`.
-fn parse_port_range(text: &str) -> Result<std::ops::RangeInclusive<u16>, String> {
-    let bad = || format!("invalid port range {text:?}: use FIRST-LAST, such as 7400-7999");
+fn parse_port_range(text: &str) -> Result<std::ops::RangeInclusive<u16>, BadPortRange> {
+    let bad = || BadPortRange(text.to_string());
     let (first, last) = text.split_once('-').ok_or_else(bad)?;
     let first: u16 = first.trim().parse().map_err(|_| bad())?;
     let last: u16 = last.trim().parse().map_err(|_| bad())?;

@@ -308,7 +308,9 @@ fn operator_can(args: &[&str]) -> bool {
     all.push(&user);
     match kubectl(&all) {
         Ok(out) => out.trim() == "yes",
-        Err(out) if out.trim_start().starts_with("no") => false,
+        Err(tenantplane_testenv::Error::Kubectl(out)) if out.trim_start().starts_with("no") => {
+            false
+        }
         Err(e) => panic!("kubectl auth can-i {args:?}: {e}"),
     }
 }

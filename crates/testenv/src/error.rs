@@ -31,6 +31,28 @@ pub enum Error {
     /// Said as the API server said it, not as kube's debug dump.
     #[error("{}", tenantplane_controller::api_message(.0))]
     Kube(#[from] kube::Error),
+    /// Reading an object failed: which, and what the API server said.
+    #[error("reading {what}: {}", tenantplane_controller::api_message(.error))]
+    Read {
+        /// The object, as `Secret ns/name`.
+        what: String,
+        /// What the API server said.
+        error: kube::Error,
+    },
+    /// A tenant's kubeconfig Secret has no kubeconfig under its key.
+    #[error("Secret {secret} has no `{key}`")]
+    NoKubeconfig {
+        /// The Secret, as `ns/name`.
+        secret: String,
+        /// The key it lacks.
+        key: &'static str,
+    },
+    /// The operator's kubelet endpoint could not start.
+    #[error(transparent)]
+    Kubelet(#[from] tenantplane_controller::kubelet::KubeletError),
+    /// A tenant API server could not be dialled.
+    #[error(transparent)]
+    Connect(#[from] tenantplane_controller::connector::ConnectError),
 }
 
 impl From<std::io::Error> for Error {

@@ -8,10 +8,11 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
 use kube::api::{Api, PostParams};
 
+use crate::Error;
 use crate::host_cluster::{ControlPlane, Nodes, Options};
 use crate::process;
 
-static SHARED: OnceLock<Result<ControlPlane, String>> = OnceLock::new();
+static SHARED: OnceLock<Result<ControlPlane, Error>> = OnceLock::new();
 static NODES: OnceLock<Nodes> = OnceLock::new();
 static AGENT: OnceLock<std::path::PathBuf> = OnceLock::new();
 
@@ -62,8 +63,7 @@ pub fn shared() -> &'static ControlPlane {
             progress,
             nodes: *NODES.get_or_init(Nodes::default),
             agent: AGENT.get().cloned(),
-        })
-        .map_err(|e| e.to_string())?;
+        })?;
         process::remove_at_exit(plane.dir());
         process::remove_found_at_exit(|| match SHARED.get() {
             Some(Ok(plane)) => plane.host_path_volumes(),
@@ -130,18 +130,22 @@ pub async fn namespace(prefix: &str) -> TestNamespace {
     TestNamespace { name, client }
 }
 
-/// Run the shared control plane's kubectl; stdout on success, stdout and stderr on failure.
-pub fn kubectl(args: &[&str]) -> std::result::Result<String, String> {
+/// Run the shared control plane's kubectl; stdout on success, [`Error::Kubectl`] with stdout and
+/// stderr on failure.
+pub fn kubectl(args: &[&str]) -> crate::Result<String> {
     let out = shared()
         .kubectl()
         .args(args)
         .output()
-        .map_err(|e| format!("running kubectl: {e}"))?;
+        .map_err(|e| Error::Io(format!("running kubectl: {e}")))?;
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     if out.status.success() {
         Ok(stdout)
     } else {
-        Err(format!("{stdout}{}", String::from_utf8_lossy(&out.stderr)))
+        Err(Error::Kubectl(format!(
+            "{stdout}{}",
+            String::from_utf8_lossy(&out.stderr)
+        )))
     }
 }
 

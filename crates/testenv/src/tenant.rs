@@ -9,6 +9,8 @@ use kube::api::Api;
 use tenantplane_controller::kubelet::{self, KubeletOptions};
 use tenantplane_controller::{BuildOptions, Connector, ControllerOptions, api_message, names};
 
+use crate::{Error, Result};
+
 /// The operator's options for the local runtime on the test control plane: the local connector,
 /// control-plane pods labelled for the runtime; the service range is asked of the host.
 pub fn local_operator_options(
@@ -36,20 +38,18 @@ pub async fn start_kubelet(
     mut config: kube::Config,
     ca_namespace: &str,
     scope: Option<String>,
-) -> Result<KubeletOptions, String> {
+) -> Result<KubeletOptions> {
     config.read_timeout = None;
-    let host =
-        Client::try_from(config).map_err(|e| format!("a host client: {}", api_message(&e)))?;
-    let ca = kubelet::load_or_create_ca(&host, ca_namespace)
-        .await
-        .map_err(|e| e.to_string())?;
-    let port = crate::process::free_port().map_err(|e| e.to_string())?;
+    let host = Client::try_from(config)
+        .map_err(|e| Error::Client(format!("a host client: {}", api_message(&e))))?;
+    let ca = kubelet::load_or_create_ca(&host, ca_namespace).await?;
+    let port = crate::process::free_port()?;
     // With a real node, at the node's address, which its pods reach (a `kubernetes` tenant's
     // API server runs in one); else on loopback, where the local runtime's API servers are.
     let address: std::net::IpAddr = if crate::host_cluster::real_node::running() {
         crate::host_cluster::real_node::NODE_IP
             .parse()
-            .map_err(|e| format!("the real node's address: {e}"))?
+            .map_err(|e| Error::Io(format!("the real node's address: {e}")))?
     } else {
         [127, 0, 0, 1].into()
     };
@@ -64,42 +64,41 @@ pub async fn start_kubelet(
         scope,
     };
     let options = settings.options();
-    let serve = kubelet::bind(host, settings)
-        .await
-        .map_err(|e| e.to_string())?;
+    let serve = kubelet::bind(host, settings).await?;
     tokio::spawn(serve);
     Ok(options)
 }
 
 /// A client for tenant `name` in host namespace `ns`: its kubeconfig Secret, dialled where the
 /// local runtime says the tenant API server answers.
-pub async fn tenant_client(host: &Client, ns: &str, name: &str) -> Result<Client, String> {
+pub async fn tenant_client(host: &Client, ns: &str, name: &str) -> Result<Client> {
     let secret_name = names::kubeconfig_secret(name);
     let secret = Api::<Secret>::namespaced(host.clone(), ns)
         .get(&secret_name)
         .await
-        .map_err(|e| format!("reading Secret {ns}/{secret_name}: {}", api_message(&e)))?;
+        .map_err(|error| Error::Read {
+            what: format!("Secret {ns}/{secret_name}"),
+            error,
+        })?;
     let kubeconfig = secret
         .data
         .as_ref()
         .and_then(|d| d.get(names::KUBECONFIG_KEY))
         .map(|v| String::from_utf8_lossy(&v.0).into_owned())
-        .ok_or_else(|| {
-            format!(
-                "Secret {ns}/{secret_name} has no `{}`",
-                names::KUBECONFIG_KEY
-            )
+        .ok_or_else(|| Error::NoKubeconfig {
+            secret: format!("{ns}/{secret_name}"),
+            key: names::KUBECONFIG_KEY,
         })?;
     let pod_name = names::control_plane_pod(name);
     let pod = Api::<Pod>::namespaced(host.clone(), ns)
         .get(&pod_name)
         .await
-        .map_err(|e| format!("reading pod {ns}/{pod_name}: {}", api_message(&e)))?;
-    let server = Connector::Local
-        .server(name, ns, &pod)
-        .map_err(|e| e.to_string())?;
-    Connector::Local
+        .map_err(|error| Error::Read {
+            what: format!("pod {ns}/{pod_name}"),
+            error,
+        })?;
+    let server = Connector::Local.server(name, ns, &pod)?;
+    Ok(Connector::Local
         .client(&kubeconfig, name, ns, &server)
-        .await
-        .map_err(|e| e.to_string())
+        .await?)
 }

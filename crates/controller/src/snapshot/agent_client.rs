@@ -278,11 +278,10 @@ pub async fn upload(
     pki: &TenantPki,
     sha256: &str,
     size: u64,
-    bytes: BoxStream<'static, Result<Bytes, String>>,
+    bytes: BoxStream<'static, std::io::Result<Bytes>>,
 ) -> Result<(), AgentError> {
     let mut sender = connect(address, pki).await?;
-    let body =
-        StreamBody::new(bytes.map_ok(Frame::data).map_err(std::io::Error::other)).boxed_unsync();
+    let body = StreamBody::new(bytes.map_ok(Frame::data)).boxed_unsync();
     let request = request(
         Request::builder()
             .method(Method::PUT)

@@ -286,16 +286,18 @@ mod tests {
     fn chunks(
         data: &[u8],
         size: usize,
-    ) -> impl Stream<Item = Result<Bytes, String>> + Send + 'static {
-        let parts: Vec<Result<Bytes, String>> = data
+    ) -> impl Stream<Item = Result<Bytes, std::convert::Infallible>> + Send + 'static {
+        let parts: Vec<Result<Bytes, std::convert::Infallible>> = data
             .chunks(size.max(1))
             .map(|c| Ok(Bytes::copy_from_slice(c)))
             .collect();
         futures::stream::iter(parts)
     }
 
-    async fn collect(s: BoxStream<'static, Result<Bytes, CryptError>>) -> Result<Vec<u8>, String> {
-        let parts: Vec<Bytes> = s.try_collect().await.map_err(|e| e.to_string())?;
+    async fn collect(
+        s: BoxStream<'static, Result<Bytes, CryptError>>,
+    ) -> Result<Vec<u8>, CryptError> {
+        let parts: Vec<Bytes> = s.try_collect().await?;
         Ok(parts.concat())
     }
 
@@ -322,7 +324,11 @@ mod tests {
         let e = collect(key(2).decrypt(chunks(&sealed, 9000)))
             .await
             .unwrap_err();
-        assert!(e.contains("does not decrypt with the store's key"), "{e}");
+        assert!(
+            e.to_string()
+                .contains("does not decrypt with the store's key"),
+            "{e}"
+        );
         let mut changed = sealed.clone();
         let at = changed.len() / 2;
         changed[at] ^= 1;
@@ -337,7 +343,7 @@ mod tests {
         let e = collect(key(1).decrypt(chunks(&data, 9000)))
             .await
             .unwrap_err();
-        assert!(e.contains("not encrypted"), "{e}");
+        assert!(e.to_string().contains("not encrypted"), "{e}");
     }
 
     #[test]

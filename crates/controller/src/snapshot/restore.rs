@@ -188,7 +188,7 @@ pub(crate) async fn step(tc: &mut TenantCluster, ctx: &Context) -> Step {
         },
     };
     let finished = match outcome {
-        Ok(detail) => {
+        Outcome::Restored(detail) => {
             let message = format!("restored snapshot {}: {detail}", current.snapshot);
             crate::phases::report::publish(ctx, tc, EventType::Normal, "Restored", message.clone())
                 .await;
@@ -199,7 +199,7 @@ pub(crate) async fn step(tc: &mut TenantCluster, ctx: &Context) -> Step {
                 ..current
             }
         }
-        Err(why) => {
+        Outcome::Abandoned(why) => {
             let message = if current.in_place {
                 format!(
                     "restoring snapshot {} failed: {why}; the tenant went on with the data it had",
@@ -396,7 +396,7 @@ use crate::upgrade::minor;
 
 mod transfer;
 pub use transfer::Transfers;
-use transfer::{Transfer, Where, start_transfer, where_is};
+use transfer::{Outcome, Transfer, Where, start_transfer, where_is};
 #[cfg(test)]
 mod tests {
     use super::*;

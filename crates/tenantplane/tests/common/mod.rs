@@ -248,7 +248,7 @@ pub async fn tenant_client(host: &Client, ns: &str, name: &str) -> Client {
         match tenant::tenant_client(host, ns, name).await {
             Ok(client) => Some(client),
             Err(e) => {
-                *last_error.lock().unwrap() = e;
+                *last_error.lock().unwrap() = e.to_string();
                 None
             }
         }

@@ -11,7 +11,7 @@ mod cgroups;
 pub mod config;
 mod preflight;
 
-pub use preflight::{isolated, machine_allows, preflight};
+pub use preflight::{Unfit, isolated, machine_allows, preflight};
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

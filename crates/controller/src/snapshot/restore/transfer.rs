@@ -28,7 +28,16 @@ pub struct Transfers(Mutex<HashMap<TenantKey, Transfer>>);
 
 pub(super) enum Transfer {
     Running,
-    Done(Result<String, String>),
+    Done(Outcome),
+}
+
+/// How a restore's transfer ended.
+#[derive(Debug, PartialEq)]
+pub(super) enum Outcome {
+    /// The snapshot is in place: how it got there, as the status says it.
+    Restored(String),
+    /// The restore was given up: why, as the agent or the last attempt said it.
+    Abandoned(String),
 }
 
 impl Transfers {
@@ -46,7 +55,7 @@ pub(super) enum Where {
         pki: Box<TenantPki>,
     },
     /// The pod's agent says how it ended.
-    Finished(Result<String, String>),
+    Finished(Outcome),
 }
 
 /// Where restore `id` stands in the control-plane pod.
@@ -88,11 +97,11 @@ pub(super) async fn where_is(tc: &TenantCluster, ctx: &Context, id: &str) -> Whe
             address,
             pki: Box::new(pki),
         },
-        Ok(RestoreState::Restored(sha)) => Where::Finished(Ok(format!(
+        Ok(RestoreState::Restored(sha)) => Where::Finished(Outcome::Restored(format!(
             "the pod put it in place ({})",
             copy::checksum_text(&sha)
         ))),
-        Ok(RestoreState::Abandoned(why)) => Where::Finished(Err(why)),
+        Ok(RestoreState::Abandoned(why)) => Where::Finished(Outcome::Abandoned(why)),
         Ok(RestoreState::Unknown) => waiting(format!("pod {pod_name}'s restore step to start")),
     }
 }
@@ -132,7 +141,7 @@ pub(super) fn start_transfer(
         for attempt in 1..=ATTEMPTS {
             match transfer(&client, &options, &snapshot, &checksum, &address, &pki).await {
                 Ok(size) => {
-                    result = Some(Ok(format!(
+                    result = Some(Outcome::Restored(format!(
                         "{size} bytes in {:.1}s",
                         started.elapsed().as_secs_f64()
                     )));
@@ -144,7 +153,7 @@ pub(super) fn start_transfer(
                     if let Ok(RestoreState::Restored(sha)) =
                         agent_client::restore_state(&address, &pki, &id).await
                     {
-                        result = Some(Ok(format!(
+                        result = Some(Outcome::Restored(format!(
                             "the pod put it in place ({})",
                             copy::checksum_text(&sha)
                         )));
@@ -166,7 +175,7 @@ pub(super) fn start_transfer(
                 if let Err(e) = agent_client::abandon(&address, &pki, &why).await {
                     tracing::warn!("giving the restore up: {e}");
                 }
-                Err(why)
+                Outcome::Abandoned(why)
             }
         };
         restores.lock().insert(key, Transfer::Done(result));
@@ -199,13 +208,13 @@ async fn transfer(
         Some(encryption) => (
             readable_with(&store, encryption)?
                 .decrypt(stored)
-                .map_err(|e| e.to_string())
+                .map_err(std::io::Error::other)
                 .boxed(),
             encryption.plaintext_size,
             encryption.plaintext_checksum.clone(),
         ),
         None => (
-            stored.map_err(|e| e.to_string()).boxed(),
+            stored.map_err(std::io::Error::other).boxed(),
             status.size.unwrap_or_default() as u64,
             checksum.to_string(),
         ),

@@ -40,7 +40,7 @@ pub fn judged(
     t: &Pod,
     copy: &Pod,
     host_name: &str,
-) -> Vec<(String, std::result::Result<EphemeralContainer, String>)> {
+) -> Vec<(String, Result<EphemeralContainer>)> {
     let running: Vec<&str> = copy
         .spec
         .iter()
@@ -56,7 +56,7 @@ pub fn judged(
         .map(|ec| {
             let alone = as_pod(t, ec);
             let judged = match review::review(tr, &alone).refusal() {
-                Some(refused) => Err(refused.to_string()),
+                Some(refused) => Err(refused),
                 None => {
                     let host = translate::pod(tr, &alone, host_name, &[], None);
                     let c = host
@@ -196,7 +196,8 @@ mod tests {
             pod(json!({"metadata": {"name": "web-x-default-x-dev"}, "spec": {"containers": []}}));
         let judged = judged(&tr, &t, &copy, "web-x-default-x-dev");
         let why = judged[0].1.as_ref().unwrap_err();
-        assert!(why.contains("privileged"), "{why}");
+        assert_eq!(why.reason(), "NotAllowed");
+        assert!(why.to_string().contains("privileged"), "{why}");
     }
 
     #[test]
