@@ -553,8 +553,8 @@ async fn connect_wakes_a_sleeping_tenant_and_a_connection_wakes_it_again() {
         "a connection to the sleeping tenant was answered after {:.1?}",
         started.elapsed()
     );
-    let tc = tenants.get("dev").await.unwrap();
-    assert_eq!(tc.status.unwrap().phase, Some(Phase::Ready));
+    // The status follows the answer: the next reconcile after the wake reads it Ready.
+    let tc = common::wait_for_phase(host, ns, "dev", Phase::Ready).await;
     assert!(!tc.spec.sleep.asleep, "the wake set the spec back");
     let (code, _) = connect.stop("INT").await;
     assert_eq!(code, 0);

@@ -8,14 +8,36 @@ use super::values::listed;
 
 /// Why a pod may not run on the host under `allow`; empty when it may.
 pub fn pod_refusals(allow: &Allowances, spec: &PodSpec) -> Vec<String> {
-    let mut out = Vec::new();
-    fn refuse(out: &mut Vec<String>, on: bool, what: &str, field: &str) {
-        if on {
-            out.push(format!(
-                "{what} is not allowed for tenant pods (the IsolationProfile's allow.{field} is off)"
-            ));
-        }
+    let mut out = host_access_refusals(allow, spec);
+    for c in containers(spec) {
+        out.extend(container_refusals(allow, c));
     }
+    if !allow.privileged {
+        out.extend(pod_confinement_refusals(allow, spec));
+    }
+    out.extend(source_refusals(allow, spec));
+    out.extend(super::resources::resource_refusals(allow, spec));
+    out.extend(super::images::image_refusals(allow, spec));
+    out.extend(super::pod_fields::field_refusals(allow, spec));
+    out
+}
+
+/// `what` refused when `on`, naming the IsolationProfile's `allow.field` that is off.
+fn refuse(out: &mut Vec<String>, on: bool, what: &str, field: &str) {
+    if on {
+        out.push(format!(
+            "{what} is not allowed for tenant pods (the IsolationProfile's allow.{field} is off)"
+        ));
+    }
+}
+
+fn host_process(w: Option<&k8s_openapi::api::core::v1::WindowsSecurityContextOptions>) -> bool {
+    w.and_then(|w| w.host_process) == Some(true)
+}
+
+/// The pod's ways into the node: its namespaces, a host process, host paths.
+fn host_access_refusals(allow: &Allowances, spec: &PodSpec) -> Vec<String> {
+    let mut out = Vec::new();
     refuse(
         &mut out,
         spec.host_network == Some(true) && !allow.host_network,
@@ -34,9 +56,6 @@ pub fn pod_refusals(allow: &Allowances, spec: &PodSpec) -> Vec<String> {
         "spec.hostIPC",
         "hostIPC",
     );
-    let host_process = |w: Option<&k8s_openapi::api::core::v1::WindowsSecurityContextOptions>| {
-        w.and_then(|w| w.host_process) == Some(true)
-    };
     refuse(
         &mut out,
         host_process(
@@ -55,96 +74,110 @@ pub fn pod_refusals(allow: &Allowances, spec: &PodSpec) -> Vec<String> {
             "hostPath",
         );
     }
-    for c in containers(spec) {
-        let sc = c.security_context.as_ref();
+    out
+}
+
+/// One container's: privilege, host ports, capabilities, probe and hook hosts, confinement, and
+/// resource claims.
+fn container_refusals(allow: &Allowances, c: &Container) -> Vec<String> {
+    let mut out = Vec::new();
+    let sc = c.security_context.as_ref();
+    refuse(
+        &mut out,
+        sc.and_then(|s| s.privileged) == Some(true) && !allow.privileged,
+        &format!("container {:?}: privileged", c.name),
+        "privileged",
+    );
+    refuse(
+        &mut out,
+        host_process(sc.and_then(|s| s.windows_options.as_ref())) && !allow.privileged,
+        &format!("container {:?}: windowsOptions.hostProcess", c.name),
+        "privileged",
+    );
+    refuse(
+        &mut out,
+        sc.and_then(|s| s.proc_mount.as_deref()) == Some("Unmasked") && !allow.privileged,
+        &format!("container {:?}: procMount Unmasked", c.name),
+        "privileged",
+    );
+    for p in c.ports.iter().flatten() {
         refuse(
             &mut out,
-            sc.and_then(|s| s.privileged) == Some(true) && !allow.privileged,
-            &format!("container {:?}: privileged", c.name),
-            "privileged",
+            p.host_port.is_some_and(|p| p != 0) && !allow.host_ports,
+            &format!(
+                "container {:?}: hostPort {}",
+                c.name,
+                p.host_port.unwrap_or(0)
+            ),
+            "hostPorts",
         );
-        refuse(
-            &mut out,
-            host_process(sc.and_then(|s| s.windows_options.as_ref())) && !allow.privileged,
-            &format!("container {:?}: windowsOptions.hostProcess", c.name),
-            "privileged",
-        );
-        refuse(
-            &mut out,
-            sc.and_then(|s| s.proc_mount.as_deref()) == Some("Unmasked") && !allow.privileged,
-            &format!("container {:?}: procMount Unmasked", c.name),
-            "privileged",
-        );
-        for p in c.ports.iter().flatten() {
-            refuse(
-                &mut out,
-                p.host_port.is_some_and(|p| p != 0) && !allow.host_ports,
-                &format!(
-                    "container {:?}: hostPort {}",
-                    c.name,
-                    p.host_port.unwrap_or(0)
-                ),
-                "hostPorts",
-            );
-        }
-        let added = sc
-            .and_then(|s| s.capabilities.as_ref())
-            .and_then(|c| c.add.as_ref());
-        for cap in added.into_iter().flatten() {
-            let bare = cap.trim_start_matches("CAP_");
-            if !allow
-                .capabilities
-                .iter()
-                .any(|a| a.trim_start_matches("CAP_") == bare)
-            {
-                out.push(format!(
-                    "container {:?} adds capability {cap}, which the IsolationProfile's allow.capabilities does not list",
-                    c.name
-                ));
-            }
-        }
-        // The kubelet dials a probe's or hook's `host` from the node's network: anywhere the
-        // node reaches (its own ports, the metadata service, other tenants), around NetworkPolicy.
-        for (what, host) in handler_hosts(c) {
+    }
+    let added = sc
+        .and_then(|s| s.capabilities.as_ref())
+        .and_then(|c| c.add.as_ref());
+    for cap in added.into_iter().flatten() {
+        let bare = cap.trim_start_matches("CAP_");
+        if !allow
+            .capabilities
+            .iter()
+            .any(|a| a.trim_start_matches("CAP_") == bare)
+        {
             out.push(format!(
-                "container {:?}: {what} names host {host:?}; probes and hooks reach only the pod's own address",
+                "container {:?} adds capability {cap}, which the IsolationProfile's allow.capabilities does not list",
                 c.name
             ));
         }
-        if !allow.privileged {
-            out.extend(confinement(
-                allow,
-                &format!("container {:?}", c.name),
-                sc.and_then(|s| s.seccomp_profile.as_ref()),
-                sc.and_then(|s| s.app_armor_profile.as_ref()),
-                sc.and_then(|s| s.se_linux_options.as_ref()),
-            ));
-        }
-        if c.resources.as_ref().is_some_and(|r| r.claims.is_some()) {
-            out.push(format!(
-                "container {:?} claims resources (resources.claims); dynamic resource allocation is not offered to tenant pods",
-                c.name
-            ));
-        }
+    }
+    // The kubelet dials a probe's or hook's `host` from the node's network: anywhere the
+    // node reaches (its own ports, the metadata service, other tenants), around NetworkPolicy.
+    for (what, host) in handler_hosts(c) {
+        out.push(format!(
+            "container {:?}: {what} names host {host:?}; probes and hooks reach only the pod's own address",
+            c.name
+        ));
     }
     if !allow.privileged {
-        let psc = spec.security_context.as_ref();
         out.extend(confinement(
             allow,
-            "the pod",
-            psc.and_then(|s| s.seccomp_profile.as_ref()),
-            psc.and_then(|s| s.app_armor_profile.as_ref()),
-            psc.and_then(|s| s.se_linux_options.as_ref()),
+            &format!("container {:?}", c.name),
+            sc.and_then(|s| s.seccomp_profile.as_ref()),
+            sc.and_then(|s| s.app_armor_profile.as_ref()),
+            sc.and_then(|s| s.se_linux_options.as_ref()),
         ));
-        for sysctl in psc.and_then(|s| s.sysctls.as_ref()).into_iter().flatten() {
-            if !SAFE_SYSCTLS.contains(&sysctl.name.as_str()) {
-                out.push(format!(
-                    "sysctl {} is not one of the namespaced safe ones (the IsolationProfile's allow.privileged is off)",
-                    sysctl.name
-                ));
-            }
+    }
+    if c.resources.as_ref().is_some_and(|r| r.claims.is_some()) {
+        out.push(format!(
+            "container {:?} claims resources (resources.claims); dynamic resource allocation is not offered to tenant pods",
+            c.name
+        ));
+    }
+    out
+}
+
+/// The pod-level confinement and sysctls, for a profile that does not allow privilege.
+fn pod_confinement_refusals(allow: &Allowances, spec: &PodSpec) -> Vec<String> {
+    let psc = spec.security_context.as_ref();
+    let mut out = confinement(
+        allow,
+        "the pod",
+        psc.and_then(|s| s.seccomp_profile.as_ref()),
+        psc.and_then(|s| s.app_armor_profile.as_ref()),
+        psc.and_then(|s| s.se_linux_options.as_ref()),
+    );
+    for sysctl in psc.and_then(|s| s.sysctls.as_ref()).into_iter().flatten() {
+        if !SAFE_SYSCTLS.contains(&sysctl.name.as_str()) {
+            out.push(format!(
+                "sysctl {} is not one of the namespaced safe ones (the IsolationProfile's allow.privileged is off)",
+                sysctl.name
+            ));
         }
     }
+    out
+}
+
+/// What the pod draws on beyond the node: CSI drivers, a runtime class, resource claims.
+fn source_refusals(allow: &Allowances, spec: &PodSpec) -> Vec<String> {
+    let mut out = Vec::new();
     for v in spec.volumes.iter().flatten() {
         if let Some(csi) = &v.csi
             && !allow.csi_drivers.contains(&csi.driver)
@@ -176,9 +209,6 @@ pub fn pod_refusals(allow: &Allowances, spec: &PodSpec) -> Vec<String> {
             "spec.resourceClaims: dynamic resource allocation is not offered to tenant pods".into(),
         );
     }
-    out.extend(super::resources::resource_refusals(allow, spec));
-    out.extend(super::images::image_refusals(allow, spec));
-    out.extend(super::pod_fields::field_refusals(allow, spec));
     out
 }
 
