@@ -263,7 +263,6 @@ async fn verify(
     snapshot_ns: &str,
     name: &str,
 ) -> Result<Checked, super::Error> {
-    let ns = tc.namespace().unwrap_or_default();
     let snap = Api::<TenantSnapshot>::namespaced(ctx.client.clone(), snapshot_ns)
         .get_opt(name)
         .await
@@ -274,44 +273,8 @@ async fn verify(
             )
         })?
         .ok_or_else(|| format!("TenantSnapshot {snapshot_ns}/{name} does not exist"))?;
-    if snapshot_ns != ns {
-        let granted = snap
-            .annotations()
-            .get(RESTORE_TO)
-            .is_some_and(|list| list.split(',').any(|n| n.trim() == ns));
-        if !granted {
-            return Err(format!(
-                "TenantSnapshot {snapshot_ns}/{name} is in another namespace and does not grant it to {ns}: its owner may annotate it {RESTORE_TO}={ns}"
-            ).into());
-        }
-    }
-    if snap.phase() != SnapshotPhase::Completed {
-        return Err(format!(
-            "TenantSnapshot {snapshot_ns}/{name} is {}, not Completed{}",
-            snap.phase(),
-            snap.status
-                .as_ref()
-                .and_then(|s| s.message.as_deref())
-                .map(|m| format!(": {m}"))
-                .unwrap_or_default()
-        )
-        .into());
-    }
+    admissible(tc, &ctx.options.build, &snap, snapshot_ns, name)?;
     let status = snap.status.clone().unwrap_or_default();
-    if crate::build::control_plane::agent_image(&ctx.options.build).is_none() {
-        return Err(super::Error::Step(
-            "this tenant's control plane runs no snapshot agent to receive the snapshot (the operator has no --agent-image)".into(),
-        ));
-    }
-    let theirs = status.kubernetes_version.clone().unwrap_or_default();
-    let ours = &tc.spec.kubernetes_version;
-    if let (Some(snap_minor), Some(our_minor)) = (minor(&theirs), minor(ours))
-        && snap_minor > our_minor
-    {
-        return Err(format!(
-            "TenantSnapshot {snapshot_ns}/{name} was taken at Kubernetes {theirs}, newer than this tenant's {ours}: an API server never reads back data a newer minor wrote; set spec.kubernetesVersion to v1.{snap_minor} or newer"
-        ).into());
-    }
     let (_, store) =
         super::open_store(&ctx.client, &ctx.options.snapshots, status.store.as_deref())
             .await
@@ -325,8 +288,129 @@ async fn verify(
             manifest.checksum
         ).into());
     }
-    // One read of the stored object: its own bytes hashed, and, encrypted, decrypted through
-    // (with the store's key) to the database's checksum.
+    let size = check_stored(&store, &objects, &manifest, status.size, &expected).await?;
+    Ok(Checked {
+        uid: snap.uid().unwrap_or_default(),
+        size,
+        checksum: expected,
+    })
+}
+
+/// Why a TenantSnapshot cannot be restored into a tenant, found before its store is read.
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+pub enum NotRestorable {
+    /// In another namespace, and not granted to this one.
+    #[error(
+        "TenantSnapshot {snapshot} is in another namespace and does not grant it to {ns}: its owner may annotate it {RESTORE_TO}={ns}"
+    )]
+    NotGranted {
+        /// The snapshot, as `ns/name`.
+        snapshot: String,
+        /// The tenant's namespace.
+        ns: String,
+    },
+    /// Not Completed: its phase and message.
+    #[error("TenantSnapshot {snapshot} is {phase}, not Completed{message}")]
+    NotCompleted {
+        /// The snapshot, as `ns/name`.
+        snapshot: String,
+        /// Its phase.
+        phase: String,
+        /// `: ` and its status message, or nothing.
+        message: String,
+    },
+    /// The control plane runs no agent to receive it.
+    #[error(
+        "this tenant's control plane runs no snapshot agent to receive the snapshot (the operator has no --agent-image)"
+    )]
+    NoAgent,
+    /// Taken at a newer minor than the tenant runs.
+    #[error(
+        "TenantSnapshot {snapshot} was taken at Kubernetes {theirs}, newer than this tenant's {ours}: an API server never reads back data a newer minor wrote; set spec.kubernetesVersion to v1.{minor} or newer"
+    )]
+    NewerMinor {
+        /// The snapshot, as `ns/name`.
+        snapshot: String,
+        /// The version it was taken at.
+        theirs: String,
+        /// The tenant's version.
+        ours: String,
+        /// The snapshot's minor.
+        minor: u32,
+    },
+}
+
+impl From<NotRestorable> for super::Error {
+    fn from(e: NotRestorable) -> Self {
+        super::Error::Step(e.to_string())
+    }
+}
+
+/// The checks on TenantSnapshot `snapshot_ns/name` itself, before its store is read: it is
+/// granted to this tenant's namespace, Completed, not of a newer minor than the tenant runs, and
+/// the control plane runs an agent to receive it. Decided from the objects alone.
+fn admissible(
+    tc: &TenantCluster,
+    build: &crate::BuildOptions,
+    snap: &TenantSnapshot,
+    snapshot_ns: &str,
+    name: &str,
+) -> Result<(), NotRestorable> {
+    let ns = tc.namespace().unwrap_or_default();
+    let snapshot = format!("{snapshot_ns}/{name}");
+    if snapshot_ns != ns {
+        let granted = snap
+            .annotations()
+            .get(RESTORE_TO)
+            .is_some_and(|list| list.split(',').any(|n| n.trim() == ns));
+        if !granted {
+            return Err(NotRestorable::NotGranted { snapshot, ns });
+        }
+    }
+    if snap.phase() != SnapshotPhase::Completed {
+        return Err(NotRestorable::NotCompleted {
+            snapshot,
+            phase: snap.phase().to_string(),
+            message: snap
+                .status
+                .as_ref()
+                .and_then(|s| s.message.as_deref())
+                .map(|m| format!(": {m}"))
+                .unwrap_or_default(),
+        });
+    }
+    if crate::build::control_plane::agent_image(build).is_none() {
+        return Err(NotRestorable::NoAgent);
+    }
+    let theirs = snap
+        .status
+        .as_ref()
+        .and_then(|s| s.kubernetes_version.clone())
+        .unwrap_or_default();
+    let ours = &tc.spec.kubernetes_version;
+    if let (Some(snap_minor), Some(our_minor)) = (minor(&theirs), minor(ours))
+        && snap_minor > our_minor
+    {
+        return Err(NotRestorable::NewerMinor {
+            snapshot,
+            theirs,
+            ours: ours.clone(),
+            minor: snap_minor,
+        });
+    }
+    Ok(())
+}
+
+/// Read the stored object once: its own bytes hashed against `expected` (and `size`, when the
+/// snapshot says it), and, encrypted, decrypted through with the store's key to the database's
+/// checksum. Its size in bytes when both match.
+async fn check_stored(
+    store: &super::store::Store,
+    objects: &super::store::Objects,
+    manifest: &super::store::Manifest,
+    size_said: Option<i64>,
+    expected: &str,
+) -> Result<u64, super::Error> {
     let (stored, plain) = (copy::Tally::default(), copy::Tally::default());
     let bytes = stored
         .tap(
@@ -339,7 +423,7 @@ async fn verify(
     let mut drained = match &manifest.encryption {
         Some(encryption) => plain
             .tap(
-                readable_with(&store, encryption)?
+                readable_with(store, encryption)?
                     .decrypt(bytes)
                     .map_err(super::Error::from),
             )
@@ -350,11 +434,11 @@ async fn verify(
         chunk?;
     }
     let (size, sha256) = stored.take();
-    if copy::checksum_text(&sha256) != expected || status.size.is_some_and(|s| s as u64 != size) {
+    if copy::checksum_text(&sha256) != expected || size_said.is_some_and(|s| s as u64 != size) {
         return Err(format!(
             "the stored object {} is corrupt: it has {size} bytes with sha256:{sha256}, the snapshot says {} bytes with {expected}",
             store.location(&objects.data),
-            status.size.unwrap_or_default()
+            size_said.unwrap_or_default()
         ).into());
     }
     if let Some(encryption) = &manifest.encryption {
@@ -367,11 +451,7 @@ async fn verify(
             ).into());
         }
     }
-    Ok(Checked {
-        uid: snap.uid().unwrap_or_default(),
-        size,
-        checksum: expected,
-    })
+    Ok(size)
 }
 
 /// The store's key, if it is the one that encrypted the snapshot.
@@ -400,6 +480,62 @@ use transfer::{Outcome, Transfer, Where, start_transfer, where_is};
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_snapshot_is_restorable_only_when_granted_completed_not_newer_and_received() {
+        let tc: TenantCluster = serde_json::from_value(serde_json::json!({
+            "apiVersion": "tenantplane.io/v1alpha1", "kind": "TenantCluster",
+            "metadata": {"name": "dev", "namespace": "team-b"},
+            "spec": {"kubernetesVersion": "v1.31.4"}
+        }))
+        .unwrap();
+        let snap = |annotations: serde_json::Value, phase: &str, version: &str| -> TenantSnapshot {
+            serde_json::from_value(serde_json::json!({
+                "apiVersion": "tenantplane.io/v1alpha1", "kind": "TenantSnapshot",
+                "metadata": {"name": "s1", "namespace": "team-a", "annotations": annotations},
+                "spec": {"tenantClusterRef": {"name": "dev"}},
+                "status": {"phase": phase, "message": "m", "kubernetesVersion": version}
+            }))
+            .unwrap()
+        };
+        let build = crate::BuildOptions::default();
+        let granted = serde_json::json!({RESTORE_TO: "team-c, team-b"});
+        let ok = snap(granted.clone(), "Completed", "v1.31.0");
+        assert_eq!(admissible(&tc, &build, &ok, "team-a", "s1"), Ok(()));
+        // Its own namespace needs no grant.
+        assert_eq!(admissible(&tc, &build, &ok, "team-b", "s1"), Ok(()));
+        let cases = [
+            (
+                snap(serde_json::json!({}), "Completed", "v1.31.0"),
+                "NotGranted",
+            ),
+            (snap(granted.clone(), "Failed", "v1.31.0"), "NotCompleted"),
+            (snap(granted.clone(), "Completed", "v1.32.1"), "NewerMinor"),
+        ];
+        for (s, want) in cases {
+            let got = admissible(&tc, &build, &s, "team-a", "s1").unwrap_err();
+            assert!(format!("{got:?}").starts_with(want), "{want}: {got:?}");
+        }
+        let none = crate::BuildOptions {
+            agent_image: None,
+            ..Default::default()
+        };
+        assert_eq!(
+            admissible(&tc, &none, &ok, "team-a", "s1"),
+            Err(NotRestorable::NoAgent)
+        );
+        let failed = admissible(
+            &tc,
+            &build,
+            &snap(granted, "Failed", "v1.31.0"),
+            "team-a",
+            "s1",
+        );
+        assert_eq!(
+            failed.unwrap_err().to_string(),
+            "TenantSnapshot team-a/s1 is Failed, not Completed: m"
+        );
+    }
 
     #[test]
     fn a_restore_id_is_short_and_changes_with_the_request() {
