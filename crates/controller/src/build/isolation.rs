@@ -52,6 +52,21 @@ pub fn network_policies(
         return Ok(Vec::new());
     }
     let (tenant, _) = identity(tc)?;
+    Ok(vec![
+        NetworkPolicy {
+            metadata: owned_metadata(tc, names::isolation_policy(&tenant))?,
+            spec: Some(isolation_policy(tc, profile)),
+        },
+        NetworkPolicy {
+            metadata: owned_metadata(tc, names::control_plane_policy(&tenant))?,
+            spec: Some(control_plane_policy(&tenant, options)),
+        },
+    ])
+}
+
+/// `<name>-isolation`: every pod of the namespace takes ingress from its own namespace only, and
+/// egress per the tenant's `egressPolicy` and the profile's CIDRs.
+fn isolation_policy(tc: &TenantCluster, profile: &IsolationProfile) -> NetworkPolicySpec {
     let dns = NetworkPolicyEgressRule {
         to: Some(vec![NetworkPolicyPeer {
             namespace_selector: Some(namespace_named("kube-system")),
@@ -87,18 +102,20 @@ pub fn network_policies(
     if !allowed.is_empty() {
         egress.push(egress_to(allowed));
     }
-    let isolation = NetworkPolicy {
-        metadata: owned_metadata(tc, names::isolation_policy(&tenant))?,
-        spec: Some(NetworkPolicySpec {
-            pod_selector: Some(LabelSelector::default()),
-            policy_types: Some(vec!["Ingress".into(), "Egress".into()]),
-            ingress: Some(vec![NetworkPolicyIngressRule {
-                from: Some(vec![every_pod()]),
-                ports: None,
-            }]),
-            egress: Some(egress),
-        }),
-    };
+    NetworkPolicySpec {
+        pod_selector: Some(LabelSelector::default()),
+        policy_types: Some(vec!["Ingress".into(), "Egress".into()]),
+        ingress: Some(vec![NetworkPolicyIngressRule {
+            from: Some(vec![every_pod()]),
+            ports: None,
+        }]),
+        egress: Some(egress),
+    }
+}
+
+/// `<name>-control-plane`: the tenant API server (and its snapshot agent) takes ingress from the
+/// operator only, and reaches the operator's kubelet endpoint when it serves one.
+fn control_plane_policy(tenant: &str, options: &BuildOptions) -> NetworkPolicySpec {
     let operator_peer = NetworkPolicyPeer {
         namespace_selector: Some(match &options.operator_namespace {
             Some(ns) => namespace_named(ns),
@@ -109,7 +126,7 @@ pub fn network_policies(
         ..Default::default()
     };
     let mut control_plane = NetworkPolicySpec {
-        pod_selector: Some(match_labels(names::control_plane_selector(&tenant))),
+        pod_selector: Some(match_labels(names::control_plane_selector(tenant))),
         policy_types: Some(vec!["Ingress".into()]),
         ingress: Some(vec![NetworkPolicyIngressRule {
             from: Some(vec![operator_peer.clone()]),
@@ -153,13 +170,7 @@ pub fn network_policies(
         }
         control_plane.egress = Some(egress);
     }
-    Ok(vec![
-        isolation,
-        NetworkPolicy {
-            metadata: owned_metadata(tc, names::control_plane_policy(&tenant))?,
-            spec: Some(control_plane),
-        },
-    ])
+    control_plane
 }
 
 /// Every pod of the policy's own namespace.

@@ -162,10 +162,16 @@ async fn converge_event(cx: &Tenant, host_name: &str) -> Result<()> {
         .labels
         .get_or_insert_with(BTreeMap::new)
         .insert(naming::LABEL_SYNCED_FROM.into(), cx.tr.tenant.name.clone());
-    let current = cx.tenant_get::<CoreEvent>(&v.namespace, &tenant_name);
-    let api: Api<CoreEvent> = Api::namespaced(cx.tenant.clone(), &v.namespace);
+    write_up(cx, &v.namespace, &tenant_name, &wanted).await
+}
+
+/// Make or update the tenant's Event `name` in `namespace` as `wanted` says: its count and
+/// message are all that changes of an Event.
+async fn write_up(cx: &Tenant, namespace: &str, name: &str, wanted: &CoreEvent) -> Result<()> {
+    let current = cx.tenant_get::<CoreEvent>(namespace, name);
+    let api: Api<CoreEvent> = Api::namespaced(cx.tenant.clone(), namespace);
     match current {
-        None => match api.create(&PostParams::default(), &wanted).await {
+        None => match api.create(&PostParams::default(), wanted).await {
             Ok(_) => Ok(()),
             Err(kube::Error::Api(e)) if e.code == 409 => Ok(()),
             // The tenant namespace went away: nothing to tell.
@@ -174,7 +180,7 @@ async fn converge_event(cx: &Tenant, host_name: &str) -> Result<()> {
         },
         Some(c) if c.count != wanted.count || c.message != wanted.message => {
             api.patch(
-                &tenant_name,
+                name,
                 &PatchParams::default(),
                 &Patch::Merge(json!({
                     "count": wanted.count, "message": wanted.message,
