@@ -127,6 +127,11 @@ async fn run_in_namespaces(state_dir: PathBuf) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The dev cluster in this process: the control plane, the operator, the local runtime, the
+/// store and the example tenant, each said as it starts, until Ctrl-C.
+///
+/// Over 100 lines as a start-up script read top to bottom: each step uses what the ones before
+/// started (the plane's client, the kubelet endpoint, the store), and the progress lines follow it.
 async fn run_here(state_dir: PathBuf, nodes: Nodes) -> anyhow::Result<()> {
     let started = Instant::now();
     std::fs::create_dir_all(&state_dir)

@@ -109,6 +109,9 @@ pub struct Options {
 impl ControlPlane {
     /// Start every component and wait until the API server is ready, the simulated node is Ready
     /// and the `default` namespace has its service account.
+    ///
+    /// Over 100 lines as a start-up script in the order a cluster comes up (PKI, etcd, the API
+    /// server, the controllers, the nodes), each step waiting on the one before and saying so.
     pub fn start(options: Options) -> Result<Self> {
         let started = Instant::now();
         let say = |what: &str| {

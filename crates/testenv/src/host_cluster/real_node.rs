@@ -189,6 +189,10 @@ fn component_kubeconfig(
 
 impl ControlPlane {
     /// Start the real node's parts and wait until it is Ready; then taint the simulated node.
+    ///
+    /// Over 100 lines as a start-up script in the order a node comes up (registry, mounts,
+    /// cgroups, containerd, the kubelet, kube-proxy, the network policies, cluster DNS), each
+    /// step using what the ones before made.
     pub(super) fn start_real_node(
         &mut self,
         ca: &CertificateAuthority,
