@@ -76,23 +76,7 @@ pub(crate) async fn guard(tc: &mut TenantCluster, ctx: &Context) -> Guard {
         _ => false,
     };
     if !upgrading {
-        // Done (the template runs the target), a patch release, or a rollback: the record of the
-        // last upgrade stays while the spec still names its target.
-        let kept = previous.filter(|p| p.to == to).map(|p| match &from {
-            Some(running) if *running == p.to && p.reason.as_deref() != Some(reason::NO_STORE) => {
-                UpgradeStatus {
-                    message: Some(match &p.snapshot {
-                        Some(s) => format!(
-                            "upgraded from {} to {}; snapshot {s} holds the tenant as it was: `tenantplane rollback {tenant} -n {ns}` goes back",
-                            p.from, p.to
-                        ),
-                        None => format!("upgraded from {} to {}", p.from, p.to),
-                    }),
-                    ..p
-                }
-            }
-            _ => p,
-        });
+        let kept = settled(previous, from.as_deref(), &to, &tenant, &ns);
         set(tc, kept);
         return Guard::Proceed;
     }
@@ -158,15 +142,62 @@ pub(crate) async fn guard(tc: &mut TenantCluster, ctx: &Context) -> Guard {
         )
     });
     record.snapshot = Some(name.clone());
-    let snapshots: Api<TenantSnapshot> = Api::namespaced(ctx.client.clone(), &ns);
-    match snapshots.get_opt(&name).await {
+    let proceed = guarding_snapshot(ctx, &mut record, &ns, &tenant, &name, &store).await;
+    set(tc, Some(record));
+    if proceed {
+        Guard::Proceed
+    } else {
+        Guard::Hold(from)
+    }
+}
+
+/// A minor upgrade's record once the template no longer upgrades: done (the template runs the
+/// target), a patch release, or a rollback. The record of the last upgrade stays while the spec
+/// still names its target; once the target runs, it says how to go back.
+fn settled(
+    previous: Option<UpgradeStatus>,
+    from: Option<&str>,
+    to: &str,
+    tenant: &str,
+    ns: &str,
+) -> Option<UpgradeStatus> {
+    previous.filter(|p| p.to == to).map(|p| match from {
+        Some(running) if running == p.to && p.reason.as_deref() != Some(reason::NO_STORE) => {
+            UpgradeStatus {
+                message: Some(match &p.snapshot {
+                    Some(s) => format!(
+                        "upgraded from {} to {}; snapshot {s} holds the tenant as it was: `tenantplane rollback {tenant} -n {ns}` goes back",
+                        p.from, p.to
+                    ),
+                    None => format!("upgraded from {} to {}", p.from, p.to),
+                }),
+                ..p
+            }
+        }
+        _ => p,
+    })
+}
+
+/// The snapshot `name` that guards the upgrade in `record`: taken into `store` when missing, and
+/// the record says where it stands. True when it is Completed and the upgrade may go on.
+async fn guarding_snapshot(
+    ctx: &Context,
+    record: &mut UpgradeStatus,
+    ns: &str,
+    tenant: &str,
+    name: &str,
+    store: &str,
+) -> bool {
+    let (from, to) = (record.from.clone(), record.to.clone());
+    let snapshots: Api<TenantSnapshot> = Api::namespaced(ctx.client.clone(), ns);
+    match snapshots.get_opt(name).await {
         Err(e) => {
             record.reason = Some(reason::TAKING_SNAPSHOT.into());
             record.message = Some(format!(
                 "the upgrade to {to} waits for snapshot {name}: reading it: {}",
                 api_message(&e)
             ));
-            hold(tc, record)
+            false
         }
         Ok(None) => {
             let snapshot: Result<TenantSnapshot, _> = serde_json::from_value(json!({
@@ -190,37 +221,49 @@ pub(crate) async fn guard(tc: &mut TenantCluster, ctx: &Context) -> Guard {
                     format!("the upgrade to {to} waits: creating snapshot {name} failed: {e}")
                 }
             });
-            hold(tc, record)
+            false
         }
-        Ok(Some(snap)) => match snap.phase() {
-            SnapshotPhase::Completed => {
-                record.reason = Some(reason::GUARDED.into());
-                record.message = Some(format!(
-                    "snapshot {name} holds the tenant at {from}; upgrading to {to} (`tenantplane rollback {tenant} -n {ns}` goes back)"
-                ));
-                set(tc, Some(record));
-                Guard::Proceed
-            }
-            SnapshotPhase::Failed => {
-                record.reason = Some(reason::SNAPSHOT_FAILED.into());
-                record.message = Some(format!(
-                    "the upgrade to {to} waits: snapshot {name} failed: {}; delete TenantSnapshot {name} to take it again",
-                    snap.status
-                        .as_ref()
-                        .and_then(|s| s.message.clone())
-                        .unwrap_or_default()
-                ));
-                hold(tc, record)
-            }
-            phase => {
-                record.reason = Some(reason::TAKING_SNAPSHOT.into());
-                record.message = Some(format!(
-                    "the upgrade to {to} waits for snapshot {name} ({phase}) before it starts"
-                ));
-                hold(tc, record)
-            }
-        },
+        Ok(Some(snap)) => snapshot_said(record, &snap, ns, tenant),
     }
+}
+
+/// What guarding snapshot `snap` says of the upgrade in `record`: Completed lets it go on; Failed
+/// or still running holds it, saying why.
+fn snapshot_said(
+    record: &mut UpgradeStatus,
+    snap: &TenantSnapshot,
+    ns: &str,
+    tenant: &str,
+) -> bool {
+    let (from, to, name) = (&record.from, &record.to, snap.name_any());
+    let (reason, message, proceed) = match snap.phase() {
+        SnapshotPhase::Completed => (
+            reason::GUARDED,
+            format!(
+                "snapshot {name} holds the tenant at {from}; upgrading to {to} (`tenantplane rollback {tenant} -n {ns}` goes back)"
+            ),
+            true,
+        ),
+        SnapshotPhase::Failed => (
+            reason::SNAPSHOT_FAILED,
+            format!(
+                "the upgrade to {to} waits: snapshot {name} failed: {}; delete TenantSnapshot {name} to take it again",
+                snap.status
+                    .as_ref()
+                    .and_then(|s| s.message.clone())
+                    .unwrap_or_default()
+            ),
+            false,
+        ),
+        phase => (
+            reason::TAKING_SNAPSHOT,
+            format!("the upgrade to {to} waits for snapshot {name} ({phase}) before it starts"),
+            false,
+        ),
+    };
+    record.reason = Some(reason.into());
+    record.message = Some(message);
+    proceed
 }
 
 /// While asleep nothing can be checked or snapshotted: a minor upgrade waits for the wake, the
@@ -402,6 +445,91 @@ async fn tenant_client(tc: &TenantCluster, ctx: &Context) -> Result<Client, Chec
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn record(reason: &str, snapshot: Option<&str>) -> UpgradeStatus {
+        UpgradeStatus {
+            from: "v1.30.4".into(),
+            to: "v1.31.0".into(),
+            snapshot: snapshot.map(Into::into),
+            reason: Some(reason.into()),
+            message: Some("before".into()),
+        }
+    }
+
+    #[test]
+    fn a_finished_upgrade_says_how_to_go_back_and_a_changed_target_forgets_it() {
+        let guarded = record(reason::GUARDED, Some("dev-before-v1-31-0-2"));
+        let done = settled(
+            Some(guarded.clone()),
+            Some("v1.31.0"),
+            "v1.31.0",
+            "dev",
+            "t",
+        )
+        .unwrap();
+        assert_eq!(
+            done.message.as_deref(),
+            Some(
+                "upgraded from v1.30.4 to v1.31.0; snapshot dev-before-v1-31-0-2 holds the tenant as it was: `tenantplane rollback dev -n t` goes back"
+            )
+        );
+        // Still rolling out: the record stays as it was.
+        let rolling = settled(
+            Some(guarded.clone()),
+            Some("v1.30.4"),
+            "v1.31.0",
+            "dev",
+            "t",
+        );
+        assert_eq!(rolling, Some(guarded.clone()));
+        // Without a snapshot there is nothing to go back to: the warning stays.
+        let unguarded = record(reason::NO_STORE, None);
+        let kept = settled(
+            Some(unguarded.clone()),
+            Some("v1.31.0"),
+            "v1.31.0",
+            "dev",
+            "t",
+        );
+        assert_eq!(kept, Some(unguarded));
+        // The spec names another target (a rollback): the record goes.
+        assert_eq!(
+            settled(Some(guarded), Some("v1.30.4"), "v1.30.4", "dev", "t"),
+            None
+        );
+    }
+
+    #[test]
+    fn the_guarding_snapshot_lets_the_upgrade_go_on_only_once_completed() {
+        let snap = |phase: &str| -> TenantSnapshot {
+            serde_json::from_value(json!({
+                "apiVersion": "tenantplane.io/v1alpha1", "kind": "TenantSnapshot",
+                "metadata": {"name": "dev-before", "namespace": "t"},
+                "spec": {"tenantClusterRef": {"name": "dev"}},
+                "status": {"phase": phase, "message": "the store refused it"}
+            }))
+            .unwrap()
+        };
+        let mut r = record(reason::TAKING_SNAPSHOT, Some("dev-before"));
+        assert!(!snapshot_said(&mut r, &snap("Running"), "t", "dev"));
+        assert_eq!(r.reason.as_deref(), Some(reason::TAKING_SNAPSHOT));
+        assert!(!snapshot_said(&mut r, &snap("Failed"), "t", "dev"));
+        assert_eq!(r.reason.as_deref(), Some(reason::SNAPSHOT_FAILED));
+        assert!(
+            r.message
+                .as_deref()
+                .unwrap()
+                .contains("failed: the store refused it; delete TenantSnapshot dev-before")
+        );
+        assert!(snapshot_said(&mut r, &snap("Completed"), "t", "dev"));
+        assert_eq!(r.reason.as_deref(), Some(reason::GUARDED));
+        assert!(
+            r.message
+                .as_deref()
+                .unwrap()
+                .contains("`tenantplane rollback dev -n t` goes back")
+        );
+    }
 
     #[test]
     fn versions_read_as_pairs_and_minors() {
