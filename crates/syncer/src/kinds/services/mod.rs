@@ -170,20 +170,33 @@ async fn converge_service(cx: &Tenant, ns: &str, name: &str) -> Result<()> {
         // The watch brings the copy with its address.
         return Ok(());
     };
+    show_up(cx, ns, name, &t, &h, &own).await
+}
+
+/// What the tenant's Service `t` (`ns/name`) takes from its host copy `h`: its cluster IP, the
+/// node ports the copy answers on, and the load balancer's addresses.
+async fn show_up(
+    cx: &Tenant,
+    ns: &str,
+    name: &str,
+    t: &Service,
+    h: &Service,
+    own: &OwnAddress,
+) -> Result<()> {
     // The tenant's Service takes its host copy's cluster IP.
     let h_ip = h.spec.as_ref().and_then(|s| s.cluster_ip.clone());
     if let Some(h_ip) = h_ip.filter(|ip| ip != "None" && !ip.is_empty()) {
         let h_ips = h.spec.as_ref().and_then(|s| s.cluster_ips.clone());
-        let note = match &own {
+        let note = match own {
             OwnAddress::NotAsked(Some(why)) => Some(why.as_str()),
             _ => None,
         };
-        if take_cluster_ip(cx, &t, &h_ip, h_ips, note).await? {
+        if take_cluster_ip(cx, t, &h_ip, h_ips, note).await? {
             return Ok(());
         }
     }
     // The tenant Service shows the node ports its copy answers on.
-    if let Some(ports) = node_ports_up(&t, &h) {
+    if let Some(ports) = node_ports_up(t, h) {
         cx.tenant_api::<Service>(ns)
             .patch(
                 name,
