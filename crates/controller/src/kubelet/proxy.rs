@@ -96,28 +96,8 @@ pub async fn handle(
             ));
         }
     };
-    let Some(of) = naming::copy_of(&copy.metadata, &tenant) else {
-        return Ok(text(
-            NOT_RUNNING,
-            format!("{what} does not run on the host (the host pod of that name is not its copy)"),
-        ));
-    };
-    if of.namespace != route.namespace || of.name != route.pod {
-        return Ok(text(
-            NOT_RUNNING,
-            format!("{what} does not run on the host"),
-        ));
-    }
-    if let Some(uid) = &route.uid {
-        let recorded = copy.annotations().get(naming::ANNOTATION_VIRTUAL_UID);
-        if recorded.is_some_and(|r| r != uid) {
-            return Ok(text(
-                NOT_RUNNING,
-                format!(
-                    "{what} with UID {uid} does not run on the host (its copy is of another pod of that name)"
-                ),
-            ));
-        }
+    if let Some(why) = not_its_copy(&copy, &tenant, &route, &what) {
+        return Ok(text(NOT_RUNNING, why));
     }
     let upgrade = is_upgrade(&req) && route.action != Action::Logs;
     let target = route::host_path(&route, &who.namespace, &host_name);
@@ -153,31 +133,8 @@ pub async fn handle(
     if let Some(tenant_side) = tenant_side
         && status == StatusCode::SWITCHING_PROTOCOLS
     {
-        let mut reply = Response::new(Body::default());
-        *reply.status_mut() = status;
-        for name in UPGRADE_HEADERS {
-            for value in answer.headers().get_all(*name) {
-                reply
-                    .headers_mut()
-                    .append(HeaderName::from_static(name), value.clone());
-            }
-        }
         let label = format!("{} of {what} (tenant {})", route.action, tenant.name);
-        tokio::spawn(async move {
-            let (tenant_io, host_io) = match tokio::join!(tenant_side, hyper::upgrade::on(answer)) {
-                (Ok(t), Ok(h)) => (t, h),
-                (Err(e), _) | (_, Err(e)) => {
-                    warn!("{label}: the stream did not open: {e}");
-                    return;
-                }
-            };
-            let (mut t, mut h) = (TokioIo::new(tenant_io), TokioIo::new(host_io));
-            match tokio::io::copy_bidirectional(&mut t, &mut h).await {
-                Ok((up, down)) => debug!("{label}: closed after {up} bytes up, {down} down"),
-                Err(e) => debug!("{label}: ended: {e}"),
-            }
-        });
-        return Ok(reply);
+        return Ok(spliced(tenant_side, answer, label));
     }
     // Logs, and refusals of streams: the host's answer as it is, streamed.
     let (parts, body) = answer.into_parts();
@@ -192,4 +149,62 @@ pub async fn handle(
             .insert(header::CONTENT_TYPE, kind.clone());
     }
     Ok(reply)
+}
+
+/// Why host pod `copy` is not the copy of the tenant pod `route` names (for `what`, as messages
+/// say it): not a copy of this tenant's, of another pod, or of an earlier pod of that name.
+fn not_its_copy(
+    copy: &Pod,
+    tenant: &TenantRef,
+    route: &route::Route,
+    what: &str,
+) -> Option<String> {
+    let Some(of) = naming::copy_of(&copy.metadata, tenant) else {
+        return Some(format!(
+            "{what} does not run on the host (the host pod of that name is not its copy)"
+        ));
+    };
+    if of.namespace != route.namespace || of.name != route.pod {
+        return Some(format!("{what} does not run on the host"));
+    }
+    let recorded = copy.annotations().get(naming::ANNOTATION_VIRTUAL_UID);
+    match &route.uid {
+        Some(uid) if recorded.is_some_and(|r| r != uid) => Some(format!(
+            "{what} with UID {uid} does not run on the host (its copy is of another pod of that name)"
+        )),
+        _ => None,
+    }
+}
+
+/// The tenant's answer to a stream the host opened: `101 Switching Protocols` with the host's
+/// upgrade headers, and the two upgraded connections joined in a task (`label` names it in logs).
+fn spliced(
+    tenant_side: hyper::upgrade::OnUpgrade,
+    answer: Response<kube::client::Body>,
+    label: String,
+) -> Response<Body> {
+    let mut reply = Response::new(Body::default());
+    *reply.status_mut() = answer.status();
+    for name in UPGRADE_HEADERS {
+        for value in answer.headers().get_all(*name) {
+            reply
+                .headers_mut()
+                .append(HeaderName::from_static(name), value.clone());
+        }
+    }
+    tokio::spawn(async move {
+        let (tenant_io, host_io) = match tokio::join!(tenant_side, hyper::upgrade::on(answer)) {
+            (Ok(t), Ok(h)) => (t, h),
+            (Err(e), _) | (_, Err(e)) => {
+                warn!("{label}: the stream did not open: {e}");
+                return;
+            }
+        };
+        let (mut t, mut h) = (TokioIo::new(tenant_io), TokioIo::new(host_io));
+        match tokio::io::copy_bidirectional(&mut t, &mut h).await {
+            Ok((up, down)) => debug!("{label}: closed after {up} bytes up, {down} down"),
+            Err(e) => debug!("{label}: ended: {e}"),
+        }
+    });
+    reply
 }
