@@ -69,18 +69,21 @@ impl Kind for Services {
     }
 }
 
+/// The tenant's `kubernetes` Service stays in the tenant, with the address of the host Service
+/// in front of the tenant API server, so `kubernetes.default` reaches the tenant from a synced
+/// pod, never the host's API server.
+async fn converge_tenant_api(cx: &Tenant, ns: &str, name: &str) -> Result<()> {
+    let Some(t) = cx.tenant_get::<Service>(ns, name) else {
+        return Ok(());
+    };
+    let ip = cx.tr.api_ip.clone();
+    take_cluster_ip(cx, &t, &ip, Some(vec![ip.clone()]), None).await?;
+    api::ensure_api_endpoints(cx).await
+}
+
 async fn converge_service(cx: &Tenant, ns: &str, name: &str) -> Result<()> {
     if is_tenant_api(ns, name) {
-        // It stays in the tenant, with the address of the host Service in front of the tenant
-        // API server, so `kubernetes.default` reaches the tenant from a synced pod, never the
-        // host's API server.
-        let Some(t) = cx.tenant_get::<Service>(ns, name) else {
-            return Ok(());
-        };
-        let ip = cx.tr.api_ip.clone();
-        take_cluster_ip(cx, &t, &ip, Some(vec![ip.clone()]), None).await?;
-        api::ensure_api_endpoints(cx).await?;
-        return Ok(());
+        return converge_tenant_api(cx, ns, name).await;
     }
     // Whether slices written by hand for it go down follows the Service.
     crate::kinds::endpoints::slices::wake_for_service(cx, ns, name);
