@@ -46,17 +46,41 @@ fn estimate(history: &HashMap<String, Figures>, label: &str) -> Figures {
     })
 }
 
-/// The next job to start: the first of `pending` (longest first) that fits beside the CPU shares
-/// of the running ones; any job when none runs.
-pub fn pick(pending: &[Figures], running: &[f64], limits: Limits) -> Option<usize> {
+/// The next job to start, given the `running` ones (their CPU shares and estimated seconds left):
+/// the first of `pending` (longest first) when it fits beside them, any job when none runs.
+///
+/// When the first does not fit, it waits for room: the moment, by the running jobs' estimates,
+/// when enough of them will have ended. Another job starts meanwhile only if it fits now and is
+/// expected to end by then, so the longest job is never pushed later by shorter ones that keep
+/// its room taken (backfilling, as batch schedulers do).
+pub fn pick(pending: &[Figures], running: &[Figures], limits: Limits) -> Option<usize> {
     if pending.is_empty() || running.len() >= limits.jobs {
         return None;
     }
     if running.is_empty() {
         return Some(0);
     }
-    let used: f64 = running.iter().sum();
-    pending.iter().position(|f| used + f.cpu <= limits.cpu)
+    let used: f64 = running.iter().map(|r| r.cpu).sum();
+    let fits = |f: &Figures| used + f.cpu <= limits.cpu;
+    if fits(&pending[0]) {
+        return Some(0);
+    }
+    let mut ending = running.to_vec();
+    ending.sort_by(|a, b| a.seconds.total_cmp(&b.seconds));
+    let mut left = used;
+    let mut room_at = f64::INFINITY;
+    for r in &ending {
+        left -= r.cpu;
+        if left + pending[0].cpu <= limits.cpu {
+            room_at = r.seconds;
+            break;
+        }
+    }
+    pending
+        .iter()
+        .skip(1)
+        .position(|f| fits(f) && f.seconds <= room_at)
+        .map(|i| i + 1)
 }
 
 /// The arguments of `xtask suite`.
@@ -228,8 +252,18 @@ fn figures(f: &Finished) -> Figures {
 struct Running {
     id: usize,
     label: String,
-    cpu: f64,
+    estimate: Figures,
     since: Instant,
+}
+
+impl Running {
+    /// Its CPU share and the seconds it is expected to run still (at least one).
+    fn left(&self) -> Figures {
+        Figures {
+            seconds: (self.estimate.seconds - self.since.elapsed().as_secs_f64()).max(1.0),
+            cpu: self.estimate.cpu,
+        }
+    }
 }
 
 /// Start jobs as they fit, longest first, until every one has finished.
@@ -256,8 +290,8 @@ fn run_all(
     loop {
         loop {
             let estimates: Vec<Figures> = pending.iter().map(|p| p.2).collect();
-            let shares: Vec<f64> = running.iter().map(|r| r.cpu).collect();
-            let Some(i) = pick(&estimates, &shares, limits) else {
+            let left: Vec<Figures> = running.iter().map(Running::left).collect();
+            let Some(i) = pick(&estimates, &left, limits) else {
                 break;
             };
             let (id, job, estimate) = pending.remove(i);
@@ -265,7 +299,7 @@ fn run_all(
             running.push(Running {
                 id,
                 label: job.label.clone(),
-                cpu: estimate.cpu,
+                estimate,
                 since: Instant::now(),
             });
             say(
@@ -452,16 +486,50 @@ mod tests {
         let limits = Limits { jobs: 3, cpu: 1.0 };
         let pending = [f(460.0, 0.36), f(280.0, 0.81), f(230.0, 0.45), f(50.0, 0.1)];
         assert_eq!(pick(&pending, &[], limits), Some(0));
-        // Beside 36%, the 81% binary does not fit; the next that does starts.
+        // Beside a 36% job ending in 400 s, the 81% one waits; the next that fits and ends by
+        // then starts.
         let rest = &pending[1..];
-        assert_eq!(pick(rest, &[0.36], limits), Some(1));
-        assert_eq!(pick(&[rest[0], rest[2]], &[0.36, 0.45], limits), Some(1));
-        assert_eq!(pick(rest, &[0.95], limits), None);
+        assert_eq!(pick(rest, &[f(400.0, 0.36)], limits), Some(1));
+        assert_eq!(
+            pick(
+                &[rest[0], rest[2]],
+                &[f(400.0, 0.36), f(200.0, 0.45)],
+                limits
+            ),
+            Some(1)
+        );
+        assert_eq!(pick(rest, &[f(100.0, 0.95)], limits), None);
         // However busy a job was, it starts when nothing else runs.
         assert_eq!(pick(&[f(10.0, 1.7)], &[], limits), Some(0));
         // Never more than the limit of jobs.
-        assert_eq!(pick(&pending, &[0.1, 0.1, 0.1], limits), None);
+        let three = [f(9.0, 0.1), f(9.0, 0.1), f(9.0, 0.1)];
+        assert_eq!(pick(&pending, &three, limits), None);
         assert_eq!(pick(&[], &[], limits), None);
+    }
+
+    #[test]
+    fn a_shorter_job_never_takes_the_room_the_longest_waits_for() {
+        let limits = Limits { jobs: 3, cpu: 1.0 };
+        // The 64% job fits once the 40% one ends, in 60 s: a 300 s job of 20% would keep it
+        // waiting, a 50 s one may run meanwhile.
+        let running = [f(600.0, 0.15), f(60.0, 0.4)];
+        assert_eq!(
+            pick(&[f(300.0, 0.64), f(300.0, 0.2)], &running, limits),
+            None
+        );
+        assert_eq!(
+            pick(
+                &[f(300.0, 0.64), f(300.0, 0.2), f(50.0, 0.2)],
+                &running,
+                limits
+            ),
+            Some(2)
+        );
+        // A job that can never fit beside the running ones leaves every job that fits free.
+        assert_eq!(
+            pick(&[f(300.0, 0.9), f(300.0, 0.2)], &[f(600.0, 0.15)], limits),
+            Some(1)
+        );
     }
 
     #[test]
