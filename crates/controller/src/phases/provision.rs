@@ -378,20 +378,30 @@ pub(crate) async fn delete_data_claims(tc: &TenantCluster, ctx: &Context) -> Res
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
 
-    fn tenant(phase: &str, ready: &str, reason: &str) -> TenantCluster {
+    /// A tenant in `phase` whose Ready condition is `ready` for `reason`, since `since`.
+    pub(in crate::phases) fn tenant_since(
+        phase: &str,
+        ready: &str,
+        reason: &str,
+        since: &str,
+    ) -> TenantCluster {
         serde_json::from_value(serde_json::json!({
             "apiVersion": "tenantplane.io/v1alpha1", "kind": "TenantCluster",
             "metadata": {"name": "dev", "namespace": "team-dev"},
             "spec": {"kubernetesVersion": "v1.31.4"},
             "status": {"phase": phase, "conditions": [{
                 "type": "Ready", "status": ready, "reason": reason, "message": "m",
-                "lastTransitionTime": "2026-12-06T22:42:42Z"
+                "lastTransitionTime": since
             }]}
         }))
         .unwrap()
+    }
+
+    fn tenant(phase: &str, ready: &str, reason: &str) -> TenantCluster {
+        tenant_since(phase, ready, reason, "2026-12-06T22:42:42Z")
     }
 
     #[test]

@@ -166,18 +166,7 @@ async fn read_activity(tc: &TenantCluster, ctx: &Context, tenant: &kube::Client)
 mod tests {
     use super::*;
 
-    fn tenant(phase: &str, ready: &str, reason: &str, since: &str) -> TenantCluster {
-        serde_json::from_value(serde_json::json!({
-            "apiVersion": "tenantplane.io/v1alpha1", "kind": "TenantCluster",
-            "metadata": {"name": "dev", "namespace": "team-dev"},
-            "spec": {"kubernetesVersion": "v1.31.4"},
-            "status": {"phase": phase, "conditions": [{
-                "type": "Ready", "status": ready, "reason": reason, "message": "m",
-                "lastTransitionTime": since
-            }]}
-        }))
-        .unwrap()
-    }
+    use crate::phases::provision::tests::tenant_since as tenant;
 
     #[test]
     fn a_server_that_does_not_answer_is_degraded_only_once_it_had_been_up() {
