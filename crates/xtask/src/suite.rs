@@ -215,8 +215,10 @@ pub fn main(args: &[String]) -> ExitCode {
         args.limits,
     );
     print_totals(&finished);
-    history.extend(rows);
-    let all: Vec<(String, Figures)> = history.into_iter().collect();
+    // Read again: another run (a `make unit` meanwhile) may have kept figures of its own since.
+    let mut kept = history::read(&times);
+    kept.extend(rows);
+    let all: Vec<(String, Figures)> = kept.into_iter().collect();
     if let Err(e) = std::fs::write(&times, history::render(&all)) {
         eprintln!("xtask suite: keeping the times in {}: {e}", times.display());
     }
