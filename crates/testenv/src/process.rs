@@ -314,18 +314,25 @@ fn wait_or_kill(child: &mut Child, grace: Duration) {
 }
 
 /// A free loopback port below the kernel's ephemeral range, so an outgoing connection cannot take
-/// it between our check and the component's bind.
+/// it between our check and the component's bind. One walk of the range per process (the seed is
+/// drawn once, and the stride is coprime with the range's size): no two calls give the same port
+/// until all 12,000 were given, so a port given and not yet bound is never given again.
 pub fn free_port() -> crate::Result<u16> {
     use std::sync::atomic::{AtomicU32, Ordering};
     static NEXT: AtomicU32 = AtomicU32::new(0);
-    let seed = std::process::id().wrapping_mul(7919)
-        ^ std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.subsec_nanos())
-            .unwrap_or(0);
+    static SEED: OnceLock<u32> = OnceLock::new();
+    let seed = *SEED.get_or_init(|| {
+        std::process::id().wrapping_mul(7919)
+            ^ std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.subsec_nanos())
+                .unwrap_or(0)
+    });
     for _ in 0..1000 {
-        let n = NEXT.fetch_add(1, Ordering::Relaxed);
-        let port = 20000 + (seed.wrapping_add(n.wrapping_mul(2654435761)) % 12000) as u16;
+        let n = u64::from(NEXT.fetch_add(1, Ordering::Relaxed));
+        // In u64: no wrap-around breaks the walk.
+        let step = (u64::from(seed) + n * 2_654_435_761) % 12_000;
+        let port = 20_000 + step as u16;
         if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
             return Ok(port);
         }
@@ -343,5 +350,16 @@ pub fn tail(path: &Path, lines: usize) -> String {
             all[all.len().saturating_sub(lines)..].join("\n")
         }
         Err(e) => format!("(cannot read {}: {e})", path.display()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn ports_given_are_never_given_again() {
+        let ports: Vec<u16> = (0..500).map(|_| super::free_port().unwrap()).collect();
+        let distinct: std::collections::BTreeSet<u16> = ports.iter().copied().collect();
+        assert_eq!(distinct.len(), ports.len());
+        assert!(ports.iter().all(|p| (20_000..32_000).contains(p)));
     }
 }
