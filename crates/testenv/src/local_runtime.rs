@@ -304,12 +304,9 @@ impl LocalRuntime {
         }
     }
 
-    /// Start a tenant control-plane pod's processes as k3s would run them: its data folder and
-    /// certificates, kine, the API server with the pod's flags, the controller manager, the
-    /// snapshot agent; then publish its address.
-    ///
-    /// Over 100 lines as one start-up script in k3s's order: every step reads the pod and uses
-    /// the folders and certificates made before it.
+    /// Start a tenant pod's processes as k3s would (data folder, certificates, kine, API server,
+    /// controller manager, agent), then publish its address. Over 100 lines as one start-up
+    /// script in k3s's order: each step uses the folders and certificates made before it.
     async fn launch(
         &self,
         client: &Client,
