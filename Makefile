@@ -12,7 +12,8 @@ CARGO ?= cargo
 ## test: every test, unit and against the real control plane (builds the control plane if missing).
 ## `xtask suite` builds the test binaries, then runs up to TEST_JOBS of them at once, each in
 ## network, mount and PID namespaces of its own (testenv/isolated.sh), longest first, beside each
-## other only while the CPU shares they used last time add up to TEST_CPU percent of the machine;
+## other only while the CPU shares they used last time add up to TEST_CPU percent of the machine
+## and the inotify instances they held fit in those free (a real node holds about 48 of 128);
 ## TEST_THREADS tests at once in each binary. Every binary runs even after one fails; the failures'
 ## logs are printed as they end, and a table of every binary's seconds at the end.
 TEST_THREADS ?= 4

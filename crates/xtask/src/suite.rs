@@ -1,6 +1,7 @@
 //! `xtask suite`: build the test binaries, then run several at once, each to its own log, as many
 //! as fit: at most `--jobs` at a time, and beside others only while the CPU shares they used in
-//! the last run add up to `--cpu` percent of the machine. Most binaries wait on control planes
+//! the last run add up to `--cpu` percent of the machine, and the inotify instances they held at
+//! most fit in those free when the run began (see [`inotify`]). Most binaries wait on control planes
 //! and timers rather than on the CPU (a third of the machine or less), and running them one
 //! after another left the machine idle for most of `make test`; binaries that were busy alone run
 //! beside fewer others, so none is slowed into its tests' time-outs. The longest start first.
@@ -18,6 +19,7 @@
 
 mod build;
 mod history;
+mod inotify;
 mod job;
 
 use std::collections::HashMap;
@@ -29,24 +31,34 @@ use std::time::{Duration, Instant};
 use history::Figures;
 use job::{Counts, Finished, Job};
 
-/// How many jobs run at once, and the CPU share they may add up to.
+/// How many jobs run at once, and the CPU share and inotify instances they may add up to.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Limits {
     pub jobs: usize,
     /// 1.0 is the whole machine.
     pub cpu: f64,
+    pub inotify: u32,
+}
+
+impl Limits {
+    /// Do jobs of these figures fit together?
+    fn hold(&self, cpu: f64, inotify: u32) -> bool {
+        cpu <= self.cpu && inotify <= self.inotify
+    }
 }
 
 /// What a job is expected to take, from the last run; a job never seen runs first, as though it
-/// needed half the machine.
+/// needed half the machine and had a real node.
 fn estimate(history: &HashMap<String, Figures>, label: &str) -> Figures {
     history.get(label).copied().unwrap_or(Figures {
         seconds: f64::INFINITY,
         cpu: 0.5,
+        inotify: history::UNKNOWN_INOTIFY,
     })
 }
 
-/// The next job to start, given the `running` ones (their CPU shares and estimated seconds left):
+/// The next job to start, given the `running` ones (their CPU shares, inotify instances and
+/// estimated seconds left):
 /// the first of `pending` (longest first) when it fits beside them, any job when none runs.
 ///
 /// When the first does not fit, it waits for room: the moment, by the running jobs' estimates,
@@ -60,18 +72,24 @@ pub fn pick(pending: &[Figures], running: &[Figures], limits: Limits) -> Option<
     if running.is_empty() {
         return Some(0);
     }
-    let used: f64 = running.iter().map(|r| r.cpu).sum();
-    let fits = |f: &Figures| used + f.cpu <= limits.cpu;
+    let cpu: f64 = running.iter().map(|r| r.cpu).sum();
+    let inotify: u32 = running.iter().map(|r| r.inotify).sum();
+    let fits = |f: &Figures| limits.hold(cpu + f.cpu, inotify.saturating_add(f.inotify));
     if fits(&pending[0]) {
         return Some(0);
     }
     let mut ending = running.to_vec();
     ending.sort_by(|a, b| a.seconds.total_cmp(&b.seconds));
-    let mut left = used;
     let mut room_at = f64::INFINITY;
+    let first = pending[0];
+    let (mut cpu_left, mut inotify_left) = (cpu, inotify);
     for r in &ending {
-        left -= r.cpu;
-        if left + pending[0].cpu <= limits.cpu {
+        cpu_left -= r.cpu;
+        inotify_left = inotify_left.saturating_sub(r.inotify);
+        if limits.hold(
+            cpu_left + first.cpu,
+            inotify_left.saturating_add(first.inotify),
+        ) {
             room_at = r.seconds;
             break;
         }
@@ -118,7 +136,11 @@ impl std::fmt::Display for ArgsError {
 
 fn parse_args(args: &[String]) -> Result<Args, ArgsError> {
     let mut parsed = Args {
-        limits: Limits { jobs: 3, cpu: 1.0 },
+        limits: Limits {
+            jobs: 3,
+            cpu: 1.0,
+            inotify: u32::MAX,
+        },
         isolate: None,
         cargo_args: Vec::new(),
         test_args: Vec::new(),
@@ -156,6 +178,9 @@ fn parse_args(args: &[String]) -> Result<Args, ArgsError> {
     }
     Ok(parsed)
 }
+
+/// inotify instances left free for the rest of the machine while the suite runs.
+const INOTIFY_SPARE: u32 = 4;
 
 /// How often the jobs still running are named.
 const HEARTBEAT: Duration = Duration::from_secs(60);
@@ -200,9 +225,18 @@ pub fn main(args: &[String]) -> ExitCode {
         eprintln!("xtask suite: creating {}: {e}", logs.display());
         return ExitCode::FAILURE;
     }
+    let mut limits = args.limits;
+    let limit = inotify::limit(128);
+    let free = inotify::free(limit);
+    limits.inotify = limits.inotify.min(free.saturating_sub(INOTIFY_SPARE));
+    println!(
+        "inotify: {free} of {limit} instances free for this user (fs.inotify.max_user_instances); \
+         binaries run side by side while the most they held last time adds up to {}",
+        limits.inotify
+    );
     let machine = Machine::now();
     let started = Instant::now();
-    let finished = run_all(jobs, &history, args.limits, &logs);
+    let finished = run_all(jobs, &history, limits, &logs);
     let all_ok = finished.iter().all(|f| f.ok);
     let rows: Vec<(String, Figures)> = finished
         .iter()
@@ -212,7 +246,7 @@ pub fn main(args: &[String]) -> ExitCode {
         &rows,
         started.elapsed().as_secs_f64(),
         machine.busy_since(),
-        args.limits,
+        limits,
     );
     print_totals(&finished);
     // Read again: another run (a `make unit` meanwhile) may have kept figures of its own since.
@@ -247,6 +281,7 @@ fn figures(f: &Finished) -> Figures {
         } else {
             0.0
         },
+        inotify: f.inotify,
     }
 }
 
@@ -259,11 +294,12 @@ struct Running {
 }
 
 impl Running {
-    /// Its CPU share and the seconds it is expected to run still (at least one).
+    /// Its CPU share, inotify instances and the seconds it is expected to run still (at least
+    /// one).
     fn left(&self) -> Figures {
         Figures {
             seconds: (self.estimate.seconds - self.since.elapsed().as_secs_f64()).max(1.0),
-            cpu: self.estimate.cpu,
+            ..self.estimate
         }
     }
 }
@@ -398,21 +434,29 @@ fn announce(started: Instant, f: &Finished, n: usize, total: usize) {
 fn print_table(rows: &[(String, Figures)], seconds: f64, busy: Option<f64>, limits: Limits) {
     println!();
     println!(
-        "test time by binary, slowest first (seconds, and the share of the machine's CPUs its processes used):"
+        "test time by binary, slowest first (seconds, the share of the machine's CPUs its processes used, \
+         and the most inotify instances they held):"
     );
     let mut sorted: Vec<&(String, Figures)> = rows.iter().collect();
     sorted.sort_by(|a, b| b.1.seconds.total_cmp(&a.1.seconds));
     for (label, f) in &sorted {
-        println!("  {:8.1}  {:3.0}%  {label}", f.seconds, f.cpu * 100.0);
+        println!(
+            "  {:8.1}  {:3.0}%  {:4}  {label}",
+            f.seconds,
+            f.cpu * 100.0,
+            f.inotify
+        );
     }
     let sum: f64 = rows.iter().map(|r| r.1.seconds).sum();
     let busy = busy.map_or("-".to_string(), |b| format!("{:.0}%", b * 100.0));
     println!(
-        "  {seconds:8.1}  {busy:>4}  in all: {} binaries, at most {} at once within {:.0}% of the CPUs \
-         (one after another they would take {sum:.1} s); the CPU column here is the whole machine's",
+        "  {seconds:8.1}  {busy:>4}        in all: {} binaries, at most {} at once within {:.0}% of the CPUs \
+         and {} inotify instances (one after another they would take {sum:.1} s); the CPU column \
+         here is the whole machine's",
         rows.len(),
         limits.jobs,
-        limits.cpu * 100.0
+        limits.cpu * 100.0,
+        limits.inotify
     );
 }
 
@@ -480,12 +524,30 @@ mod tests {
     use super::*;
 
     fn f(seconds: f64, cpu: f64) -> Figures {
-        Figures { seconds, cpu }
+        Figures {
+            seconds,
+            cpu,
+            inotify: 0,
+        }
     }
+
+    fn with_inotify(seconds: f64, inotify: u32) -> Figures {
+        Figures {
+            seconds,
+            cpu: 0.2,
+            inotify,
+        }
+    }
+
+    const LIMITS: Limits = Limits {
+        jobs: 3,
+        cpu: 1.0,
+        inotify: 124,
+    };
 
     #[test]
     fn jobs_start_longest_first_while_their_cpu_fits() {
-        let limits = Limits { jobs: 3, cpu: 1.0 };
+        let limits = LIMITS;
         let pending = [f(460.0, 0.36), f(280.0, 0.81), f(230.0, 0.45), f(50.0, 0.1)];
         assert_eq!(pick(&pending, &[], limits), Some(0));
         // Beside a 36% job ending in 400 s, the 81% one waits; the next that fits and ends by
@@ -511,7 +573,7 @@ mod tests {
 
     #[test]
     fn a_shorter_job_never_takes_the_room_the_longest_waits_for() {
-        let limits = Limits { jobs: 3, cpu: 1.0 };
+        let limits = LIMITS;
         // The 64% job fits once the 40% one ends, in 60 s: a 300 s job of 20% would keep it
         // waiting, a 50 s one may run meanwhile.
         let running = [f(600.0, 0.15), f(60.0, 0.4)];
@@ -535,11 +597,37 @@ mod tests {
     }
 
     #[test]
+    fn binaries_with_real_nodes_never_hold_more_inotify_instances_than_are_free() {
+        // Two binaries with a real node hold 94 of 124: a third waits, a binary without one
+        // starts beside them.
+        let running = [with_inotify(300.0, 47), with_inotify(200.0, 47)];
+        assert_eq!(pick(&[with_inotify(100.0, 47)], &running, LIMITS), None);
+        assert_eq!(
+            pick(
+                &[with_inotify(300.0, 47), with_inotify(100.0, 2)],
+                &running,
+                LIMITS
+            ),
+            Some(1)
+        );
+        // A short one with a node may start meanwhile only if it fits and ends before room is
+        // made for the first.
+        let three = [with_inotify(400.0, 80), with_inotify(10.0, 30)];
+        assert_eq!(pick(&three, &[with_inotify(50.0, 60)], LIMITS), Some(1));
+        // Alone, a binary runs however many it needs.
+        assert_eq!(pick(&[with_inotify(10.0, 500)], &[], LIMITS), Some(0));
+    }
+
+    #[test]
     fn a_job_never_seen_runs_first() {
         let history = history::parse("459.4\t36%\tsync (tests/sync/main.rs)\n");
         assert_eq!(
             estimate(&history, "sync (tests/sync/main.rs)"),
-            f(459.4, 0.36)
+            Figures {
+                seconds: 459.4,
+                cpu: 0.36,
+                inotify: history::UNKNOWN_INOTIFY
+            }
         );
         assert!(
             estimate(&history, "new (tests/new.rs)")
@@ -564,7 +652,8 @@ mod tests {
             "--test-threads=4",
         ]))
         .expect("good arguments");
-        assert_eq!(parsed.limits, Limits { jobs: 4, cpu: 1.2 });
+        assert_eq!(parsed.limits.jobs, 4);
+        assert_eq!(parsed.limits.cpu, 1.2);
         assert_eq!(parsed.isolate, Some(PathBuf::from("testenv/isolated.sh")));
         assert_eq!(parsed.cargo_args, ["--workspace"]);
         assert_eq!(parsed.test_args, ["--test-threads=4"]);

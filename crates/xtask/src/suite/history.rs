@@ -1,6 +1,7 @@
 //! What each test binary took in the last run, kept in `$TENANTPLANE_CACHE/test-times.tsv` (one
-//! line per binary: seconds, the share of the machine's CPUs its processes used, and its label),
-//! so the next run starts the longest first and knows which fit beside each other.
+//! line per binary: seconds, the share of the machine's CPUs its processes used, the most inotify
+//! instances they held at once, and its label), so the next run starts the longest first and
+//! knows which fit beside each other.
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
@@ -13,7 +14,14 @@ pub struct Figures {
     pub seconds: f64,
     /// Its processes' CPU time over (seconds × CPUs): 1.0 is the whole machine.
     pub cpu: f64,
+    /// The most inotify instances its processes held at once.
+    pub inotify: u32,
 }
+
+/// The inotify instances a binary is taken to need when a file has none for it (written before
+/// they were counted): what a real node with its tenants holds, so an unknown binary never
+/// crowds out the others' nodes.
+pub const UNKNOWN_INOTIFY: u32 = 48;
 
 /// The figures of the last run by label; empty when there is no file yet or it cannot be read.
 pub fn read(path: &Path) -> HashMap<String, Figures> {
@@ -26,15 +34,21 @@ pub fn read(path: &Path) -> HashMap<String, Figures> {
 pub fn parse(text: &str) -> HashMap<String, Figures> {
     text.lines()
         .filter_map(|line| {
-            let mut cols = line.splitn(3, '\t');
-            let seconds = cols.next()?.trim().parse().ok()?;
-            let cpu: f64 = cols.next()?.trim().trim_end_matches('%').parse().ok()?;
-            let label = cols.next()?.trim();
+            let cols: Vec<&str> = line.splitn(4, '\t').collect();
+            let seconds = cols.first()?.trim().parse().ok()?;
+            let cpu: f64 = cols.get(1)?.trim().trim_end_matches('%').parse().ok()?;
+            // Three columns: a file from before inotify instances were counted.
+            let (inotify, label) = match cols[..] {
+                [_, _, inotify, label] => (inotify.trim().parse().ok()?, label),
+                [_, _, label] => (UNKNOWN_INOTIFY, label),
+                _ => return None,
+            };
             Some((
-                label.to_string(),
+                label.trim().to_string(),
                 Figures {
                     seconds,
                     cpu: cpu / 100.0,
+                    inotify,
                 },
             ))
         })
@@ -47,7 +61,13 @@ pub fn render(rows: &[(String, Figures)]) -> String {
     sorted.sort_by(|a, b| b.1.seconds.total_cmp(&a.1.seconds));
     let mut out = String::new();
     for (label, f) in sorted {
-        let _ = writeln!(out, "{:.1}\t{:.0}%\t{label}", f.seconds, f.cpu * 100.0);
+        let _ = writeln!(
+            out,
+            "{:.1}\t{:.0}%\t{}\t{label}",
+            f.seconds,
+            f.cpu * 100.0,
+            f.inotify
+        );
     }
     out
 }
@@ -64,6 +84,7 @@ mod tests {
                 Figures {
                     seconds: 66.2,
                     cpu: 0.42,
+                    inotify: 3,
                 },
             ),
             (
@@ -71,14 +92,28 @@ mod tests {
                 Figures {
                     seconds: 459.4,
                     cpu: 0.36,
+                    inotify: 51,
                 },
             ),
         ];
         let text = render(&rows);
-        assert!(text.starts_with("459.4\t36%\tsync (tests/sync/main.rs)\n"));
-        let read = parse(&format!("{text}not a line\n12\tx%\tbroken\n"));
+        assert!(text.starts_with("459.4\t36%\t51\tsync (tests/sync/main.rs)\n"));
+        let read = parse(&format!(
+            "{text}not a line\n12\tx%\tbroken\n1\t2%\tmany\tbad count\n"
+        ));
         assert_eq!(read.len(), 2);
         assert_eq!(read["lifecycle (tests/lifecycle.rs)"].seconds, 66.2);
+        assert_eq!(read["lifecycle (tests/lifecycle.rs)"].inotify, 3);
         assert!((read["sync (tests/sync/main.rs)"].cpu - 0.36).abs() < 1e-9);
+        // A line of the older three columns is read with the count a real node needs.
+        let old = parse("24.1\t17%\tfoundation (tests/foundation.rs)\n");
+        assert_eq!(
+            old["foundation (tests/foundation.rs)"],
+            Figures {
+                seconds: 24.1,
+                cpu: 0.17,
+                inotify: UNKNOWN_INOTIFY
+            }
+        );
     }
 }

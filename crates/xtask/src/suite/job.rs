@@ -8,6 +8,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Instant;
 
+use super::inotify;
+
 /// A test binary to run.
 #[derive(Clone, Debug)]
 pub struct Job {
@@ -42,6 +44,8 @@ pub struct Finished {
     pub seconds: f64,
     /// User and system CPU seconds of the processes it waited for, its own included.
     pub cpu_seconds: f64,
+    /// The most inotify instances its processes held at once.
+    pub inotify: u32,
     /// Exited 0.
     pub ok: bool,
     /// How it ended when not `ok`: the exit code, the signal, or why it could not start.
@@ -55,15 +59,16 @@ pub struct Finished {
 /// Run `job` with its output in `log`, and wait for it.
 pub fn run(job: &Job, log: &Path) -> Finished {
     let started = Instant::now();
-    let (ok, ended, cpu_seconds) = match spawn_and_wait(job, log) {
-        Ok((status, cpu)) => (status == Ok(0), describe(status), cpu),
-        Err(e) => (false, format!("could not run: {e}"), 0.0),
+    let (ok, ended, cpu_seconds, inotify) = match spawn_and_wait(job, log) {
+        Ok((status, cpu, inotify)) => (status == Ok(0), describe(status), cpu, inotify),
+        Err(e) => (false, format!("could not run: {e}"), 0.0, 0),
     };
     let text = std::fs::read_to_string(log).unwrap_or_default();
     Finished {
         label: job.label.clone(),
         seconds: started.elapsed().as_secs_f64(),
         cpu_seconds,
+        inotify,
         ok,
         ended,
         counts: counts(&text),
@@ -79,9 +84,9 @@ fn describe(status: Result<i32, i32>) -> String {
     }
 }
 
-/// Start the job and wait for it: its exit code (`Err` holds the signal that ended it) and its
-/// processes' CPU seconds.
-fn spawn_and_wait(job: &Job, log: &Path) -> std::io::Result<(Result<i32, i32>, f64)> {
+/// Start the job and wait for it: its exit code (`Err` holds the signal that ended it), its
+/// processes' CPU seconds and the most inotify instances they held at once.
+fn spawn_and_wait(job: &Job, log: &Path) -> std::io::Result<(Result<i32, i32>, f64, u32)> {
     let out = File::create(log)?;
     let err = out.try_clone()?;
     let child = Command::new(&job.program)
@@ -91,13 +96,15 @@ fn spawn_and_wait(job: &Job, log: &Path) -> std::io::Result<(Result<i32, i32>, f
         .stdout(out)
         .stderr(err)
         .spawn()?;
-    wait_with_usage(child.id())
+    let pid = libc::pid_t::try_from(child.id()).map_err(std::io::Error::other)?;
+    let peak = inotify::Peak::watch(pid);
+    let (status, cpu) = wait_with_usage(pid)?;
+    Ok((status, cpu, peak.most()))
 }
 
 /// `wait4` rather than `Child::wait`: std does not give the child's resource usage, and the CPU
 /// time of everything the job waited for is what tells which jobs fit beside each other.
-fn wait_with_usage(pid: u32) -> std::io::Result<(Result<i32, i32>, f64)> {
-    let pid = libc::pid_t::try_from(pid).map_err(std::io::Error::other)?;
+fn wait_with_usage(pid: libc::pid_t) -> std::io::Result<(Result<i32, i32>, f64)> {
     let mut status: libc::c_int = 0;
     // SAFETY: an all-zero `rusage` is a valid value of the plain C struct.
     let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
