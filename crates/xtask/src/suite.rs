@@ -104,12 +104,14 @@ pub fn pick(pending: &[Figures], running: &[Figures], limits: Limits) -> Option<
 /// The arguments of `xtask suite`.
 struct Args {
     limits: Limits,
+    /// Raise the inotify limit per user to this first, when it is lower.
+    inotify_limit: Option<u32>,
     isolate: Option<PathBuf>,
     cargo_args: Vec<String>,
     test_args: Vec<String>,
 }
 
-const USAGE: &str = "usage: xtask suite [--jobs N] [--cpu PERCENT] [--isolate SCRIPT] \
+const USAGE: &str = "usage: xtask suite [--jobs N] [--cpu PERCENT] [--inotify-limit N] [--isolate SCRIPT] \
     [-- CARGO_TEST_ARGS… [-- TEST_BINARY_ARGS…]]";
 
 /// Arguments `xtask suite` cannot take.
@@ -118,6 +120,7 @@ enum ArgsError {
     MissingValue(String),
     Jobs(String),
     Cpu(String),
+    InotifyLimit(String),
     Unknown(String),
 }
 
@@ -128,6 +131,12 @@ impl std::fmt::Display for ArgsError {
             ArgsError::Jobs(v) => write!(f, "--jobs {v:?}: give a whole number above 0"),
             ArgsError::Cpu(v) => {
                 write!(f, "--cpu {v:?}: give a percentage above 0, for example 100")
+            }
+            ArgsError::InotifyLimit(v) => {
+                write!(
+                    f,
+                    "--inotify-limit {v:?}: give a whole number, for example 512"
+                )
             }
             ArgsError::Unknown(a) => write!(f, "unknown argument {a:?}"),
         }
@@ -141,6 +150,7 @@ fn parse_args(args: &[String]) -> Result<Args, ArgsError> {
             cpu: 1.0,
             inotify: u32::MAX,
         },
+        inotify_limit: None,
         isolate: None,
         cargo_args: Vec::new(),
         test_args: Vec::new(),
@@ -165,6 +175,10 @@ fn parse_args(args: &[String]) -> Result<Args, ArgsError> {
                     .filter(|p| *p > 0.0)
                     .ok_or(ArgsError::Cpu(v))?;
                 parsed.limits.cpu = percent / 100.0;
+            }
+            "--inotify-limit" => {
+                let v = value()?;
+                parsed.inotify_limit = Some(v.parse().map_err(|_| ArgsError::InotifyLimit(v))?);
             }
             "--isolate" => parsed.isolate = Some(PathBuf::from(value()?)),
             "--" => {
@@ -226,6 +240,19 @@ pub fn main(args: &[String]) -> ExitCode {
         return ExitCode::FAILURE;
     }
     let mut limits = args.limits;
+    if let Some(wanted) = args.inotify_limit {
+        match inotify::raise_limit(wanted) {
+            Ok(None) => {}
+            Ok(Some(was)) => println!(
+                "inotify: raised fs.inotify.max_user_instances from {was} to {wanted}, so binaries \
+                 with real nodes fit side by side (it stays so; the kernel's default is 128)"
+            ),
+            Err(e) => println!(
+                "inotify: could not raise fs.inotify.max_user_instances to {wanted} ({e}); binaries \
+                 wait for the instances they need, and the run takes longer"
+            ),
+        }
+    }
     let limit = inotify::limit(128);
     let free = inotify::free(limit);
     limits.inotify = limits.inotify.min(free.saturating_sub(INOTIFY_SPARE));
@@ -644,6 +671,8 @@ mod tests {
             "4",
             "--cpu",
             "120",
+            "--inotify-limit",
+            "512",
             "--isolate",
             "testenv/isolated.sh",
             "--",
@@ -654,6 +683,11 @@ mod tests {
         .expect("good arguments");
         assert_eq!(parsed.limits.jobs, 4);
         assert_eq!(parsed.limits.cpu, 1.2);
+        assert_eq!(parsed.inotify_limit, Some(512));
+        assert_eq!(
+            parse_args(&args(&["--inotify-limit", "many"])).err(),
+            Some(ArgsError::InotifyLimit("many".into()))
+        );
         assert_eq!(parsed.isolate, Some(PathBuf::from("testenv/isolated.sh")));
         assert_eq!(parsed.cargo_args, ["--workspace"]);
         assert_eq!(parsed.test_args, ["--test-threads=4"]);

@@ -1,9 +1,10 @@
 //! inotify instances, the other thing test binaries share besides the CPUs. The limit
-//! (`fs.inotify.max_user_instances`, 128 by default) is per user across the machine, and a real
-//! node with its tenants' API servers holds about a third of it: three binaries with real nodes
-//! side by side run out, and the third's node refuses to start. So the suite measures what each
-//! binary held at most, keeps it with its times, and starts a binary only while the peaks of those
-//! running and its own fit in what was free when the run began.
+//! (`fs.inotify.max_user_instances`, 128 by default) is per user across the machine, and a binary
+//! with a real node and its tenants' API servers holds 40 to 100 at its peak: three side by side
+//! run out, and the third's node refuses to start. So `make test` raises the limit first
+//! ([`raise_limit`]), and the suite measures what each binary held at most, keeps it with its
+//! times, and starts a binary only while the peaks of those running and its own fit in what was
+//! free when the run began (on a machine where the limit cannot be raised, binaries wait).
 //!
 //! Counted from `/proc` (the descriptors that are `anon_inode:inotify` in the job's process tree)
 //! rather than by a cgroup or a user namespace: the kernel keeps no per-process-tree count, and
@@ -37,10 +38,25 @@ pub fn free(most: u32) -> u32 {
 
 /// The machine's limit per user, or `fallback` when it cannot be read.
 pub fn limit(fallback: u32) -> u32 {
-    std::fs::read_to_string("/proc/sys/fs/inotify/max_user_instances")
+    std::fs::read_to_string(LIMIT_FILE)
         .ok()
         .and_then(|s| s.trim().parse().ok())
         .unwrap_or(fallback)
+}
+
+/// Where the kernel keeps the limit of inotify instances per user.
+const LIMIT_FILE: &str = "/proc/sys/fs/inotify/max_user_instances";
+
+/// Raise the limit per user to `wanted` when it is lower: what this did, or why it could not
+/// (not root, `/proc/sys` read-only in a container). Never lowered, and not set back at the end:
+/// a dev cluster started meanwhile may need the room.
+pub fn raise_limit(wanted: u32) -> Result<Option<u32>, std::io::Error> {
+    let now = limit(0);
+    if now >= wanted {
+        return Ok(None);
+    }
+    std::fs::write(LIMIT_FILE, format!("{wanted}\n"))?;
+    Ok(Some(now))
 }
 
 /// Each process's parent, from `/proc/*/stat`.
