@@ -36,7 +36,20 @@ pub async fn run(
 ) {
     use futures::FutureExt;
     let shutdown = shutdown.shared();
-    // Snapshot stores and snapshots: controllers of their own beside the tenants'.
+    let tenants: Api<TenantCluster> = match &options.namespace {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    };
+    let (caches, triggers) = cache::watch(&client, options.namespace.as_deref());
+    // Syncers ask for a reconcile when their verdict changes.
+    let (sync_tx, sync_rx) = futures::channel::mpsc::unbounded();
+    // The tenants' own watch backs off on its own errors, like every cache's (see
+    // `cache::TriggerPause`).
+    let (store, tenant_trigger) = cache::tenants(tenants);
+    let controller = Controller::for_stream(tenant_trigger, store.clone())
+        .trigger_backoff(cache::TriggerPause(TRIGGER_PAUSE));
+    // Snapshot stores, snapshots and their schedules: controllers of their own beside the
+    // tenants'.
     let snapshot_controllers = [
         tokio::spawn(crate::snapshot::stores::run(
             client.clone(),
@@ -51,63 +64,16 @@ pub async fn run(
             options.namespace.clone(),
             shutdown.clone(),
         )),
+        tokio::spawn(crate::snapshot::schedule::run(
+            client.clone(),
+            store.clone(),
+            shutdown.clone(),
+        )),
     ];
-    let tenants: Api<TenantCluster> = match &options.namespace {
-        Some(ns) => Api::namespaced(client.clone(), ns),
-        None => Api::all(client.clone()),
-    };
-    let (caches, triggers) = cache::watch(&client, options.namespace.as_deref());
-    // Syncers ask for a reconcile when their verdict changes.
-    let (sync_tx, sync_rx) = futures::channel::mpsc::unbounded();
-    // The tenants' own watch backs off on its own errors, like every cache's (see
-    // `cache::TriggerPause`).
-    let (store, tenant_trigger) = cache::tenants(tenants);
-    let controller = Controller::for_stream(tenant_trigger, store.clone())
-        .trigger_backoff(cache::TriggerPause(TRIGGER_PAUSE));
-    let store_for_namespaces = store.clone();
-    let schedules = tokio::spawn(crate::snapshot::schedule::run(
-        client.clone(),
-        store.clone(),
-        shutdown.clone(),
-    ));
-    // A policy change reconciles every tenant that references it.
-    let tenants_using = |store: Store<TenantCluster>, uses: fn(&TenantCluster, &str) -> bool| {
-        move |name: String| {
-            store
-                .state()
-                .into_iter()
-                .filter(|tc| uses(tc, &name))
-                .map(|tc| ObjectRef::from_obj(&*tc))
-                .collect::<Vec<_>>()
-        }
-    };
-    let by_profile = tenants_using(store.clone(), |tc, n| {
-        tc.spec.isolation_profile_ref.name == n
-    });
-    let by_policy = tenants_using(store.clone(), |tc, n| tc.spec.sync_policy_ref.name == n);
-    let profile_mapper = move |profile: IsolationProfile| by_profile(profile.name_any());
-    let sync_mapper = move |policy: SyncPolicy| by_policy(policy.name_any());
-    // A control-plane pod belongs to the StatefulSet; its tenant is in its label.
-    let pod_mapper = |pod: Pod| {
-        let tenant = pod.labels().get(names::LABEL_TENANT).cloned();
-        let ns = pod.namespace();
-        tenant.zip(ns).map(|(t, ns)| ObjectRef::new(&t).within(&ns))
-    };
     let telemetry = options.telemetry.clone();
     telemetry.metrics.count_phases_with({
         let store = store.clone();
-        move || {
-            let mut counts = BTreeMap::new();
-            for tc in store.state() {
-                let phase = tc
-                    .status
-                    .as_ref()
-                    .and_then(|s| s.phase)
-                    .unwrap_or(tenantplane_api::Phase::Pending);
-                *counts.entry(phase.to_string()).or_insert(0) += 1;
-            }
-            counts
-        }
+        move || phase_counts(&store)
     });
     tokio::spawn({
         let caches = caches.clone();
@@ -117,6 +83,8 @@ pub async fn run(
             readiness.set_caches_ready(true);
         }
     });
+    let syncers = Syncers::new(client.clone(), sync_tx, telemetry.metrics.clone())
+        .with_retries(options.sync_retries);
     let context = Arc::new(Context {
         recorder: Recorder::new(
             client.clone(),
@@ -125,43 +93,17 @@ pub async fn run(
                 instance: std::env::var("POD_NAME").ok(),
             },
         ),
-        syncers: Syncers::new(client.clone(), sync_tx, telemetry.metrics.clone())
-            .with_retries(options.sync_retries),
-        client: client.clone(),
+        syncers: syncers.clone(),
+        client,
         options,
         caches,
-        tenants: store.clone(),
+        tenants: store,
         service_ranges: Default::default(),
         failures: Default::default(),
         status_writes: Default::default(),
         features: Default::default(),
     });
-    let syncers = context.syncers.clone();
-    controller
-        .owns_stream(triggers.statefulsets)
-        .owns_stream(triggers.services)
-        .owns_stream(triggers.secrets)
-        .owns_stream(triggers.config_maps)
-        .owns_stream(triggers.network_policies)
-        .owns_stream(triggers.quotas)
-        .owns_stream(triggers.limit_ranges)
-        .owns_stream(triggers.endpoint_slices)
-        .watches_stream(triggers.pods, pod_mapper)
-        .watches_stream(triggers.profiles, profile_mapper)
-        .watches_stream(triggers.sync_policies, sync_mapper)
-        // Namespace changes (our labels removed by hand) reconcile every tenant in it.
-        .watches_stream(triggers.namespaces, {
-            let store = store_for_namespaces;
-            move |ns: Namespace| {
-                let name = ns.name_any();
-                store
-                    .state()
-                    .into_iter()
-                    .filter(|tc| tc.namespace().as_deref() == Some(name.as_str()))
-                    .map(|tc| ObjectRef::from_obj(&*tc))
-                    .collect::<Vec<_>>()
-            }
-        })
+    watch_what_it_owns(controller, triggers, &context.tenants)
         .reconcile_on(sync_rx)
         .graceful_shutdown_on(shutdown)
         .run(reconcile, error_policy, context)
@@ -176,5 +118,85 @@ pub async fn run(
     for controller in snapshot_controllers {
         let _ = controller.await;
     }
-    let _ = schedules.await;
+}
+
+/// The tenants' controller, woken by changes to the objects they own and to what concerns them:
+/// their control-plane pods, their policies and their namespaces.
+fn watch_what_it_owns(
+    controller: Controller<TenantCluster>,
+    triggers: cache::Triggers,
+    store: &Store<TenantCluster>,
+) -> Controller<TenantCluster> {
+    // A policy change reconciles every tenant that references it.
+    let profile_mapper = {
+        let store = store.clone();
+        move |profile: IsolationProfile| {
+            tenants_where(&store, |tc| {
+                tc.spec.isolation_profile_ref.name == profile.name_any()
+            })
+        }
+    };
+    let sync_mapper = {
+        let store = store.clone();
+        move |policy: SyncPolicy| {
+            tenants_where(&store, |tc| {
+                tc.spec.sync_policy_ref.name == policy.name_any()
+            })
+        }
+    };
+    // Namespace changes (our labels removed by hand) reconcile every tenant in it.
+    let namespace_mapper = {
+        let store = store.clone();
+        move |ns: Namespace| {
+            tenants_where(&store, |tc| {
+                tc.namespace().as_deref() == Some(ns.name_any().as_str())
+            })
+        }
+    };
+    // A control-plane pod belongs to the StatefulSet; its tenant is in its label.
+    let pod_mapper = |pod: Pod| {
+        let tenant = pod.labels().get(names::LABEL_TENANT).cloned();
+        let ns = pod.namespace();
+        tenant.zip(ns).map(|(t, ns)| ObjectRef::new(&t).within(&ns))
+    };
+    controller
+        .owns_stream(triggers.statefulsets)
+        .owns_stream(triggers.services)
+        .owns_stream(triggers.secrets)
+        .owns_stream(triggers.config_maps)
+        .owns_stream(triggers.network_policies)
+        .owns_stream(triggers.quotas)
+        .owns_stream(triggers.limit_ranges)
+        .owns_stream(triggers.endpoint_slices)
+        .watches_stream(triggers.pods, pod_mapper)
+        .watches_stream(triggers.profiles, profile_mapper)
+        .watches_stream(triggers.sync_policies, sync_mapper)
+        .watches_stream(triggers.namespaces, namespace_mapper)
+}
+
+/// The tenants in `store` that `concerns` picks, to reconcile.
+fn tenants_where(
+    store: &Store<TenantCluster>,
+    concerns: impl Fn(&TenantCluster) -> bool,
+) -> Vec<ObjectRef<TenantCluster>> {
+    store
+        .state()
+        .into_iter()
+        .filter(|tc| concerns(tc))
+        .map(|tc| ObjectRef::from_obj(&*tc))
+        .collect()
+}
+
+/// How many tenants are in each phase (one without a status yet is Pending), for the metrics.
+fn phase_counts(store: &Store<TenantCluster>) -> BTreeMap<String, i64> {
+    let mut counts = BTreeMap::new();
+    for tc in store.state() {
+        let phase = tc
+            .status
+            .as_ref()
+            .and_then(|s| s.phase)
+            .unwrap_or(tenantplane_api::Phase::Pending);
+        *counts.entry(phase.to_string()).or_insert(0) += 1;
+    }
+    counts
 }

@@ -6,6 +6,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::StreamExt;
+use futures::channel::mpsc::UnboundedReceiver;
+use futures::future::BoxFuture;
 use kube::Client;
 use kube::core::Selector;
 use kube::runtime::events::{self, Recorder};
@@ -197,12 +199,6 @@ async fn run(
     stop: watch::Receiver<bool>,
     retries: crate::Retries,
 ) -> std::result::Result<(), EngineError> {
-    let stopped = || {
-        let mut stop = stop.clone();
-        async move {
-            let _ = stop.wait_for(|s| *s).await;
-        }
-    };
     // Failures of an earlier run name objects that may be gone; this run finds them again.
     reporter.health.send_modify(|h| h.errors.clear());
     let policy = spec.policy.clone();
@@ -214,7 +210,7 @@ async fn run(
     };
     crate::identity::ensure(&host, &tenant_ref, &spec.host_namespace).await?;
     let queue = WorkQueue::new();
-    let (relists, mut relisted) = futures::channel::mpsc::unbounded();
+    let (relists, relisted) = futures::channel::mpsc::unbounded();
     let mut setup = Setup {
         policy: &policy,
         tenant: tenant.clone(),
@@ -284,88 +280,101 @@ async fn run(
     });
     // Unsubscribed from the host watches when the engine stops.
     let _subscriptions = subscriptions;
-
     let watches = futures::future::join_all(watch_tasks);
-    let start = {
-        let engine = engine.clone();
-        async move {
-            tokio::select! {
-                _ = futures::future::join_all(ready) => {}
-                () = stopped() => return,
-            }
-            engine.cx.reporter.health.send_modify(|h| {
-                h.ready = true;
-                h.crashed = None;
-            });
-            (engine.cx.reporter.notify)();
-            // Copies the shared host watches listed before this syncer started are looked at too.
-            engine.enqueue_everything();
-            let workers = (0..WORKERS).map(|_| {
-                let engine = engine.clone();
-                async move {
-                    while let Some((key, since)) = engine.cx.queue.next_timed().await {
-                        engine.work(&key, since).await;
-                        engine.cx.queue.done(&key);
-                    }
-                }
-            });
-            let resync = async {
-                let mut every = tokio::time::interval(RESYNC);
-                every.tick().await;
-                // Failures of the add-ons in a row: a failed pass (the tenant API server
-                // restarting, say) is tried again after a back-off, not at the next resync, so
-                // `Synced` says False no longer than the failure lasts.
-                let mut addon_failures = u32::from(!engine.cx.ensure_addons().await);
-                loop {
-                    let failures = addon_failures;
-                    let retry = async move {
-                        if failures == 0 {
-                            std::future::pending::<()>().await;
-                        }
-                        let wait = crate::backoff::delay(failures, ADDON_RETRY, RESYNC);
-                        tokio::time::sleep(wait).await;
-                    };
-                    let addons_due = tokio::select! {
-                        _ = every.tick() => {
-                            engine.enqueue_everything();
-                            true
-                        }
-                        () = retry => true,
-                        Some(kind) = relisted.next() => {
-                            if let Some(entry) = engine.entries.get(kind) {
-                                for key in (entry.everything)(&engine.cx) {
-                                    engine.cx.queue.add(key);
-                                }
-                            }
-                            false
-                        }
-                    };
-                    if addons_due {
-                        let ok = engine.cx.ensure_addons().await;
-                        addon_failures = if ok {
-                            0
-                        } else {
-                            addon_failures.saturating_add(1)
-                        };
-                    }
-                }
-            };
-            // Asked to stop: hand out no more keys; each worker finishes the key it holds.
-            let resync_until_stopped = async {
-                tokio::select! {
-                    () = resync => {}
-                    () = stopped() => engine.cx.queue.close(),
-                }
-            };
-            futures::join!(futures::future::join_all(workers), resync_until_stopped);
-        }
-    };
     // The watches run until the engine is dropped; the workers until it is asked to stop.
     tokio::select! {
         _ = watches => {}
-        () = start => {}
+        () = serve(engine, ready, relisted, stop) => {}
     }
     Ok(())
+}
+
+/// Once every watch has listed: the engine is ready, its workers take keys from the queue and
+/// the resync runs, until `stop` says so.
+async fn serve(
+    engine: Arc<Engine>,
+    ready: Vec<BoxFuture<'static, ()>>,
+    mut relisted: UnboundedReceiver<&'static str>,
+    stop: watch::Receiver<bool>,
+) {
+    let stopped = || {
+        let mut stop = stop.clone();
+        async move {
+            let _ = stop.wait_for(|s| *s).await;
+        }
+    };
+    tokio::select! {
+        _ = futures::future::join_all(ready) => {}
+        () = stopped() => return,
+    }
+    engine.cx.reporter.health.send_modify(|h| {
+        h.ready = true;
+        h.crashed = None;
+    });
+    (engine.cx.reporter.notify)();
+    // Copies the shared host watches listed before this syncer started are looked at too.
+    engine.enqueue_everything();
+    let workers = (0..WORKERS).map(|_| {
+        let engine = engine.clone();
+        async move {
+            while let Some((key, since)) = engine.cx.queue.next_timed().await {
+                engine.work(&key, since).await;
+                engine.cx.queue.done(&key);
+            }
+        }
+    });
+    // Asked to stop: hand out no more keys; each worker finishes the key it holds.
+    let resync_until_stopped = async {
+        tokio::select! {
+            () = resync(&engine, &mut relisted) => {}
+            () = stopped() => engine.cx.queue.close(),
+        }
+    };
+    futures::join!(futures::future::join_all(workers), resync_until_stopped);
+}
+
+/// Every object again each `RESYNC`, a kind's when its shared host watch listed again, and the
+/// add-ons after each resync (and after a back-off while they fail). Runs until dropped.
+async fn resync(engine: &Engine, relisted: &mut UnboundedReceiver<&'static str>) {
+    let mut every = tokio::time::interval(RESYNC);
+    every.tick().await;
+    // Failures of the add-ons in a row: a failed pass (the tenant API server restarting, say)
+    // is tried again after a back-off, not at the next resync, so `Synced` says False no
+    // longer than the failure lasts.
+    let mut addon_failures = u32::from(!engine.cx.ensure_addons().await);
+    loop {
+        let failures = addon_failures;
+        let retry = async move {
+            if failures == 0 {
+                std::future::pending::<()>().await;
+            }
+            let wait = crate::backoff::delay(failures, ADDON_RETRY, RESYNC);
+            tokio::time::sleep(wait).await;
+        };
+        let addons_due = tokio::select! {
+            _ = every.tick() => {
+                engine.enqueue_everything();
+                true
+            }
+            () = retry => true,
+            Some(kind) = relisted.next() => {
+                if let Some(entry) = engine.entries.get(kind) {
+                    for key in (entry.everything)(&engine.cx) {
+                        engine.cx.queue.add(key);
+                    }
+                }
+                false
+            }
+        };
+        if addons_due {
+            let ok = engine.cx.ensure_addons().await;
+            addon_failures = if ok {
+                0
+            } else {
+                addon_failures.saturating_add(1)
+            };
+        }
+    }
 }
 
 #[cfg(test)]

@@ -142,57 +142,8 @@ pub(crate) async fn apply(
     let client = &ctx.client;
     let caches = &ctx.caches;
     let options = &ctx.options.build;
-    let services: Api<Service> = Api::namespaced(client.clone(), &ns);
-    let service_name = names::service(&tenant);
-    let live_service = crate::cache::get(&caches.services, Some(&ns), &service_name);
-    let cluster_ip = live_service
-        .as_ref()
-        .and_then(|s| s.spec.as_ref()?.cluster_ip.clone());
-    if cluster_ip.as_deref() == Some("None") {
-        // A headless Service (as early versions made) cannot take a cluster IP: replace it.
-        apply::ensure_absent(&services, &caches.services, &ns, &service_name).await?;
-        let detail =
-            format!("replacing the headless Service {service_name} with one that has a cluster IP");
-        return stop(waiting(detail));
-    }
-    // Asleep with a wake door, the Service leads to the door's EndpointSlice, not the pod.
-    let service = match running {
-        Running::Asleep if ctx.options.wake.is_some() => {
-            build::services::desired_sleeping_service(tc)?
-        }
-        _ => build::services::desired_service(tc)?,
-    };
-    apply::ensure(&services, &caches.services, &service).await?;
-    apply::ensure(
-        &services,
-        &caches.services,
-        &build::services::desired_headless_service(tc)?,
-    )
-    .await?;
-    let Some(api_ip) = cluster_ip.filter(|ip| !ip.is_empty()) else {
-        // The Service's watch brings the tenant back once the address is allocated.
-        let detail = format!("waiting for Service {service_name} to get its cluster IP");
-        return stop(waiting(detail));
-    };
-
-    // The range the tenant allocates from is the host's; a disagreement builds nothing more. A
-    // running syncer is left alone: it never forces an address outside its range on a tenant
-    // Service, and stopping it would take the tenant's workloads off the host.
-    let flag = options.service_cidr.as_deref();
-    let mut chosen = service_cidr(ctx, &ns, &api_ip, flag).await;
-    if chosen.is_err() {
-        // A range added since it was remembered may hold the address: ask again, once.
-        ctx.service_ranges.forget();
-        chosen = service_cidr(ctx, &ns, &api_ip, flag).await;
-    }
-    let service_cidr = match chosen {
-        Ok(cidr) => cidr,
-        Err((reason, detail)) => return stop(Progress::ServiceRange { reason, detail }),
-    };
-    let addressing = Addressing {
-        api_ip,
-        service_cidr,
-    };
+    let api_ip = apply_services(tc, ctx, running).await?;
+    let addressing = addressing(ctx, &ns, api_ip).await?;
 
     // What the pod reads at start: its admission configuration (a new level rolls it) and, for
     // the `kubernetes` distribution, the certificates the operator issues for its components.
@@ -224,56 +175,7 @@ pub(crate) async fn apply(
         &names::statefulset(&tenant),
     );
     if let Some(live) = &live {
-        let wanted = desired.spec.as_ref().and_then(|s| s.service_name.clone());
-        let has = live.spec.as_ref().and_then(|s| s.service_name.clone());
-        if has != wanted {
-            // serviceName cannot change: delete the StatefulSet but not its pod and claim, which
-            // the new one adopts, data and all.
-            if live.meta().deletion_timestamp.is_none() {
-                // Only the object we looked at: a cache behind a recreate must not delete the new one.
-                let orphan = DeleteParams {
-                    propagation_policy: Some(PropagationPolicy::Orphan),
-                    preconditions: Some(Preconditions {
-                        uid: live.uid(),
-                        resource_version: None,
-                    }),
-                    ..Default::default()
-                };
-                match statefulsets.delete(&live.name_any(), &orphan).await {
-                    Ok(_) => {}
-                    // Gone already, or replaced: the watch brings the next step.
-                    Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => {}
-                    Err(error) => {
-                        return Err(Error::Write {
-                            object: format!(
-                                "deleting StatefulSet {ns}/{} (orphaning its pod)",
-                                live.name_any()
-                            ),
-                            error,
-                        }
-                        .into());
-                    }
-                }
-                publish(
-                    ctx,
-                    tc,
-                    EventType::Normal,
-                    "RecreatingStatefulSet",
-                    format!(
-                        "recreating StatefulSet {} with governing Service {} (was {}); its pod and data volume stay",
-                        live.name_any(),
-                        wanted.as_deref().unwrap_or_default(),
-                        has.as_deref().unwrap_or_default()
-                    ),
-                )
-                .await;
-            }
-            return stop(waiting(format!(
-                "recreating StatefulSet {} with governing Service {}",
-                live.name_any(),
-                wanted.unwrap_or_default()
-            )));
-        }
+        keep_governing_service(tc, ctx, &statefulsets, live, &desired).await?;
     }
     let outcome = apply::ensure(&statefulsets, &caches.statefulsets, &desired).await?;
     let image = build::control_plane::images(tc, options).join(", ");
@@ -294,6 +196,129 @@ pub(crate) async fn apply(
         live,
         outcome,
     })
+}
+
+/// The control plane's Services, as they should be for `running`: the tenant API's address once
+/// its Service has one.
+async fn apply_services(tc: &TenantCluster, ctx: &Context, running: Running) -> Phase<String> {
+    let (tenant, ns) = build::identity(tc)?;
+    let caches = &ctx.caches;
+    let services: Api<Service> = Api::namespaced(ctx.client.clone(), &ns);
+    let service_name = names::service(&tenant);
+    let live_service = crate::cache::get(&caches.services, Some(&ns), &service_name);
+    let cluster_ip = live_service
+        .as_ref()
+        .and_then(|s| s.spec.as_ref()?.cluster_ip.clone());
+    if cluster_ip.as_deref() == Some("None") {
+        // A headless Service (as early versions made) cannot take a cluster IP: replace it.
+        apply::ensure_absent(&services, &caches.services, &ns, &service_name).await?;
+        let detail =
+            format!("replacing the headless Service {service_name} with one that has a cluster IP");
+        return stop(waiting(detail));
+    }
+    // Asleep with a wake door, the Service leads to the door's EndpointSlice, not the pod.
+    let service = match running {
+        Running::Asleep if ctx.options.wake.is_some() => {
+            build::services::desired_sleeping_service(tc)?
+        }
+        _ => build::services::desired_service(tc)?,
+    };
+    apply::ensure(&services, &caches.services, &service).await?;
+    apply::ensure(
+        &services,
+        &caches.services,
+        &build::services::desired_headless_service(tc)?,
+    )
+    .await?;
+    let Some(api_ip) = cluster_ip.filter(|ip| !ip.is_empty()) else {
+        // The Service's watch brings the tenant back once the address is allocated.
+        let detail = format!("waiting for Service {service_name} to get its cluster IP");
+        return stop(waiting(detail));
+    };
+    Ok(api_ip)
+}
+
+/// The tenant API's address with the host's range that holds it. The range the tenant allocates
+/// from is the host's; a disagreement builds nothing more. A running syncer is left alone: it
+/// never forces an address outside its range on a tenant Service, and stopping it would take
+/// the tenant's workloads off the host.
+async fn addressing(ctx: &Context, ns: &str, api_ip: String) -> Phase<Addressing> {
+    let flag = ctx.options.build.service_cidr.as_deref();
+    let mut chosen = service_cidr(ctx, ns, &api_ip, flag).await;
+    if chosen.is_err() {
+        // A range added since it was remembered may hold the address: ask again, once.
+        ctx.service_ranges.forget();
+        chosen = service_cidr(ctx, ns, &api_ip, flag).await;
+    }
+    match chosen {
+        Ok(service_cidr) => Ok(Addressing {
+            api_ip,
+            service_cidr,
+        }),
+        Err((reason, detail)) => stop(Progress::ServiceRange { reason, detail }),
+    }
+}
+
+/// A StatefulSet's serviceName cannot change: when `desired` names another, the live one is
+/// deleted but not its pod and claim, which the new one adopts, data and all, and the phase
+/// stops until it is gone.
+async fn keep_governing_service(
+    tc: &TenantCluster,
+    ctx: &Context,
+    statefulsets: &Api<StatefulSet>,
+    live: &StatefulSet,
+    desired: &StatefulSet,
+) -> Phase<()> {
+    let wanted = desired.spec.as_ref().and_then(|s| s.service_name.clone());
+    let has = live.spec.as_ref().and_then(|s| s.service_name.clone());
+    if has == wanted {
+        return Ok(());
+    }
+    if live.meta().deletion_timestamp.is_none() {
+        // Only the object we looked at: a cache behind a recreate must not delete the new one.
+        let orphan = DeleteParams {
+            propagation_policy: Some(PropagationPolicy::Orphan),
+            preconditions: Some(Preconditions {
+                uid: live.uid(),
+                resource_version: None,
+            }),
+            ..Default::default()
+        };
+        match statefulsets.delete(&live.name_any(), &orphan).await {
+            Ok(_) => {}
+            // Gone already, or replaced: the watch brings the next step.
+            Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => {}
+            Err(error) => {
+                return Err(Error::Write {
+                    object: format!(
+                        "deleting StatefulSet {}/{} (orphaning its pod)",
+                        live.namespace().unwrap_or_default(),
+                        live.name_any()
+                    ),
+                    error,
+                }
+                .into());
+            }
+        }
+        publish(
+            ctx,
+            tc,
+            EventType::Normal,
+            "RecreatingStatefulSet",
+            format!(
+                "recreating StatefulSet {} with governing Service {} (was {}); its pod and data volume stay",
+                live.name_any(),
+                wanted.as_deref().unwrap_or_default(),
+                has.as_deref().unwrap_or_default()
+            ),
+        )
+        .await;
+    }
+    stop(waiting(format!(
+        "recreating StatefulSet {} with governing Service {}",
+        live.name_any(),
+        wanted.unwrap_or_default()
+    )))
 }
 
 /// The host's range that holds `api_ip`, checked against the operator's flag; the reason and

@@ -24,7 +24,7 @@ use kube::ResourceExt;
 use kube::api::Api;
 use kube::runtime::events::EventType;
 use tenantplane_api::{
-    Phase, RestorePhase, RestoreStatus, SnapshotPhase, TenantCluster, TenantSnapshot,
+    Phase, Restore, RestorePhase, RestoreStatus, SnapshotPhase, TenantCluster, TenantSnapshot,
 };
 
 use super::copy;
@@ -64,74 +64,12 @@ pub(crate) async fn step(tc: &mut TenantCluster, ctx: &Context) -> Step {
     let current = match status {
         Some(s) if same && s.phase != Some(RestorePhase::Restoring) => return Step::Settled,
         Some(s) if same => s,
-        previous => match verify(tc, ctx, &snapshot_ns, &request.snapshot_ref.name).await {
-            Err(why) => {
-                let message = format!(
-                    "refused before anything was touched: {why}; the tenant runs on as it was"
-                );
-                crate::phases::report::publish(
-                    ctx,
-                    tc,
-                    EventType::Warning,
-                    "RestoreRefused",
-                    message.clone(),
-                )
-                .await;
-                set(
-                    tc,
-                    RestoreStatus {
-                        snapshot: snapshot_key,
-                        requested_at: request.requested_at.clone(),
-                        phase: Some(RestorePhase::Failed),
-                        // The pod keeps the restore it carries.
-                        id: previous.and_then(|p| p.id),
-                        completion_time: Some(now()),
-                        message: Some(message),
-                        ..Default::default()
-                    },
-                );
+        previous => {
+            let Some(begun) = begin(tc, ctx, &request, &snapshot_ns, previous).await else {
                 return Step::Settled;
-            }
-            Ok(checked) => {
-                let in_place = tc.status.as_ref().is_some_and(|s| {
-                    matches!(
-                        s.phase,
-                        Some(Phase::Ready | Phase::Degraded | Phase::Sleeping)
-                    ) || s.endpoint.is_some()
-                });
-                let message = format!(
-                    "snapshot {snapshot_key} ({} bytes, {}) checked; {}",
-                    checked.size,
-                    checked.checksum,
-                    if in_place {
-                        "stopping the syncer and the control plane to put it in place"
-                    } else {
-                        "the control plane starts with it in place"
-                    }
-                );
-                crate::phases::report::publish(
-                    ctx,
-                    tc,
-                    EventType::Normal,
-                    "Restoring",
-                    message.clone(),
-                )
-                .await;
-                let status = RestoreStatus {
-                    snapshot: snapshot_key,
-                    requested_at: request.requested_at.clone(),
-                    phase: Some(RestorePhase::Restoring),
-                    id: Some(restore_id(&checked.uid, request.requested_at.as_deref())),
-                    checksum: Some(checked.checksum),
-                    start_time: Some(now()),
-                    completion_time: None,
-                    message: Some(message),
-                    in_place,
-                };
-                set(tc, status.clone());
-                status
-            }
-        },
+            };
+            begun
+        }
     };
     let (tenant, _) = match crate::build::identity(tc) {
         Ok(x) => x,
@@ -140,99 +78,178 @@ pub(crate) async fn step(tc: &mut TenantCluster, ctx: &Context) -> Step {
     // Nothing syncs while the datastore is replaced: the syncer started afterwards begins
     // from the restored state.
     ctx.syncers.stop(&ns, &tenant);
-    let key = tenant_key(tc);
-    // Where it is, in status.restore too (`restore --wait` prints each change).
-    let under_way = |tc: &mut TenantCluster, detail: String| {
-        set(
-            tc,
-            RestoreStatus {
-                message: Some(detail.clone()),
-                ..current.clone()
-            },
-        );
-        Step::Restoring(detail)
-    };
-    let all = ctx.state::<Transfers>();
-    let done = {
-        let mut transfers = all.lock();
-        match transfers.get(&key) {
-            Some(Transfer::Running) => {
-                drop(transfers);
-                let detail = format!(
-                    "sending snapshot {} to the control-plane pod",
-                    current.snapshot
-                );
-                return under_way(tc, detail);
-            }
-            Some(Transfer::Done(_)) => match transfers.remove(&key) {
-                Some(Transfer::Done(result)) => Some(result),
-                _ => None,
-            },
-            None => None,
-        }
-    };
-    let id = current.id.clone().unwrap_or_default();
-    let outcome = match done {
-        Some(result) => result,
-        None => match where_is(tc, ctx, &id).await {
-            Where::NotYet(detail) => return under_way(tc, detail),
-            Where::Waiting { address, pki } => {
-                start_transfer(tc, ctx, &current, address, pki);
-                let detail = format!(
-                    "sending snapshot {} to the control-plane pod",
-                    current.snapshot
-                );
-                return under_way(tc, detail);
-            }
-            Where::Finished(result) => result,
-        },
-    };
-    let finished = match outcome {
-        Outcome::Restored(detail) => {
-            let message = format!("restored snapshot {}: {detail}", current.snapshot);
-            crate::phases::report::publish(ctx, tc, EventType::Normal, "Restored", message.clone())
-                .await;
-            RestoreStatus {
-                phase: Some(RestorePhase::Completed),
-                completion_time: Some(now()),
-                message: Some(message),
-                ..current
-            }
-        }
-        Outcome::Abandoned(why) => {
-            let message = if current.in_place {
-                format!(
-                    "restoring snapshot {} failed: {why}; the tenant went on with the data it had",
-                    current.snapshot
-                )
-            } else {
-                format!(
-                    "restoring snapshot {} failed: {why}; the control plane waits: point spec.restore at another snapshot, or delete this TenantCluster",
-                    current.snapshot
-                )
-            };
-            crate::phases::report::publish(
-                ctx,
+    let outcome = match progress(tc, ctx, &current).await {
+        Progress::Ended(outcome) => outcome,
+        Progress::UnderWay(detail) => {
+            // Where it is, in status.restore too (`restore --wait` prints each change).
+            set(
                 tc,
-                EventType::Warning,
-                "RestoreFailed",
-                message.clone(),
-            )
-            .await;
-            RestoreStatus {
-                phase: Some(RestorePhase::Failed),
-                completion_time: Some(now()),
-                message: Some(message),
-                ..current
-            }
+                RestoreStatus {
+                    message: Some(detail.clone()),
+                    ..current
+                },
+            );
+            return Step::Restoring(detail);
         }
     };
+    let (finished, event, reason) = finished(current, outcome);
+    if let Some(message) = finished.message.clone() {
+        crate::phases::report::publish(ctx, tc, event, reason, message).await;
+    }
     let waits = !finished.in_place && finished.phase == Some(RestorePhase::Failed);
     set(tc, finished);
     if waits {
         return Step::Restoring("the restore failed (see status.restore)".into());
     }
     Step::Settled
+}
+
+/// A new restore: the snapshot checked, and the restore's status (Restoring) set and told; or
+/// `None` when the check refused it (Failed, set and told, the tenant untouched).
+async fn begin(
+    tc: &mut TenantCluster,
+    ctx: &Context,
+    request: &Restore,
+    snapshot_ns: &str,
+    previous: Option<RestoreStatus>,
+) -> Option<RestoreStatus> {
+    let snapshot_key = format!("{snapshot_ns}/{}", request.snapshot_ref.name);
+    let checked = match verify(tc, ctx, snapshot_ns, &request.snapshot_ref.name).await {
+        Ok(checked) => checked,
+        Err(why) => {
+            let message =
+                format!("refused before anything was touched: {why}; the tenant runs on as it was");
+            crate::phases::report::publish(
+                ctx,
+                tc,
+                EventType::Warning,
+                "RestoreRefused",
+                message.clone(),
+            )
+            .await;
+            set(
+                tc,
+                RestoreStatus {
+                    snapshot: snapshot_key,
+                    requested_at: request.requested_at.clone(),
+                    phase: Some(RestorePhase::Failed),
+                    // The pod keeps the restore it carries.
+                    id: previous.and_then(|p| p.id),
+                    completion_time: Some(now()),
+                    message: Some(message),
+                    ..Default::default()
+                },
+            );
+            return None;
+        }
+    };
+    let in_place = tc.status.as_ref().is_some_and(|s| {
+        matches!(
+            s.phase,
+            Some(Phase::Ready | Phase::Degraded | Phase::Sleeping)
+        ) || s.endpoint.is_some()
+    });
+    let message = format!(
+        "snapshot {snapshot_key} ({} bytes, {}) checked; {}",
+        checked.size,
+        checked.checksum,
+        if in_place {
+            "stopping the syncer and the control plane to put it in place"
+        } else {
+            "the control plane starts with it in place"
+        }
+    );
+    crate::phases::report::publish(ctx, tc, EventType::Normal, "Restoring", message.clone()).await;
+    let status = RestoreStatus {
+        snapshot: snapshot_key,
+        requested_at: request.requested_at.clone(),
+        phase: Some(RestorePhase::Restoring),
+        id: Some(restore_id(&checked.uid, request.requested_at.as_deref())),
+        checksum: Some(checked.checksum),
+        start_time: Some(now()),
+        completion_time: None,
+        message: Some(message),
+        in_place,
+    };
+    set(tc, status.clone());
+    Some(status)
+}
+
+/// Where a restore under way is.
+enum Progress {
+    /// It ended so.
+    Ended(Outcome),
+    /// It goes on: where it is, as the status says it.
+    UnderWay(String),
+}
+
+/// Where the restore under way is: the transfer task's result when it has one, else what the
+/// pod's agent says, starting the transfer when the pod waits for it.
+async fn progress(tc: &TenantCluster, ctx: &Context, current: &RestoreStatus) -> Progress {
+    let key = tenant_key(tc);
+    let sending = || {
+        format!(
+            "sending snapshot {} to the control-plane pod",
+            current.snapshot
+        )
+    };
+    let all = ctx.state::<Transfers>();
+    {
+        let mut transfers = all.lock();
+        match transfers.get(&key) {
+            Some(Transfer::Running) => return Progress::UnderWay(sending()),
+            Some(Transfer::Done(_)) => {
+                if let Some(Transfer::Done(result)) = transfers.remove(&key) {
+                    return Progress::Ended(result);
+                }
+            }
+            None => {}
+        }
+    }
+    let id = current.id.clone().unwrap_or_default();
+    match where_is(tc, ctx, &id).await {
+        Where::NotYet(detail) => Progress::UnderWay(detail),
+        Where::Waiting { address, pki } => {
+            start_transfer(tc, ctx, current, address, pki);
+            Progress::UnderWay(sending())
+        }
+        Where::Finished(result) => Progress::Ended(result),
+    }
+}
+
+/// The restore's last status for how it ended, with the event that tells it.
+fn finished(current: RestoreStatus, outcome: Outcome) -> (RestoreStatus, EventType, &'static str) {
+    let (phase, message, event, reason) = match outcome {
+        Outcome::Restored(detail) => (
+            RestorePhase::Completed,
+            format!("restored snapshot {}: {detail}", current.snapshot),
+            EventType::Normal,
+            "Restored",
+        ),
+        Outcome::Abandoned(why) => {
+            let then = if current.in_place {
+                "the tenant went on with the data it had"
+            } else {
+                "the control plane waits: point spec.restore at another snapshot, or delete this TenantCluster"
+            };
+            (
+                RestorePhase::Failed,
+                format!(
+                    "restoring snapshot {} failed: {why}; {then}",
+                    current.snapshot
+                ),
+                EventType::Warning,
+                "RestoreFailed",
+            )
+        }
+    };
+    let status = RestoreStatus {
+        phase: Some(phase),
+        completion_time: Some(now()),
+        message: Some(message),
+        ..current
+    };
+    (status, event, reason)
 }
 
 fn set(tc: &mut TenantCluster, restore: RestoreStatus) {
@@ -478,106 +495,4 @@ mod transfer;
 pub use transfer::Transfers;
 use transfer::{Outcome, Transfer, Where, start_transfer, where_is};
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_snapshot_is_restorable_only_when_granted_completed_not_newer_and_received() {
-        let tc: TenantCluster = serde_json::from_value(serde_json::json!({
-            "apiVersion": "tenantplane.io/v1alpha1", "kind": "TenantCluster",
-            "metadata": {"name": "dev", "namespace": "team-b"},
-            "spec": {"kubernetesVersion": "v1.31.4"}
-        }))
-        .unwrap();
-        let snap = |annotations: serde_json::Value, phase: &str, version: &str| -> TenantSnapshot {
-            serde_json::from_value(serde_json::json!({
-                "apiVersion": "tenantplane.io/v1alpha1", "kind": "TenantSnapshot",
-                "metadata": {"name": "s1", "namespace": "team-a", "annotations": annotations},
-                "spec": {"tenantClusterRef": {"name": "dev"}},
-                "status": {"phase": phase, "message": "m", "kubernetesVersion": version}
-            }))
-            .unwrap()
-        };
-        let build = crate::BuildOptions::default();
-        let granted = serde_json::json!({RESTORE_TO: "team-c, team-b"});
-        let ok = snap(granted.clone(), "Completed", "v1.31.0");
-        assert_eq!(admissible(&tc, &build, &ok, "team-a", "s1"), Ok(()));
-        // Its own namespace needs no grant.
-        assert_eq!(admissible(&tc, &build, &ok, "team-b", "s1"), Ok(()));
-        let cases = [
-            (
-                snap(serde_json::json!({}), "Completed", "v1.31.0"),
-                "NotGranted",
-            ),
-            (snap(granted.clone(), "Failed", "v1.31.0"), "NotCompleted"),
-            (snap(granted.clone(), "Completed", "v1.32.1"), "NewerMinor"),
-        ];
-        for (s, want) in cases {
-            let got = admissible(&tc, &build, &s, "team-a", "s1").unwrap_err();
-            assert!(format!("{got:?}").starts_with(want), "{want}: {got:?}");
-        }
-        let none = crate::BuildOptions {
-            agent_image: None,
-            ..Default::default()
-        };
-        assert_eq!(
-            admissible(&tc, &none, &ok, "team-a", "s1"),
-            Err(NotRestorable::NoAgent)
-        );
-        let failed = admissible(
-            &tc,
-            &build,
-            &snap(granted, "Failed", "v1.31.0"),
-            "team-a",
-            "s1",
-        );
-        assert_eq!(
-            failed.unwrap_err().to_string(),
-            "TenantSnapshot team-a/s1 is Failed, not Completed: m"
-        );
-    }
-
-    #[test]
-    fn a_restore_id_is_short_and_changes_with_the_request() {
-        let a = restore_id("uid-1", None);
-        assert_eq!(a.len(), 12);
-        assert_eq!(a, restore_id("uid-1", None));
-        assert_ne!(a, restore_id("uid-1", Some("2026-12-05T01:00:00Z")));
-        assert_ne!(a, restore_id("uid-2", None));
-    }
-
-    #[test]
-    fn the_running_version_is_the_servers_image_tag() {
-        let pod = |name: &str, image: &str| -> k8s_openapi::api::core::v1::Pod {
-            serde_json::from_value(serde_json::json!({
-                "spec": {"containers": [
-                    {"name": "snapshot-agent", "image": "tenantplane/tenantplane:v0.1.0"},
-                    {"name": name, "image": image},
-                ]}
-            }))
-            .unwrap()
-        };
-        let version = crate::build::control_plane::running_version;
-        assert_eq!(
-            version(&pod("k3s", "rancher/k3s:v1.30.4-k3s1")).as_deref(),
-            Some("v1.30.4")
-        );
-        assert_eq!(
-            version(&pod(
-                "kube-apiserver",
-                "registry.k8s.io/kube-apiserver:v1.36.3"
-            ))
-            .as_deref(),
-            Some("v1.36.3")
-        );
-        assert_eq!(version(&pod("k3s", "mirror.example/k3s:latest")), None);
-        assert_eq!(version(&pod("k3s", "mirror.example/k3s")), None);
-    }
-
-    #[test]
-    fn minors_are_read_from_versions() {
-        assert_eq!(minor("v1.31.4"), Some(31));
-        assert_eq!(minor("v1.36.3+k3s1"), Some(36));
-        assert_eq!(minor("nonsense"), None);
-    }
-}
+mod tests;

@@ -25,7 +25,7 @@ use serde_json::json;
 use tenantplane_api::{Phase, SnapshotPhase, TenantCluster, TenantSnapshot, TenantSnapshotStatus};
 use tracing::{info, warn};
 
-use super::store::Manifest;
+use super::store::{Manifest, Objects, Store};
 use super::{FINALIZER, SnapshotOptions, agent_client, copy};
 use crate::connector::Connector;
 use crate::context::now;
@@ -135,31 +135,18 @@ async fn reconcile(snap: Arc<TenantSnapshot>, ctx: Arc<Ctx>) -> Result<Action, s
                 elapsed.as_secs().max(0) as u64
             })
             .unwrap_or(0);
-        let hint = if phase == Phase::Sleeping {
-            format!("; wake it with `tenantplane wake {tenant_name} -n {ns}`")
-        } else {
-            String::new()
+        return match not_ready(&ns, &tenant_name, phase, waited) {
+            NotReady::GiveUp(why) => fail(&snap, &ctx, why).await,
+            NotReady::Wait(message) => {
+                let status = TenantSnapshotStatus {
+                    phase: Some(SnapshotPhase::Pending),
+                    message: Some(message),
+                    ..snap.status.clone().unwrap_or_default()
+                };
+                write_status(&ctx.client, &snap, &status).await?;
+                Ok(Action::requeue(Duration::from_secs(5)))
+            }
         };
-        if waited > WAIT_FOR_TENANT.as_secs() {
-            return fail(
-                &snap,
-                &ctx,
-                format!(
-                    "TenantCluster {tenant_name} was not Ready within {} (it is {phase}){hint}",
-                    names::human_duration(WAIT_FOR_TENANT.as_secs() as i64)
-                ),
-            )
-            .await;
-        }
-        let status = TenantSnapshotStatus {
-            phase: Some(SnapshotPhase::Pending),
-            message: Some(format!(
-                "waiting for TenantCluster {tenant_name} to be Ready (it is {phase}){hint}"
-            )),
-            ..snap.status.clone().unwrap_or_default()
-        };
-        write_status(&ctx.client, &snap, &status).await?;
-        return Ok(Action::requeue(Duration::from_secs(5)));
     }
     let (store_object, store) = match super::open_store(
         &ctx.client,
@@ -183,73 +170,110 @@ async fn reconcile(snap: Arc<TenantSnapshot>, ctx: Arc<Ctx>) -> Result<Action, s
     };
     // Marked running before the status says so: the status write wakes this reconcile again,
     // which must find the copy under way rather than start a second.
-    ctx.running
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .insert(uid.clone());
+    mark_running(&ctx, &uid, true);
     if let Err(e) = write_status(&ctx.client, &snap, &status).await {
-        ctx.running
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&uid);
+        mark_running(&ctx, &uid, false);
         return Err(e);
     }
     info!(namespace = %ns, snapshot = %snap.name_any(), tenant = %tenant_name, "taking a snapshot");
-    let ctx2 = ctx.clone();
-    let snap2 = snap.clone();
-    tokio::spawn(async move {
-        let started = std::time::Instant::now();
-        let result = take(&ctx2, &tenant, &store, &objects, &snap2).await;
-        let final_status = match result {
-            Ok(manifest) => {
-                info!(snapshot = %snap2.name_any(), size = manifest.size, seconds = started.elapsed().as_secs_f64(), "snapshot completed");
-                publish(
-                    &ctx2,
-                    &snap2,
-                    EventType::Normal,
-                    "Completed",
-                    format!(
-                        "{} bytes in {:.1}s to {}",
-                        manifest.size,
-                        started.elapsed().as_secs_f64(),
-                        store.location(&objects.data)
-                    ),
-                )
-                .await;
-                TenantSnapshotStatus {
-                    phase: Some(SnapshotPhase::Completed),
-                    size: Some(manifest.size as i64),
-                    checksum: Some(manifest.checksum),
-                    kubernetes_version: Some(manifest.kubernetes_version),
-                    key_id: manifest.encryption.map(|e| e.key_id),
-                    completion_time: Some(now()),
-                    message: None,
-                    ..status
-                }
-            }
-            Err(e) => {
-                // Nothing half-written stays in the store.
-                let _ = store.delete(&objects.data).await;
-                let _ = store.delete(&objects.manifest).await;
-                let e = e.to_string();
-                publish(&ctx2, &snap2, EventType::Warning, "Failed", e.clone()).await;
-                TenantSnapshotStatus {
-                    phase: Some(SnapshotPhase::Failed),
-                    completion_time: Some(now()),
-                    message: Some(e),
-                    ..status
-                }
-            }
-        };
-        if let Err(e) = write_status(&ctx2.client, &snap2, &final_status).await {
-            warn!("TenantSnapshot {}: {e}", snap2.name_any());
-        }
-        ctx2.running
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&snap2.uid().unwrap_or_default());
-    });
+    tokio::spawn(copy_and_record(ctx, tenant, store, objects, snap, status));
     Ok(Action::await_change())
+}
+
+/// What a snapshot of a tenant that is not Ready does: waits, or gives up once it waited
+/// `WAIT_FOR_TENANT`; a sleeping tenant's message says how to wake it.
+#[derive(Debug, PartialEq)]
+enum NotReady {
+    Wait(String),
+    GiveUp(String),
+}
+
+fn not_ready(ns: &str, tenant_name: &str, phase: Phase, waited_secs: u64) -> NotReady {
+    let hint = if phase == Phase::Sleeping {
+        format!("; wake it with `tenantplane wake {tenant_name} -n {ns}`")
+    } else {
+        String::new()
+    };
+    if waited_secs > WAIT_FOR_TENANT.as_secs() {
+        NotReady::GiveUp(format!(
+            "TenantCluster {tenant_name} was not Ready within {} (it is {phase}){hint}",
+            names::human_duration(WAIT_FOR_TENANT.as_secs() as i64)
+        ))
+    } else {
+        NotReady::Wait(format!(
+            "waiting for TenantCluster {tenant_name} to be Ready (it is {phase}){hint}"
+        ))
+    }
+}
+
+/// Copy the datastore to the store, then write how it went (Completed or Failed, told by an
+/// event) and let the snapshot's reconcile start again. A failed copy leaves nothing in the
+/// store.
+async fn copy_and_record(
+    ctx: Arc<Ctx>,
+    tenant: TenantCluster,
+    store: Store,
+    objects: Objects,
+    snap: Arc<TenantSnapshot>,
+    status: TenantSnapshotStatus,
+) {
+    let started = std::time::Instant::now();
+    let result = take(&ctx, &tenant, &store, &objects, &snap).await;
+    let final_status = match result {
+        Ok(manifest) => {
+            info!(snapshot = %snap.name_any(), size = manifest.size, seconds = started.elapsed().as_secs_f64(), "snapshot completed");
+            publish(
+                &ctx,
+                &snap,
+                EventType::Normal,
+                "Completed",
+                format!(
+                    "{} bytes in {:.1}s to {}",
+                    manifest.size,
+                    started.elapsed().as_secs_f64(),
+                    store.location(&objects.data)
+                ),
+            )
+            .await;
+            TenantSnapshotStatus {
+                phase: Some(SnapshotPhase::Completed),
+                size: Some(manifest.size as i64),
+                checksum: Some(manifest.checksum),
+                kubernetes_version: Some(manifest.kubernetes_version),
+                key_id: manifest.encryption.map(|e| e.key_id),
+                completion_time: Some(now()),
+                message: None,
+                ..status
+            }
+        }
+        Err(e) => {
+            // Nothing half-written stays in the store.
+            let _ = store.delete(&objects.data).await;
+            let _ = store.delete(&objects.manifest).await;
+            let e = e.to_string();
+            publish(&ctx, &snap, EventType::Warning, "Failed", e.clone()).await;
+            TenantSnapshotStatus {
+                phase: Some(SnapshotPhase::Failed),
+                completion_time: Some(now()),
+                message: Some(e),
+                ..status
+            }
+        }
+    };
+    if let Err(e) = write_status(&ctx.client, &snap, &final_status).await {
+        warn!("TenantSnapshot {}: {e}", snap.name_any());
+    }
+    mark_running(&ctx, &snap.uid().unwrap_or_default(), false);
+}
+
+/// Note that this operator copies the snapshot of `uid` now, or no longer.
+fn mark_running(ctx: &Ctx, uid: &str, running: bool) {
+    let mut all = ctx.running.lock().unwrap_or_else(|e| e.into_inner());
+    if running {
+        all.insert(uid.to_string());
+    } else {
+        all.remove(uid);
+    }
 }
 
 fn is_running(ctx: &Ctx, uid: &str) -> bool {
@@ -469,4 +493,34 @@ async fn write_status(
     let api: Api<TenantSnapshot> =
         Api::namespaced(client.clone(), &snap.namespace().unwrap_or_default());
     super::apply_status(&api, &snap.name_any(), status).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_snapshot_waits_for_its_tenant_then_gives_up_saying_how_to_wake_it() {
+        let wait = not_ready("team-a", "dev", Phase::Provisioning, 10);
+        assert_eq!(
+            wait,
+            NotReady::Wait("waiting for TenantCluster dev to be Ready (it is Provisioning)".into())
+        );
+        let late = WAIT_FOR_TENANT.as_secs() + 1;
+        match not_ready("team-a", "dev", Phase::Sleeping, late) {
+            NotReady::GiveUp(why) => {
+                assert!(
+                    why.starts_with("TenantCluster dev was not Ready within "),
+                    "{why}"
+                );
+                assert!(
+                    why.ends_with(
+                        "(it is Sleeping); wake it with `tenantplane wake dev -n team-a`"
+                    ),
+                    "{why}"
+                );
+            }
+            other => panic!("expected to give up, got {other:?}"),
+        }
+    }
 }

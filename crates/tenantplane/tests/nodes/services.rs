@@ -5,7 +5,7 @@
 
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{Pod, Service};
-use kube::api::{Api, LogParams};
+use kube::api::Api;
 use serde_json::json;
 use tenantplane_testenv::eventually;
 
@@ -216,11 +216,13 @@ async fn a_pod_knows_itself_by_its_tenant_names() {
     )
     .await;
     running(tenant, "me").await;
-    let logs = Api::<Pod>::namespaced(tenant.clone(), "default")
-        .logs("me", &LogParams::default())
-        .await
-        .unwrap();
-    assert_eq!(logs, "env me default default\nfile me\n");
+    // Running says the container started, not that its lines are in its log yet.
+    let logs = logs_when(tenant, "me", |l| l.lines().count() >= 2).await;
+    assert_eq!(
+        logs.as_deref(),
+        Ok("env me default default\nfile me\n"),
+        "the pod's own names, from its variables and its file"
+    );
 
     // The pod's own token, from inside the pod, against the tenant API: agnhost's
     // inclusterclient calls /healthz each second with client-go's in-cluster configuration (the

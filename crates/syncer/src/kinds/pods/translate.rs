@@ -4,8 +4,11 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use k8s_openapi::api::core::v1::{KeyToPath, Pod, Service, VolumeProjection};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use k8s_openapi::api::core::v1::{
+    EnvVar, KeyToPath, PersistentVolumeClaimVolumeSource, Pod, PodDNSConfigOption, PodSpec,
+    Service, VolumeProjection,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement};
 use kube::ResourceExt;
 
 use crate::allow;
@@ -40,33 +43,10 @@ pub fn pod(
     let ns = pod.namespace().unwrap_or_default();
     let meta = pod_meta(tr, pod, host_name);
     let mut spec = pod.spec.clone().unwrap_or_default();
-    // Scheduling is the host's; the tenant's binding follows the host's. Only a priority class
-    // the profile allows is asked for; the host's admission computes the rest.
-    spec.node_name = None;
-    spec.scheduler_name = None;
-    spec.priority_class_name =
-        allow::priority_class(&tr.allow, spec.priority_class_name.as_deref()).0;
-    spec.priority = None;
-    spec.preemption_policy = None;
-    spec.overhead = None;
-    // The copy runs as the tenant's own host ServiceAccount (see `identity`), and no host
-    // token is ever mounted.
-    spec.service_account_name = Some(crate::identity::workload_service_account_name(
-        &tr.tenant.name,
-    ));
-    spec.service_account = None;
-    spec.automount_service_account_token = Some(false);
     // Host Services in this namespace are other names for tenant objects; the tenant's are
     // given explicitly below.
     let links = spec.enable_service_links.unwrap_or(true);
-    spec.enable_service_links = Some(false);
-    if spec.hostname.is_none() && pod.name_any().len() <= 63 && !pod.name_any().contains('.') {
-        spec.hostname = Some(pod.name_any());
-    }
-    // The host's kubelet would make the hostname the copy's full name, which names the host
-    // namespace and the copy (`review` tells the tenant): the pod keeps its short hostname, and
-    // its full name is in its hosts file (`hosts`).
-    spec.set_hostname_as_fqdn = None;
+    host_identity(tr, pod, &mut spec);
     let tenant_subdomain = spec.subdomain.take();
     if let Some(sub) = &tenant_subdomain {
         spec.subdomain = Some(tr.host_name(&ns, sub));
@@ -83,59 +63,114 @@ pub fn pod(
             s.name = tr.host_name(&ns, &s.name);
         }
     }
-    // Without the host's network, ClusterFirstWithHostNet is ClusterFirst: the tenant's DNS.
+    tenant_dns(&ns, dns, &mut spec);
+    host_volumes(tr, pod, &ns, host_name, &mut spec);
+    let mut extra_env = tenant_api_env(&tr.api_ip);
+    if links {
+        for svc in services {
+            extra_env.extend(service_env(svc));
+        }
+    }
+    host_env(tr, &ns, extra_env, &mut spec);
+    spec.ephemeral_containers = None;
+    pull_always(&mut spec);
+    confine_affinity(tr, &ns, &mut spec);
+    confine_spread(tr, &ns, &mut spec);
+    super::hosts::rewrite(&mut spec, &ns, &pod.name_any(), tenant_subdomain.as_deref());
+    Pod {
+        metadata: meta,
+        spec: Some(spec),
+        status: None,
+    }
+}
+
+/// Who the copy is and where it runs: scheduling is the host's, the ServiceAccount the tenant's
+/// own on the host, with no host token, and the pod keeps its short hostname.
+fn host_identity(tr: &Translator, pod: &Pod, spec: &mut PodSpec) {
+    // Scheduling is the host's; the tenant's binding follows the host's. Only a priority class
+    // the profile allows is asked for; the host's admission computes the rest.
+    spec.node_name = None;
+    spec.scheduler_name = None;
+    spec.priority_class_name =
+        allow::priority_class(&tr.allow, spec.priority_class_name.as_deref()).0;
+    spec.priority = None;
+    spec.preemption_policy = None;
+    spec.overhead = None;
+    // The copy runs as the tenant's own host ServiceAccount (see `identity`), and no host
+    // token is ever mounted.
+    spec.service_account_name = Some(crate::identity::workload_service_account_name(
+        &tr.tenant.name,
+    ));
+    spec.service_account = None;
+    spec.automount_service_account_token = Some(false);
+    spec.enable_service_links = Some(false);
+    let name = pod.name_any();
+    if spec.hostname.is_none() && name.len() <= 63 && !name.contains('.') {
+        spec.hostname = Some(name);
+    }
+    // The host's kubelet would make the hostname the copy's full name, which names the host
+    // namespace and the copy (`review` tells the tenant): the pod keeps its short hostname, and
+    // its full name is in its hosts file (`hosts`).
+    spec.set_hostname_as_fqdn = None;
+}
+
+/// Without the host's network, ClusterFirstWithHostNet is ClusterFirst: the tenant's DNS.
+fn tenant_dns(ns: &str, dns: Option<&str>, spec: &mut PodSpec) {
     let cluster_first = matches!(
         spec.dns_policy.as_deref(),
         None | Some("ClusterFirst" | "ClusterFirstWithHostNet")
     ) && spec.host_network != Some(true);
-    if let (Some(dns), true) = (dns, cluster_first) {
-        spec.dns_policy = Some("None".into());
-        let mut config = spec.dns_config.take().unwrap_or_default();
-        config.nameservers = Some(vec![dns.to_string()]);
-        config.searches = Some(vec![
-            format!("{ns}.svc.cluster.local"),
-            "svc.cluster.local".into(),
-            "cluster.local".into(),
-        ]);
-        config.options.get_or_insert_with(Vec::new).push(
-            k8s_openapi::api::core::v1::PodDNSConfigOption {
-                name: Some("ndots".into()),
-                value: Some("5".into()),
-            },
-        );
-        spec.dns_config = Some(config);
-    }
-    // Volumes: tenant names become host names; projected service-account tokens come from
-    // the host token Secret, which the syncer fills through TokenRequest.
+    let (Some(dns), true) = (dns, cluster_first) else {
+        return;
+    };
+    spec.dns_policy = Some("None".into());
+    let mut config = spec.dns_config.take().unwrap_or_default();
+    config.nameservers = Some(vec![dns.to_string()]);
+    config.searches = Some(vec![
+        format!("{ns}.svc.cluster.local"),
+        "svc.cluster.local".into(),
+        "cluster.local".into(),
+    ]);
+    config
+        .options
+        .get_or_insert_with(Vec::new)
+        .push(PodDNSConfigOption {
+            name: Some("ndots".into()),
+            value: Some("5".into()),
+        });
+    spec.dns_config = Some(config);
+}
+
+/// Volumes: tenant names become host names; projected service-account tokens come from the host
+/// token Secret, which the syncer fills through TokenRequest.
+fn host_volumes(tr: &Translator, pod: &Pod, ns: &str, host_pod: &str, spec: &mut PodSpec) {
     let mut token_index = 0;
     for volume in spec.volumes.iter_mut().flatten() {
         if let Some(cm) = volume.config_map.as_mut() {
-            cm.name = tr.host_name(&ns, &cm.name);
+            cm.name = tr.host_name(ns, &cm.name);
         }
         if let Some(s) = volume.secret.as_mut()
             && let Some(name) = s.secret_name.as_mut()
         {
-            *name = tr.host_name(&ns, name);
+            *name = tr.host_name(ns, name);
         }
         if let Some(pvc) = volume.persistent_volume_claim.as_mut() {
-            pvc.claim_name = tr.host_name(&ns, &pvc.claim_name);
+            pvc.claim_name = tr.host_name(ns, &pvc.claim_name);
         }
         // The tenant's own controller makes the claim of an ephemeral volume; the copy mounts
         // that claim's copy, so the host never expands a template the tenant wrote.
         if volume.ephemeral.take().is_some() {
-            volume.persistent_volume_claim = Some(
-                k8s_openapi::api::core::v1::PersistentVolumeClaimVolumeSource {
-                    claim_name: tr.host_name(&ns, &ephemeral_claim(&pod.name_any(), &volume.name)),
-                    read_only: None,
-                },
-            );
+            volume.persistent_volume_claim = Some(PersistentVolumeClaimVolumeSource {
+                claim_name: tr.host_name(ns, &ephemeral_claim(&pod.name_any(), &volume.name)),
+                read_only: None,
+            });
         }
         if let Some(r) = volume
             .csi
             .as_mut()
             .and_then(|c| c.node_publish_secret_ref.as_mut())
         {
-            r.name = tr.host_name(&ns, &r.name);
+            r.name = tr.host_name(ns, &r.name);
         }
         if let Some(d) = volume.downward_api.as_mut() {
             for item in d.items.iter_mut().flatten() {
@@ -146,16 +181,15 @@ pub fn pod(
         }
         if let Some(projected) = volume.projected.as_mut() {
             for source in projected.sources.iter_mut().flatten() {
-                rewrite_projection(tr, source, &ns, host_name, &mut token_index);
+                rewrite_projection(tr, source, ns, host_pod, &mut token_index);
             }
         }
     }
-    let mut extra_env = tenant_api_env(&tr.api_ip);
-    if links {
-        for svc in services {
-            extra_env.extend(service_env(svc));
-        }
-    }
+}
+
+/// Every container's environment in host form, after `extra_env` (the tenant API's address and
+/// the tenant Services' variables).
+fn host_env(tr: &Translator, ns: &str, mut extra_env: Vec<EnvVar>, spec: &mut PodSpec) {
     // One value per name, the first: a tenant Service cannot override the API address.
     let mut seen = BTreeSet::new();
     extra_env.retain(|e| seen.insert(e.name.clone()));
@@ -171,10 +205,10 @@ pub fn pod(
         for e in c.env.iter_mut().flatten() {
             if let Some(from) = e.value_from.as_mut() {
                 if let Some(r) = from.config_map_key_ref.as_mut() {
-                    r.name = tr.host_name(&ns, &r.name);
+                    r.name = tr.host_name(ns, &r.name);
                 }
                 if let Some(r) = from.secret_key_ref.as_mut() {
-                    r.name = tr.host_name(&ns, &r.name);
+                    r.name = tr.host_name(ns, &r.name);
                 }
                 if let Some(f) = from.field_ref.as_mut() {
                     f.field_path = field_path(tr, &f.field_path);
@@ -183,19 +217,20 @@ pub fn pod(
         }
         for e in c.env_from.iter_mut().flatten() {
             if let Some(r) = e.config_map_ref.as_mut() {
-                r.name = tr.host_name(&ns, &r.name);
+                r.name = tr.host_name(ns, &r.name);
             }
             if let Some(r) = e.secret_ref.as_mut() {
-                r.name = tr.host_name(&ns, &r.name);
+                r.name = tr.host_name(ns, &r.name);
             }
         }
-        let mut env_list = vars;
-        env_list.extend(c.env.take().unwrap_or_default());
-        c.env = Some(env_list);
+        vars.extend(c.env.take().unwrap_or_default());
+        c.env = Some(vars);
     }
-    spec.ephemeral_containers = None;
-    // Every image is pulled with the pod's own credentials: an image cached on the node for
-    // someone else never runs without them.
+}
+
+/// Every image is pulled with the pod's own credentials: an image cached on the node for someone
+/// else never runs without them.
+fn pull_always(spec: &mut PodSpec) {
     for c in spec
         .containers
         .iter_mut()
@@ -208,53 +243,55 @@ pub fn pod(
             image.pull_policy = Some("Always".into());
         }
     }
-    // Pod (anti-)affinity terms select tenant labels; on the host they must only match copies
-    // from the same tenant namespace.
-    if let Some(affinity) = spec.affinity.as_mut() {
-        let terms = affinity_terms(affinity);
-        for term in terms {
-            // Tenant namespaces are labels on the host; a tenant namespace selector cannot be
-            // read there, so it widens to every namespace of the tenant.
-            let namespaces = term.namespaces.take().unwrap_or_default();
-            let own_namespace = namespaces.is_empty() && term.namespace_selector.is_none();
-            term.namespace_selector = None;
-            for keys in [
-                term.match_label_keys.as_mut(),
-                term.mismatch_label_keys.as_mut(),
-            ]
-            .into_iter()
-            .flatten()
-            {
-                for k in keys.iter_mut() {
-                    *k = tr.label_key(k);
-                }
-            }
-            let selector = term.label_selector.get_or_insert_with(Default::default);
-            host_label_selector(tr, selector);
-            let labels = selector.match_labels.get_or_insert_with(BTreeMap::new);
-            labels.insert(naming::LABEL_SYNCED_FROM.into(), tr.tenant.name.clone());
-            if own_namespace {
-                labels.insert(
-                    naming::LABEL_VIRTUAL_NAMESPACE.into(),
-                    naming::label_value(&ns),
-                );
-            } else if !namespaces.is_empty() {
-                selector
-                    .match_expressions
-                    .get_or_insert_with(Vec::new)
-                    .push(
-                        k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelectorRequirement {
-                            key: naming::LABEL_VIRTUAL_NAMESPACE.into(),
-                            operator: "In".into(),
-                            values: Some(
-                                namespaces.iter().map(|n| naming::label_value(n)).collect(),
-                            ),
-                        },
-                    );
+}
+
+/// Pod (anti-)affinity terms select tenant labels; on the host they must only match copies from
+/// the same tenant namespace.
+fn confine_affinity(tr: &Translator, ns: &str, spec: &mut PodSpec) {
+    let Some(affinity) = spec.affinity.as_mut() else {
+        return;
+    };
+    for term in affinity_terms(affinity) {
+        // Tenant namespaces are labels on the host; a tenant namespace selector cannot be read
+        // there, so it widens to every namespace of the tenant.
+        let namespaces = term.namespaces.take().unwrap_or_default();
+        let own_namespace = namespaces.is_empty() && term.namespace_selector.is_none();
+        term.namespace_selector = None;
+        for keys in [
+            term.match_label_keys.as_mut(),
+            term.mismatch_label_keys.as_mut(),
+        ]
+        .into_iter()
+        .flatten()
+        {
+            for k in keys.iter_mut() {
+                *k = tr.label_key(k);
             }
         }
+        let selector = term.label_selector.get_or_insert_with(Default::default);
+        host_label_selector(tr, selector);
+        let labels = selector.match_labels.get_or_insert_with(BTreeMap::new);
+        labels.insert(naming::LABEL_SYNCED_FROM.into(), tr.tenant.name.clone());
+        if own_namespace {
+            labels.insert(
+                naming::LABEL_VIRTUAL_NAMESPACE.into(),
+                naming::label_value(ns),
+            );
+        } else if !namespaces.is_empty() {
+            selector
+                .match_expressions
+                .get_or_insert_with(Vec::new)
+                .push(LabelSelectorRequirement {
+                    key: naming::LABEL_VIRTUAL_NAMESPACE.into(),
+                    operator: "In".into(),
+                    values: Some(namespaces.iter().map(|n| naming::label_value(n)).collect()),
+                });
+        }
     }
-    // Spread constraints count the copies of the same tenant namespace, by their host labels.
+}
+
+/// Spread constraints count the copies of the same tenant namespace, by their host labels.
+fn confine_spread(tr: &Translator, ns: &str, spec: &mut PodSpec) {
     for c in spec.topology_spread_constraints.iter_mut().flatten() {
         let selector = c.label_selector.get_or_insert_with(Default::default);
         host_label_selector(tr, selector);
@@ -262,17 +299,11 @@ pub fn pod(
         labels.insert(naming::LABEL_SYNCED_FROM.into(), tr.tenant.name.clone());
         labels.insert(
             naming::LABEL_VIRTUAL_NAMESPACE.into(),
-            naming::label_value(&ns),
+            naming::label_value(ns),
         );
         for k in c.match_label_keys.iter_mut().flatten() {
             *k = tr.label_key(k);
         }
-    }
-    super::hosts::rewrite(&mut spec, &ns, &pod.name_any(), tenant_subdomain.as_deref());
-    Pod {
-        metadata: meta,
-        spec: Some(spec),
-        status: None,
     }
 }
 
