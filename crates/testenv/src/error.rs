@@ -29,10 +29,10 @@ pub enum Error {
     #[error(transparent)]
     Pki(#[from] tenantplane_pki::Error),
     /// Said as the API server said it, not as kube's debug dump.
-    #[error("{}", tenantplane_controller::api_message(.0))]
+    #[error("{}", tenantplane_client::api_message(.0))]
     Kube(#[from] kube::Error),
     /// Reading an object failed: which, and what the API server said.
-    #[error("reading {what}: {}", tenantplane_controller::api_message(.error))]
+    #[error("reading {what}: {}", tenantplane_client::api_message(.error))]
     Read {
         /// The object, as `Secret ns/name`.
         what: String,

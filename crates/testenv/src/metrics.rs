@@ -22,7 +22,7 @@ pub const SYNCED_RESOURCES: &[&str] = &[
 pub async fn open_watches(client: &kube::Client) -> crate::Result<BTreeMap<String, f64>> {
     let request = http::Request::get("/metrics")
         .body(Vec::new())
-        .map_err(|e| crate::Error::Client(tenantplane_controller::error_chain(&e)))?;
+        .map_err(|e| crate::Error::Client(tenantplane_client::error_chain(&e)))?;
     let text = client.request_text(request).await?;
     Ok(parse_open_watches(&text))
 }
