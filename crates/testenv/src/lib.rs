@@ -25,7 +25,7 @@ pub mod s3;
 mod shared;
 pub mod tenant;
 
-pub use binaries::Binaries;
+pub use binaries::{Agent, Binaries};
 pub use error::{Error, Result};
 pub use host_cluster::{ControlPlane, Nodes, Options};
 pub use shared::{

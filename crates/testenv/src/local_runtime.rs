@@ -505,7 +505,7 @@ impl LocalRuntime {
             Some(_) if tenantplane_controller::build::agent::runs_in(pod) => Some(free_port()?),
             _ => None,
         };
-        let agent = binaries.agent().zip(agent_port).map(|(program, port)| {
+        let agent = binaries.agent().zip(agent_port).map(|(agent, port)| {
             let args = vec![
                 "agent".to_string(),
                 format!("--listen=127.0.0.1:{port}"),
@@ -513,7 +513,7 @@ impl LocalRuntime {
                 format!("--pki={}", tls.display()),
                 format!("--scratch={}", tenant_dir.join("snapshots").display()),
             ];
-            (program.to_path_buf(), args)
+            (agent.binary.clone(), args)
         });
         let mut tenant = Tenant {
             agent_port,

@@ -145,12 +145,17 @@ pub fn local_runtime_for(ns: &TestNamespace) -> (LocalRuntime, tokio::task::Join
     local_runtime::start(
         ns.client.clone(),
         // This test's build of `tenantplane` is each control plane's snapshot agent.
-        shared()
-            .binaries()
-            .clone()
-            .with_agent(env!("CARGO_BIN_EXE_tenantplane")),
+        shared().binaries().clone().with_agent(agent()),
         shared().dir().join("runtime"),
         Some(ns.name.clone()),
+    )
+}
+
+/// This test's build of `tenantplane` as the snapshot agent, served as the operator's image.
+pub fn agent() -> tenantplane_testenv::Agent {
+    tenantplane_testenv::Agent::new(
+        env!("CARGO_BIN_EXE_tenantplane"),
+        tenantplane_controller::names::DEFAULT_AGENT_IMAGE,
     )
 }
 

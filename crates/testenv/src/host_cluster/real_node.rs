@@ -26,9 +26,6 @@ pub use config::{BRIDGE, NODE_IP, POD_CIDR};
 
 /// The real node's name.
 pub const NODE_NAME: &str = "tenantplane-node-0";
-/// The taint the simulated node gets once a real node is there, so workloads go to the real node
-/// and only the local runtime's control-plane pods (which tolerate it) go to the simulated one.
-pub const SIMULATED_TAINT: &str = tenantplane_controller::names::SIMULATED_NODE_TAINT;
 
 static RUNNING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
@@ -135,13 +132,12 @@ fn images(binaries: &crate::Binaries) -> Result<Vec<PathBuf>> {
         &[binaries.dir().as_os_str()],
     )?];
     if let Some(agent) = binaries.agent() {
-        let image = tenantplane_controller::names::DEFAULT_AGENT_IMAGE;
         layouts.push(layout_from(
             "testenv/agent-image.sh",
             &[
                 binaries.dir().as_os_str(),
-                agent.as_os_str(),
-                std::ffi::OsStr::new(image),
+                agent.binary.as_os_str(),
+                std::ffi::OsStr::new(&agent.image),
             ],
         )?);
     }
@@ -188,7 +184,8 @@ fn component_kubeconfig(
 }
 
 impl ControlPlane {
-    /// Start the real node's parts and wait until it is Ready; then taint the simulated node.
+    /// Start the real node's parts and wait until it is Ready; then taint the simulated node with
+    /// `simulated_taint` (see [`super::Nodes::Real`]).
     ///
     /// Over 100 lines as a start-up script in the order a node comes up (registry, mounts,
     /// cgroups, containerd, the kubelet, kube-proxy, the network policies, cluster DNS), each
@@ -196,6 +193,7 @@ impl ControlPlane {
     pub(super) fn start_real_node(
         &mut self,
         ca: &CertificateAuthority,
+        simulated_taint: &str,
         say: &dyn Fn(&str),
     ) -> Result<()> {
         let node_dir = self.dir.join("node");
@@ -356,7 +354,7 @@ impl ControlPlane {
             "taint",
             "node",
             KWOK_NODE,
-            &format!("{SIMULATED_TAINT}=true:NoSchedule"),
+            &format!("{simulated_taint}=true:NoSchedule"),
             "--overwrite",
         ])?;
         RUNNING.store(true, std::sync::atomic::Ordering::SeqCst);

@@ -45,7 +45,7 @@ impl Restores {
             }
             return Ok(());
         }
-        let Some(program) = binaries.agent() else {
+        let Some(program) = binaries.agent().map(|a| a.binary.as_path()) else {
             return Err(Error::Io(format!(
                 "pod {} waits for restore {id} but the test world runs no snapshot agent",
                 pod.name_any()
