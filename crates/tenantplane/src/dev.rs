@@ -11,8 +11,9 @@ use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{Api, Patch, PatchParams};
 use tenantplane_api::{TenantCluster, conditions};
 use tenantplane_controller::names;
+use tenantplane_local::runtime;
 use tenantplane_testenv::host_cluster::real_node;
-use tenantplane_testenv::{Agent, ControlPlane, Nodes, Options, local_runtime, netns};
+use tenantplane_testenv::{Agent, ControlPlane, Nodes, Options, netns};
 
 use crate::manifests;
 
@@ -197,7 +198,7 @@ async fn run_here(state_dir: PathBuf, nodes: Nodes) -> anyhow::Result<()> {
     );
     ensure_namespace(&client, OPERATOR_NAMESPACE).await?;
     let kubelet =
-        tenantplane_testenv::tenant::start_kubelet(plane.config().await?, OPERATOR_NAMESPACE, None)
+        tenantplane_local::tenant::start_kubelet(plane.config().await?, OPERATOR_NAMESPACE, None)
             .await
             .map_err(anyhow::Error::msg)?;
     say(
@@ -205,7 +206,7 @@ async fn run_here(state_dir: PathBuf, nodes: Nodes) -> anyhow::Result<()> {
         "starting the snapshot store (SeaweedFS's S3 gateway on loopback) and SnapshotStore default",
     );
     let s3 = snapshot_store(&client, &plane, &state_dir).await?;
-    let mut options = tenantplane_testenv::tenant::local_operator_options(
+    let mut options = tenantplane_local::tenant::local_operator_options(
         None,
         Some(Duration::from_secs(10)),
         Some(kubelet),
@@ -217,7 +218,7 @@ async fn run_here(state_dir: PathBuf, nodes: Nodes) -> anyhow::Result<()> {
         options,
         futures::future::pending(),
     ));
-    let (_runtime, runtime_task) = local_runtime::start(
+    let (_runtime, runtime_task) = runtime::start(
         client.clone(),
         // The plane's binaries name the agent (see above).
         plane.binaries().clone(),
