@@ -13,8 +13,6 @@ pub mod build;
 pub mod cache;
 pub mod connector;
 pub mod context;
-pub mod error_text;
-pub mod kubeconfig;
 pub mod kubelet;
 pub mod leader;
 pub mod metrics;
@@ -36,10 +34,12 @@ pub mod wake;
 
 pub use build::BuildOptions;
 pub use connector::Connector;
-pub use error_text::{api_message, error_chain};
 pub use options::{CertificateOptions, ControllerOptions};
 pub use run::run;
 pub use telemetry::Telemetry;
+/// Errors as a person reads them, and kubeconfigs, typed: the client crate's, under the paths the
+/// workspace has always used.
+pub use tenantplane_client::{api_message, error_chain, kubeconfig};
 /// The syncer, its own crate; re-exported for the binary and the tests.
 pub use tenantplane_syncer as sync;
 
@@ -128,5 +128,17 @@ mod tests {
             assert!(Error::Kube(refusal).reaches_status(0));
         }
         assert!(Error::Build("bad".into()).reaches_status(0));
+    }
+
+    #[test]
+    fn a_kube_error_is_said_once_in_the_chain() {
+        let e = Error::Kube(kube::Error::Api(Box::new(
+            kube::core::Status::failure(r#"configmaps "coredns" not found"#, "NotFound")
+                .with_code(404),
+        )));
+        assert_eq!(
+            error_chain(&e),
+            r#"Kubernetes API: configmaps "coredns" not found (NotFound, 404)"#
+        );
     }
 }

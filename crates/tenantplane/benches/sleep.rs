@@ -18,10 +18,9 @@ use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use tenantplane_api::{Phase, TenantCluster};
 use tenantplane_controller::telemetry::Role;
+use tenantplane_local::{runtime, tenant};
 use tenantplane_syncer::naming::LABEL_SYNCED_FROM;
-use tenantplane_testenv::{
-    TestNamespace, install_crds_and_policies, local_runtime, namespace, repo_path, shared, tenant,
-};
+use tenantplane_testenv::{TestNamespace, install_crds_and_policies, namespace, repo_path, shared};
 
 mod common;
 use common::{CpuSnapshot, percentile};
@@ -189,7 +188,7 @@ async fn main() -> anyhow::Result<()> {
         options,
         futures::future::pending(),
     ));
-    let (runtime, runtime_task) = local_runtime::start(
+    let (runtime, runtime_task) = runtime::start(
         admin.clone(),
         shared().binaries().clone(),
         shared().dir().join("runtime"),

@@ -24,11 +24,10 @@ use kube::{Client, ResourceExt};
 use tenantplane_api::isolation_profile::QuantityString;
 use tenantplane_api::{IsolationProfile, TenantCluster};
 use tenantplane_controller::telemetry::Role;
+use tenantplane_local::{runtime, tenant};
 use tenantplane_testenv::kubeconfig::{RequestCounter, counting_client};
 use tenantplane_testenv::metrics::synced_watches;
-use tenantplane_testenv::{
-    TestNamespace, install_crds_and_policies, local_runtime, namespace, repo_path, shared, tenant,
-};
+use tenantplane_testenv::{TestNamespace, install_crds_and_policies, namespace, repo_path, shared};
 
 use tenantplane_syncer::naming::{
     ANNOTATION_VIRTUAL_NAME, ANNOTATION_VIRTUAL_NAMESPACE, LABEL_SYNCED_FROM,
@@ -124,7 +123,7 @@ async fn main() -> anyhow::Result<()> {
         options,
         futures::future::pending(),
     ));
-    let (runtime, runtime_task) = local_runtime::start(
+    let (runtime, runtime_task) = runtime::start(
         admin.clone(),
         shared().binaries().clone(),
         shared().dir().join("runtime"),

@@ -10,8 +10,10 @@ use anyhow::Context;
 use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{Api, Patch, PatchParams};
 use tenantplane_api::{TenantCluster, conditions};
+use tenantplane_controller::names;
+use tenantplane_local::runtime;
 use tenantplane_testenv::host_cluster::real_node;
-use tenantplane_testenv::{ControlPlane, Nodes, Options, local_runtime, netns};
+use tenantplane_testenv::{Agent, ControlPlane, Nodes, Options, netns};
 
 use crate::manifests;
 
@@ -71,7 +73,11 @@ fn plan(nodes: NodesArg) -> anyhow::Result<Plan> {
         return Ok(Plan::Here(Nodes::Simulated));
     }
     Ok(match real_node::isolated() {
-        Ok(()) => Plan::Here(Nodes::Real),
+        // Workloads go to the real node; the local runtime's control-plane pods, which the
+        // operator builds to tolerate the taint, to the simulated one.
+        Ok(()) => Plan::Here(Nodes::Real {
+            simulated_taint: names::SIMULATED_NODE_TAINT,
+        }),
         Err(_) => Plan::InNamespaces,
     })
 }
@@ -149,7 +155,7 @@ async fn run_here(state_dir: PathBuf, nodes: Nodes) -> anyhow::Result<()> {
     say(
         started,
         match nodes {
-            Nodes::Real => {
+            Nodes::Real { .. } => {
                 "starting the control plane (etcd, kube-apiserver, controller manager, scheduler, \
                  kwok) and a real node (kubelet, containerd, kube-proxy, CNI bridge, registry)"
             }
@@ -161,7 +167,10 @@ async fn run_here(state_dir: PathBuf, nodes: Nodes) -> anyhow::Result<()> {
     );
     // This binary is each control plane's snapshot agent: a process beside a control plane the
     // local runtime stands in for, the operator's image on the real node.
-    let agent = std::env::current_exe().context("locating this binary")?;
+    let agent = Agent::new(
+        std::env::current_exe().context("locating this binary")?,
+        names::DEFAULT_AGENT_IMAGE,
+    );
     let plane = tokio::task::spawn_blocking(move || {
         ControlPlane::start(Options {
             dir: Some(cluster_dir),
@@ -189,7 +198,7 @@ async fn run_here(state_dir: PathBuf, nodes: Nodes) -> anyhow::Result<()> {
     );
     ensure_namespace(&client, OPERATOR_NAMESPACE).await?;
     let kubelet =
-        tenantplane_testenv::tenant::start_kubelet(plane.config().await?, OPERATOR_NAMESPACE, None)
+        tenantplane_local::tenant::start_kubelet(plane.config().await?, OPERATOR_NAMESPACE, None)
             .await
             .map_err(anyhow::Error::msg)?;
     say(
@@ -197,7 +206,7 @@ async fn run_here(state_dir: PathBuf, nodes: Nodes) -> anyhow::Result<()> {
         "starting the snapshot store (SeaweedFS's S3 gateway on loopback) and SnapshotStore default",
     );
     let s3 = snapshot_store(&client, &plane, &state_dir).await?;
-    let mut options = tenantplane_testenv::tenant::local_operator_options(
+    let mut options = tenantplane_local::tenant::local_operator_options(
         None,
         Some(Duration::from_secs(10)),
         Some(kubelet),
@@ -209,7 +218,7 @@ async fn run_here(state_dir: PathBuf, nodes: Nodes) -> anyhow::Result<()> {
         options,
         futures::future::pending(),
     ));
-    let (_runtime, runtime_task) = local_runtime::start(
+    let (_runtime, runtime_task) = runtime::start(
         client.clone(),
         // The plane's binaries name the agent (see above).
         plane.binaries().clone(),
@@ -224,7 +233,7 @@ async fn run_here(state_dir: PathBuf, nodes: Nodes) -> anyhow::Result<()> {
     ensure_namespace(&client, NAMESPACE).await?;
     manifests::apply(&client, manifests::EXAMPLE_TENANT).await?;
     let mut tenants = vec![(NAMESPACE, TENANT)];
-    if nodes == Nodes::Real {
+    if nodes.is_real() {
         // Its pod runs as written, by the real node's kubelet (the local runtime stands in for
         // k3s only), from the images the test world serves under upstream's names.
         say(
@@ -256,7 +265,7 @@ async fn run_here(state_dir: PathBuf, nodes: Nodes) -> anyhow::Result<()> {
         &kubeconfig,
         plane.binaries().path("kubectl").as_path(),
         &log_path,
-        nodes == Nodes::Real,
+        nodes.is_real(),
     );
 
     tokio::signal::ctrl_c().await?;

@@ -11,8 +11,9 @@ use kube::Client;
 use kube::api::{Api, PostParams};
 use tenantplane_api::conditions::{self, SYNCED};
 use tenantplane_api::{Phase, TenantCluster};
+use tenantplane_local::runtime;
 use tenantplane_testenv::metrics::{open_watches, synced_watches};
-use tenantplane_testenv::{install_crds_and_policies, local_runtime, namespace, operator, shared};
+use tenantplane_testenv::{install_crds_and_policies, namespace, operator, shared};
 
 const TENANTS: usize = 20;
 
@@ -94,14 +95,10 @@ async fn host_watches_do_not_grow_with_the_number_of_tenants() {
     // One operator for every namespace, as a cluster-wide install runs it.
     let controller = tokio::spawn(tenantplane_controller::run(
         operator::client(),
-        tenantplane_testenv::tenant::local_operator_options(
-            None,
-            Some(Duration::from_secs(2)),
-            None,
-        ),
+        tenantplane_local::tenant::local_operator_options(None, Some(Duration::from_secs(2)), None),
         futures::future::pending(),
     ));
-    let (_runtime, runtime_task) = local_runtime::start(
+    let (_runtime, runtime_task) = runtime::start(
         admin.clone(),
         shared().binaries().clone(),
         shared().dir().join("runtime"),

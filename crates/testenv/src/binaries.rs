@@ -21,13 +21,34 @@ pub const COMPONENTS: &[&str] = &[
 /// tests alone.
 pub const HELM: &str = "helm";
 
+/// The operator's binary as the control planes' snapshot agent: the local runtime runs it beside
+/// each control plane it stands in for, and a real node serves it as the operator's image.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Agent {
+    /// The `tenantplane` binary.
+    pub binary: PathBuf,
+    /// The image name a real node serves it under: the operator's agent image, which the caller
+    /// (who knows the operator) names.
+    pub image: String,
+}
+
+impl Agent {
+    /// The agent `binary`, served as image `image`.
+    pub fn new(binary: impl Into<PathBuf>, image: impl Into<String>) -> Self {
+        Self {
+            binary: binary.into(),
+            image: image.into(),
+        }
+    }
+}
+
 /// The folder holding the built binaries.
 #[derive(Clone, Debug)]
 pub struct Binaries {
     dir: PathBuf,
-    /// The `tenantplane` binary, which the local runtime runs as each control plane's snapshot
-    /// agent; none, it runs no agent (snapshots of its tenants fail, saying so).
-    agent: Option<PathBuf>,
+    /// The snapshot agent the local runtime runs beside each control plane; none, it runs no
+    /// agent (snapshots of its tenants fail, saying so).
+    agent: Option<Agent>,
 }
 
 fn workspace_root() -> PathBuf {
@@ -87,15 +108,15 @@ impl Binaries {
         }
     }
 
-    /// Run `tenantplane` (this binary) as the control planes' snapshot agent.
-    pub fn with_agent(mut self, tenantplane: impl Into<PathBuf>) -> Self {
-        self.agent = Some(tenantplane.into());
+    /// Run `agent` (the `tenantplane` binary) as the control planes' snapshot agent.
+    pub fn with_agent(mut self, agent: Agent) -> Self {
+        self.agent = Some(agent);
         self
     }
 
-    /// The snapshot agent's binary, if the runtime runs one.
-    pub fn agent(&self) -> Option<&Path> {
-        self.agent.as_deref()
+    /// The snapshot agent, if the runtime runs one.
+    pub fn agent(&self) -> Option<&Agent> {
+        self.agent.as_ref()
     }
 
     /// The path of one binary.

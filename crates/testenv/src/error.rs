@@ -6,7 +6,8 @@ pub enum Error {
     /// The test control plane's binaries are missing: which, or why.
     #[error("the test control plane is not built ({0}); run `make testenv`")]
     NotBuilt(String),
-    /// A component of the test control plane, or one the local runtime runs, failed.
+    /// A component of the test control plane, or one the local runtime (`tenantplane-local`) runs,
+    /// failed.
     #[error("{name} failed: {detail}\n{log}")]
     Component {
         /// The component.
@@ -29,30 +30,8 @@ pub enum Error {
     #[error(transparent)]
     Pki(#[from] tenantplane_pki::Error),
     /// Said as the API server said it, not as kube's debug dump.
-    #[error("{}", tenantplane_controller::api_message(.0))]
+    #[error("{}", tenantplane_client::api_message(.0))]
     Kube(#[from] kube::Error),
-    /// Reading an object failed: which, and what the API server said.
-    #[error("reading {what}: {}", tenantplane_controller::api_message(.error))]
-    Read {
-        /// The object, as `Secret ns/name`.
-        what: String,
-        /// What the API server said.
-        error: kube::Error,
-    },
-    /// A tenant's kubeconfig Secret has no kubeconfig under its key.
-    #[error("Secret {secret} has no `{key}`")]
-    NoKubeconfig {
-        /// The Secret, as `ns/name`.
-        secret: String,
-        /// The key it lacks.
-        key: &'static str,
-    },
-    /// The operator's kubelet endpoint could not start.
-    #[error(transparent)]
-    Kubelet(#[from] tenantplane_controller::kubelet::KubeletError),
-    /// A tenant API server could not be dialled.
-    #[error(transparent)]
-    Connect(#[from] tenantplane_controller::connector::ConnectError),
 }
 
 impl From<std::io::Error> for Error {

@@ -18,7 +18,7 @@ pub use crate::apiserver::SERVICE_CIDR;
 use crate::apiserver::{
     AUDIT_LOG, AUDIT_POLICY, ApiServerConfig, FrontProxy, apiserver_args, flags,
 };
-use crate::binaries::Binaries;
+use crate::binaries::{Agent, Binaries};
 use crate::process::{self, Handle, free_port, tail};
 use crate::{Error, Result, kubeconfig};
 use pki::{write, write_pki};
@@ -89,7 +89,19 @@ pub enum Nodes {
     /// A real node (kubelet, containerd, runc, CNI bridge, kube-proxy) for workloads, beside the
     /// simulated node that only the local runtime's control-plane pods use. Needs root and a
     /// network namespace of its own ([`real_node::preflight`]).
-    Real,
+    Real {
+        /// The taint the simulated node gets once the real node is Ready, so workloads go to the
+        /// real node and only pods that tolerate it (the local runtime's control-plane pods, as
+        /// the operator builds them) go to the simulated one. The caller names it.
+        simulated_taint: &'static str,
+    },
+}
+
+impl Nodes {
+    /// Does a real node run?
+    pub fn is_real(self) -> bool {
+        matches!(self, Nodes::Real { .. })
+    }
 }
 
 /// Options for starting a control plane.
@@ -101,9 +113,9 @@ pub struct Options {
     pub progress: bool,
     /// Simulated or real nodes.
     pub nodes: Nodes,
-    /// The `tenantplane` binary whose image a real node serves as the operator's (the snapshot
-    /// agent of a control-plane pod the node runs); none, and such a pod cannot pull its agent.
-    pub agent: Option<PathBuf>,
+    /// The `tenantplane` binary a real node serves as the operator's image (the snapshot agent
+    /// of a control-plane pod the node runs); none, and such a pod cannot pull its agent.
+    pub agent: Option<Agent>,
 }
 
 impl ControlPlane {
@@ -134,7 +146,7 @@ impl ControlPlane {
                 std::env::var_os("TENANTPLANE_TESTENV_KEEP").is_some(),
             ),
         };
-        if options.nodes == Nodes::Real {
+        if options.nodes.is_real() {
             real_node::preflight().map_err(|reason| Error::Component {
                 name: "real node".into(),
                 detail: format!("cannot start here: {reason}"),
@@ -178,7 +190,7 @@ impl ControlPlane {
             forward_port: free_port()?,
             real_node: None,
         };
-        let real = options.nodes == Nodes::Real;
+        let real = options.nodes.is_real();
         if real {
             say("making the node's network (bridge, forwarding) in this namespace");
             real_node::prepare_network()?;
@@ -318,8 +330,8 @@ impl ControlPlane {
         let class_path = dir.join("storageclass.yaml");
         write(&class_path, STORAGE_CLASS_YAML)?;
         plane.kubectl_ok(&["apply", "-f", &class_path.display().to_string()])?;
-        if real {
-            plane.start_real_node(&ca, &say)?;
+        if let Nodes::Real { simulated_taint } = options.nodes {
+            plane.start_real_node(&ca, simulated_taint, &say)?;
         }
         say("control plane is ready");
         Ok(plane)

@@ -3,8 +3,8 @@
 use std::path::Path;
 
 use kube::config::{KubeConfigOptions, Kubeconfig};
-use tenantplane_controller::error_chain;
-use tenantplane_controller::kubeconfig as typed;
+use tenantplane_client::error_chain;
+use tenantplane_client::kubeconfig as typed;
 
 use crate::{Error, Result};
 

@@ -4,6 +4,10 @@
 //!
 //! Tests share one control plane per test binary ([`shared`]) and take a fresh namespace each
 //! ([`namespace`]); when a test fails, the components' logs are printed.
+//!
+//! It knows nothing of the operator: what must match the operator's names (the simulated node's
+//! taint, the agent's image) its caller passes in. The local runtime, which stands in for the
+//! kubelet the operator's pods need, is `tenantplane-local`, on top of this crate.
 
 pub mod apiserver;
 pub mod binaries;
@@ -13,19 +17,15 @@ pub mod dns;
 mod error;
 pub mod host_cluster;
 pub mod kubeconfig;
-mod local_dns;
 pub mod local_forward;
-pub mod local_runtime;
 pub mod metrics;
 pub mod netns;
 pub mod operator;
-mod probes;
 pub mod process;
 pub mod s3;
 mod shared;
-pub mod tenant;
 
-pub use binaries::Binaries;
+pub use binaries::{Agent, Binaries};
 pub use error::{Error, Result};
 pub use host_cluster::{ControlPlane, Nodes, Options};
 pub use shared::{

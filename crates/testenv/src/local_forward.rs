@@ -2,9 +2,11 @@
 //! API server. kwok serves pods/portforward for the simulated node; by default it sends every
 //! forward to one loopback port a test listens on (the ClusterPortForward of
 //! `testenv/kwok/debugging/pods.yaml`). For a control-plane pod, the local runtime publishes a
-//! kwok `PortForward` named after the pod that sends port 6443 to the loopback port its API
-//! server listens on, so `tenantplane connect` and `kubectl port-forward` reach the real tenant.
-//! The pod owns it, so it goes when the pod goes; a new pod of the same name takes it over.
+//! kwok `PortForward` named after the pod that sends the pod's API port (6443, which the runtime
+//! names) to the loopback port its API server listens on, so `tenantplane connect` and `kubectl
+//! port-forward` reach the real tenant. The pod owns it, so it goes when the pod goes; a new pod of
+//! the same name takes it over. This module knows kwok's kind; the local runtime
+//! (`tenantplane-local`) decides what to forward.
 
 use std::path::Path;
 
@@ -12,7 +14,6 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams};
 use kube::{Client, ResourceExt};
 use serde_json::json;
-use tenantplane_controller::names;
 
 use crate::{Error, Result};
 
@@ -44,8 +45,8 @@ pub(crate) fn install_crd(dir: &Path, kubectl: impl Fn(&[&str]) -> Result<()>) -
     crate::host_cluster::wait_established(&kubectl, &[&format!("crd/{CRD_NAME}")])
 }
 
-/// The PortForward of `pod`: its API port goes to `127.0.0.1:<loopback_port>`.
-pub fn desired(pod: &Pod, loopback_port: u16) -> Result<serde_json::Value> {
+/// The PortForward of `pod`: its port `pod_port` goes to `127.0.0.1:<loopback_port>`.
+pub fn desired(pod: &Pod, pod_port: i32, loopback_port: u16) -> Result<serde_json::Value> {
     let uid = pod
         .uid()
         .ok_or_else(|| Error::Io(format!("pod {} has no UID yet", pod.name_any())))?;
@@ -62,17 +63,18 @@ pub fn desired(pod: &Pod, loopback_port: u16) -> Result<serde_json::Value> {
             }],
         },
         "spec": {"forwards": [{
-            "ports": [names::API_PORT],
+            "ports": [pod_port],
             "target": {"address": "127.0.0.1", "port": loopback_port},
         }]},
     }))
 }
 
-/// Server-side apply the PortForward of `pod` (in its namespace) to `loopback_port`.
-pub async fn publish(client: &Client, pod: &Pod, loopback_port: u16) -> Result<()> {
+/// Server-side apply the PortForward of `pod` (in its namespace) from its port `pod_port` to
+/// `loopback_port`.
+pub async fn publish(client: &Client, pod: &Pod, pod_port: i32, loopback_port: u16) -> Result<()> {
     let ns = pod.namespace().unwrap_or_default();
     let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), &ns, &resource());
-    let body = desired(pod, loopback_port)?;
+    let body = desired(pod, pod_port, loopback_port)?;
     api.patch(
         &pod.name_any(),
         &PatchParams::apply(FIELD_MANAGER).force(),
@@ -87,12 +89,12 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_forward_names_the_pod_its_owner_and_the_api_port() {
+    fn the_forward_names_the_pod_its_owner_and_the_port() {
         let pod: Pod = serde_json::from_value(json!({
             "metadata": {"name": "dev-0", "namespace": "team", "uid": "u-1"},
         }))
         .unwrap();
-        let pf = desired(&pod, 24567).unwrap();
+        let pf = desired(&pod, 6443, 24567).unwrap();
         assert_eq!(pf["metadata"]["name"], "dev-0");
         assert_eq!(pf["metadata"]["ownerReferences"][0]["uid"], "u-1");
         assert_eq!(pf["spec"]["forwards"][0]["ports"], json!([6443]));
@@ -104,6 +106,6 @@ mod tests {
         assert_eq!(crd["metadata"]["name"], CRD_NAME);
         assert_eq!(crd["spec"]["scope"], "Namespaced");
         let unowned: Pod = serde_json::from_value(json!({"metadata": {"name": "x"}})).unwrap();
-        assert!(desired(&unowned, 1).is_err());
+        assert!(desired(&unowned, 6443, 1).is_err());
     }
 }

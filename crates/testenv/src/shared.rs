@@ -9,12 +9,13 @@ use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
 use kube::api::{Api, PostParams};
 
 use crate::Error;
+use crate::binaries::Agent;
 use crate::host_cluster::{ControlPlane, Nodes, Options};
 use crate::process;
 
 static SHARED: OnceLock<Result<ControlPlane, Error>> = OnceLock::new();
 static NODES: OnceLock<Nodes> = OnceLock::new();
-static AGENT: OnceLock<std::path::PathBuf> = OnceLock::new();
+static AGENT: OnceLock<Agent> = OnceLock::new();
 
 /// How many tenants a test binary runs on its one real node at once. The node has the machine's
 /// 2 cores, and every tenant's CoreDNS asks 100m of them (as upstream's does) beside the test's
@@ -27,7 +28,7 @@ static REAL_NODE_ROOM: OnceLock<std::sync::Arc<tokio::sync::Semaphore>> = OnceLo
 /// Room on the real node for one more tenant, held until dropped; `None` (no wait) when this
 /// binary's nodes are simulated. A semaphore of tokio's works across the tests' own runtimes.
 pub async fn real_node_room() -> Option<tokio::sync::OwnedSemaphorePermit> {
-    if NODES.get() != Some(&Nodes::Real) {
+    if !NODES.get().is_some_and(|n| n.is_real()) {
         return None;
     }
     let room = REAL_NODE_ROOM
@@ -36,21 +37,21 @@ pub async fn real_node_room() -> Option<tokio::sync::OwnedSemaphorePermit> {
     room.acquire_owned().await.ok()
 }
 
-/// Make this test binary's shared control plane run a real node ([`Nodes::Real`]). Every test of
-/// such a binary calls it first; panics if the plane already started with simulated nodes.
-pub fn use_real_nodes() {
-    let nodes = *NODES.get_or_init(|| Nodes::Real);
-    assert_eq!(
-        nodes,
-        Nodes::Real,
+/// Make this test binary's shared control plane run a real node ([`Nodes::Real`]), tainting the
+/// simulated node with `simulated_taint`. Every test of such a binary calls it first; panics if
+/// the plane already started with simulated nodes.
+pub fn use_real_nodes(simulated_taint: &'static str) {
+    let nodes = *NODES.get_or_init(|| Nodes::Real { simulated_taint });
+    assert!(
+        nodes.is_real(),
         "this test binary's control plane already runs simulated nodes"
     );
 }
 
 /// The `tenantplane` binary the real node serves as the operator's image (the control planes'
 /// snapshot agent), for a binary that calls it before its plane starts (see [`Options::agent`]).
-pub fn serve_agent_from(tenantplane: impl Into<std::path::PathBuf>) {
-    let _ = AGENT.set(tenantplane.into());
+pub fn serve_agent_from(agent: Agent) {
+    let _ = AGENT.set(agent);
 }
 
 /// The control plane of this test binary, started on first use and stopped when the binary exits.

@@ -5,8 +5,12 @@
 use std::process::Output;
 use std::time::{Duration, Instant};
 
+use tenantplane_testenv::host_cluster::KWOK_NODE;
 use tenantplane_testenv::host_cluster::real_node::{self, BRIDGE, NODE_IP};
 use tenantplane_testenv::{ControlPlane, Nodes, Options};
+
+/// The taint this test has the simulated node take: no operator runs here, so a name of its own.
+const SIMULATED_TAINT: &str = "testenv.example/simulated";
 
 fn kubectl(plane: &ControlPlane, args: &[&str]) -> Output {
     plane.kubectl().args(args).output().expect("kubectl runs")
@@ -42,11 +46,30 @@ fn wait_for(plane: &ControlPlane, what: &str, args: &[&str], want: &str) {
 fn a_pod_runs_a_real_container_pulled_from_the_local_registry() {
     let plane = ControlPlane::start(Options {
         progress: true,
-        nodes: Nodes::Real,
+        nodes: Nodes::Real {
+            simulated_taint: SIMULATED_TAINT,
+        },
         ..Default::default()
     })
     .expect("the control plane with a real node starts");
     assert_no_way_out();
+    let taints = kubectl(
+        &plane,
+        &[
+            "get",
+            "node",
+            KWOK_NODE,
+            "-o",
+            "jsonpath={.spec.taints[*].key}",
+        ],
+    );
+    assert!(
+        text(&taints)
+            .split_whitespace()
+            .any(|t| t == SIMULATED_TAINT),
+        "the simulated node's taints: {}",
+        text(&taints)
+    );
     let pod = r#"{"apiVersion":"v1","kind":"Pod","metadata":{"name":"hello","namespace":"default"},
       "spec":{"restartPolicy":"Never","containers":[{"name":"c","image":"busybox",
       "command":["sh","-c","echo hello from $(hostname); exit 3"]}]}}"#;

@@ -7,8 +7,8 @@ use super::agent_client::AgentError;
 use super::copy::DatabaseError;
 use super::crypt::CryptError;
 use super::store::BucketError;
+use crate::api_message;
 use crate::connector::ConnectError;
-use crate::error_text::api_message;
 
 /// Why a snapshot, a store check or a restore failed.
 #[derive(Debug, thiserror::Error)]

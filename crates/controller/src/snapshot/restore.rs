@@ -28,8 +28,8 @@ use tenantplane_api::{
 };
 
 use super::copy;
+use crate::api_message;
 use crate::context::{Context, now, tenant_key};
-use crate::error_text::api_message;
 
 /// The annotation on a TenantSnapshot that lets TenantClusters of other namespaces restore it:
 /// a comma-separated list of namespaces.

@@ -27,9 +27,9 @@ use tracing::{info, warn};
 
 use super::store::{Manifest, Objects, Store};
 use super::{FINALIZER, SnapshotOptions, agent_client, copy};
+use crate::api_message;
 use crate::connector::Connector;
 use crate::context::now;
-use crate::error_text::api_message;
 use crate::names::{self, FIELD_MANAGER};
 use crate::tenant_pki::TenantPki;
 

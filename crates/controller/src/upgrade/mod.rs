@@ -21,8 +21,8 @@ use kube::{Client, ResourceExt};
 use serde_json::json;
 use tenantplane_api::{SnapshotPhase, SnapshotStore, TenantCluster, TenantSnapshot, UpgradeStatus};
 
+use crate::api_message;
 use crate::context::Context;
-use crate::error_text::api_message;
 use crate::names;
 
 /// The annotation that lets an upgrade go on although objects use API versions the target no

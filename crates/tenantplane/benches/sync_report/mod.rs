@@ -1,8 +1,8 @@
 //! The lines `make bench-sync` prints of what it read from the operator and the control planes:
 //! where a pod's time went in the syncers, and what each tenant control plane holds.
 
-use tenantplane_testenv::local_runtime::ControlPlaneMemory;
-use tenantplane_testenv::metrics::StageSummary;
+use tenantplane_local::metrics::StageSummary;
+use tenantplane_local::runtime::ControlPlaneMemory;
 use tenantplane_testenv::process::ProcessMemory;
 
 /// The tenant control planes' memory: per tenant, all its processes (`rss` is the goal's

@@ -12,10 +12,9 @@ use tenantplane_api::conditions;
 use tenantplane_api::{Phase, TenantCluster};
 use tenantplane_controller::ControllerOptions;
 use tenantplane_controller::kubelet::KubeletOptions;
-use tenantplane_testenv::local_runtime::{self, LocalRuntime};
+use tenantplane_local::{LocalRuntime, runtime, tenant};
 use tenantplane_testenv::{
     TestNamespace, eventually, install_crds_and_policies, namespace, operator, repo_path, shared,
-    tenant,
 };
 
 pub mod replica;
@@ -142,15 +141,20 @@ pub fn start_operator_edited(
 /// The local runtime for the control planes of `ns`, run by the test (the operator may run
 /// elsewhere: in this process, or as separate processes).
 pub fn local_runtime_for(ns: &TestNamespace) -> (LocalRuntime, tokio::task::JoinHandle<()>) {
-    local_runtime::start(
+    runtime::start(
         ns.client.clone(),
         // This test's build of `tenantplane` is each control plane's snapshot agent.
-        shared()
-            .binaries()
-            .clone()
-            .with_agent(env!("CARGO_BIN_EXE_tenantplane")),
+        shared().binaries().clone().with_agent(agent()),
         shared().dir().join("runtime"),
         Some(ns.name.clone()),
+    )
+}
+
+/// This test's build of `tenantplane` as the snapshot agent, served as the operator's image.
+pub fn agent() -> tenantplane_testenv::Agent {
+    tenantplane_testenv::Agent::new(
+        env!("CARGO_BIN_EXE_tenantplane"),
+        tenantplane_controller::names::DEFAULT_AGENT_IMAGE,
     )
 }
 

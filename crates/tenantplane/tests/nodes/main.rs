@@ -35,10 +35,11 @@ use tokio::process::{Child, ChildStdout, Command};
 use common::{ReadyTenant, TenantSetup, TestHost, WAIT, control_plane_report};
 
 /// This binary's control plane runs a real node, whose registry serves this test build of
-/// `tenantplane` as the operator's image (the snapshot agent of a `kubernetes` tenant's pod).
+/// `tenantplane` as the operator's image (the snapshot agent of a `kubernetes` tenant's pod). The
+/// simulated node is tainted as the operator's local-runtime pods expect.
 pub fn use_real_nodes() {
-    tenantplane_testenv::serve_agent_from(env!("CARGO_BIN_EXE_tenantplane"));
-    tenantplane_testenv::use_real_nodes();
+    tenantplane_testenv::serve_agent_from(common::agent());
+    tenantplane_testenv::use_real_nodes(tenantplane_controller::names::SIMULATED_NODE_TAINT);
 }
 
 /// The seed tenant, Ready, with the operator's kubelet endpoint, on this binary's real node.

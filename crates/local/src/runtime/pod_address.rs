@@ -8,7 +8,7 @@ use std::net::{IpAddr, SocketAddr};
 use tenantplane_controller::names;
 use tokio::net::{TcpListener, TcpStream};
 
-use crate::{Error, Result};
+use tenantplane_testenv::{Error, Result};
 
 /// The pod IP, served until dropped.
 pub(crate) struct PodAddress {
@@ -17,7 +17,7 @@ pub(crate) struct PodAddress {
 }
 
 fn ip(args: &[&str]) -> Result<()> {
-    crate::host_cluster::real_node::run("ip", args)
+    tenantplane_testenv::host_cluster::real_node::run("ip", args)
 }
 
 /// Put `pod_ip` on loopback and forward its API port to `127.0.0.1:loopback_port`.

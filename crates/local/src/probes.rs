@@ -16,7 +16,7 @@ use kube::api::{Api, Patch, PatchParams};
 use serde_json::json;
 use tenantplane_controller::names;
 
-use crate::{Result, kubeconfig};
+use tenantplane_testenv::{Result, kubeconfig};
 
 /// How long each `/livez` may take, as the probe's timeout would.
 const ANSWER_WITHIN: Duration = Duration::from_secs(3);

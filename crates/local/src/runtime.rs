@@ -12,7 +12,7 @@
 //! kind that follows the claim (`<dir>/<namespace>/<claim>-<claim UID>`). Either way a restarted
 //! or re-created pod finds its data, and it goes once its claim is gone ([`datastore`]).
 //!
-//! It runs each tenant's CoreDNS pod too ([`crate::local_dns`]), so the tenant's DNS answers.
+//! It runs each tenant's CoreDNS pod too ([`crate::dns`]), so the tenant's DNS answers.
 
 mod datastore;
 mod dns_pods;
@@ -43,13 +43,13 @@ use tenantplane_controller::tenant_pki::{self, TenantPki};
 use tenantplane_controller::{error_chain, names};
 use tenantplane_pki::Leaf;
 
-use crate::apiserver::{ApiServerConfig, FrontProxy};
-use crate::binaries::Binaries;
-use crate::local_dns::{DnsServer, TenantApi};
+use crate::dns::{DnsServer, TenantApi};
 use crate::probes;
-use crate::process::{self, Handle, free_port};
-use crate::{Error, Result, kubeconfig};
 use launch::{FromPod, spawn_processes};
+use tenantplane_testenv::Binaries;
+use tenantplane_testenv::apiserver::{ApiServerConfig, FrontProxy};
+use tenantplane_testenv::process::{self, Handle, free_port};
+use tenantplane_testenv::{Error, Result, kubeconfig};
 
 /// How long the runtime waits before restarting a tenant whose processes died (a kubelet backs off
 /// similarly).
@@ -389,7 +389,7 @@ impl LocalRuntime {
             .filter(|p| std::net::TcpListener::bind(("127.0.0.1", *p)).is_ok())
             .map_or_else(free_port, Ok)?;
         std::fs::write(&port_file, port.to_string())?;
-        crate::local_forward::publish(client, pod, port).await?;
+        tenantplane_testenv::local_forward::publish(client, pod, names::API_PORT, port).await?;
         let server = format!("https://127.0.0.1:{port}");
         let controller_manager_kubeconfig = tenant_dir.join(probes::CLIENT_KUBECONFIG);
         std::fs::write(
@@ -494,7 +494,7 @@ impl LocalRuntime {
         let service_cidr = args_value(pod, "--service-cidr=")
             .first()
             .map(|s| s.to_string())
-            .unwrap_or_else(|| crate::apiserver::SERVICE_CIDR.to_string());
+            .unwrap_or_else(|| tenantplane_testenv::apiserver::SERVICE_CIDR.to_string());
         let controllers = args_value(pod, "--kube-controller-manager-arg=controllers=")
             .first()
             .map(|s| s.to_string())
@@ -505,7 +505,7 @@ impl LocalRuntime {
             Some(_) if tenantplane_controller::build::agent::runs_in(pod) => Some(free_port()?),
             _ => None,
         };
-        let agent = binaries.agent().zip(agent_port).map(|(program, port)| {
+        let agent = binaries.agent().zip(agent_port).map(|(agent, port)| {
             let args = vec![
                 "agent".to_string(),
                 format!("--listen=127.0.0.1:{port}"),
@@ -513,7 +513,7 @@ impl LocalRuntime {
                 format!("--pki={}", tls.display()),
                 format!("--scratch={}", tenant_dir.join("snapshots").display()),
             ];
-            (program.to_path_buf(), args)
+            (agent.binary.clone(), args)
         });
         let mut tenant = Tenant {
             agent_port,
@@ -535,7 +535,7 @@ impl LocalRuntime {
             windows: probes::windows(pod),
             probed_at: None,
             liveness: probes::Liveness::started(std::time::Instant::now()),
-            _address: if crate::host_cluster::real_node::running() {
+            _address: if tenantplane_testenv::host_cluster::real_node::running() {
                 Some(pod_address::serve(&probes::pod_ip(port), port).await?)
             } else {
                 None

@@ -14,9 +14,9 @@ use tenantplane_controller::build::agent;
 use tenantplane_controller::names;
 use tenantplane_controller::snapshot::agent::restored_mark;
 
-use crate::binaries::Binaries;
-use crate::process::{self, Handle, free_port};
-use crate::{Error, Result};
+use tenantplane_testenv::Binaries;
+use tenantplane_testenv::process::{self, Handle, free_port};
+use tenantplane_testenv::{Error, Result};
 
 /// The restore init containers running, by pod UID.
 #[derive(Clone, Default)]
@@ -45,7 +45,7 @@ impl Restores {
             }
             return Ok(());
         }
-        let Some(program) = binaries.agent() else {
+        let Some(program) = binaries.agent().map(|a| a.binary.as_path()) else {
             return Err(Error::Io(format!(
                 "pod {} waits for restore {id} but the test world runs no snapshot agent",
                 pod.name_any()

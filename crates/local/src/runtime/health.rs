@@ -7,9 +7,9 @@ use tenantplane_controller::error_chain;
 
 use super::launch::LaunchSpec;
 use super::{HealthView, LocalRuntime, RESTART_BACKOFF};
-use crate::binaries::Binaries;
 use crate::probes;
-use crate::process::{self, Handle};
+use tenantplane_testenv::Binaries;
+use tenantplane_testenv::process::{self, Handle};
 
 impl LocalRuntime {
     /// As a kubelet's probes would: Ready when /readyz answers, not Ready when it does not; dead

@@ -18,9 +18,9 @@ use k8s_openapi::api::core::v1::{ConfigMap, Container, Pod, PodSpec, Secret};
 use kube::{Api, Client, ResourceExt};
 use tenantplane_syncer::addons::COREDNS_IMAGE;
 
-use crate::binaries::Binaries;
-use crate::process::{self, Handle, free_port};
-use crate::{Error, Result, kubeconfig};
+use tenantplane_testenv::Binaries;
+use tenantplane_testenv::process::{self, Handle, free_port};
+use tenantplane_testenv::{Error, Result, kubeconfig};
 
 /// Where a kubelet mounts a pod's service-account token.
 const TOKEN_PATH: &str = "/var/run/secrets/kubernetes.io/serviceaccount/token";
@@ -479,6 +479,24 @@ mod tests {
         assert!(
             bare.contains("    kubernetes {\n        kubeconfig /k tenant\n    }\n"),
             "{bare}"
+        );
+    }
+
+    /// The host's cluster DNS on a real node runs the tenants' CoreDNS image, the one
+    /// `testenv/images.sh` builds (the test world knows the manifest, the syncer the image).
+    #[test]
+    fn the_hosts_cluster_dns_runs_the_tenants_coredns_image() {
+        let yaml = tenantplane_testenv::host_cluster::real_node::CLUSTER_DNS_YAML;
+        let deployment = serde_yaml::Deserializer::from_str(yaml)
+            .map(|d| <serde_yaml::Value as serde::Deserialize>::deserialize(d).expect("YAML"))
+            .find(|o| o["kind"] == "Deployment")
+            .expect("a Deployment");
+        let image = deployment["spec"]["template"]["spec"]["containers"][0]["image"]
+            .as_str()
+            .expect("image");
+        assert!(
+            image.ends_with(COREDNS_IMAGE),
+            "{image}: the image testenv/images.sh builds"
         );
     }
 }

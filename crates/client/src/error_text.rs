@@ -62,6 +62,11 @@ pub fn error_chain(error: &(dyn Error + 'static)) -> String {
 mod tests {
     use super::*;
 
+    /// An error that says its cause in its own text and gives it as its source too.
+    #[derive(Debug, thiserror::Error)]
+    #[error("Kubernetes API: {}", api_message(.0))]
+    struct SaysItsCause(#[source] kube::Error);
+
     fn not_found() -> kube::Error {
         kube::Error::Api(Box::new(
             kube::core::Status::failure(r#"configmaps "coredns" not found"#, "NotFound")
@@ -92,7 +97,7 @@ mod tests {
         assert!(!text.contains("Status {"), "{text}");
 
         // A wrapper that already says its cause, as the controller's Error does.
-        let e = crate::Error::Kube(not_found());
+        let e = SaysItsCause(not_found());
         assert_eq!(error_chain(&e), format!("Kubernetes API: {want}"));
     }
 }

@@ -8,6 +8,7 @@ use kube::Client;
 use kube::api::Api;
 use tenantplane_controller::kubelet::{self, KubeletOptions};
 use tenantplane_controller::{BuildOptions, Connector, ControllerOptions, api_message, names};
+use tenantplane_testenv::host_cluster::real_node;
 
 use crate::{Error, Result};
 
@@ -40,16 +41,20 @@ pub async fn start_kubelet(
     scope: Option<String>,
 ) -> Result<KubeletOptions> {
     config.read_timeout = None;
-    let host = Client::try_from(config)
-        .map_err(|e| Error::Client(format!("a host client: {}", api_message(&e))))?;
+    let host = Client::try_from(config).map_err(|e| {
+        Error::Testenv(tenantplane_testenv::Error::Client(format!(
+            "a host client: {}",
+            api_message(&e)
+        )))
+    })?;
     let ca = kubelet::load_or_create_ca(&host, ca_namespace).await?;
-    let port = crate::process::free_port()?;
+    let port = tenantplane_testenv::process::free_port()?;
     // With a real node, at the node's address, which its pods reach (a `kubernetes` tenant's
     // API server runs in one); else on loopback, where the local runtime's API servers are.
-    let address: std::net::IpAddr = if crate::host_cluster::real_node::running() {
-        crate::host_cluster::real_node::NODE_IP
+    let address: std::net::IpAddr = if real_node::running() {
+        real_node::NODE_IP
             .parse()
-            .map_err(|e| Error::Io(format!("the real node's address: {e}")))?
+            .map_err(|e| tenantplane_testenv::Error::Io(format!("the real node's address: {e}")))?
     } else {
         [127, 0, 0, 1].into()
     };

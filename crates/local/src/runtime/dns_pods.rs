@@ -1,4 +1,4 @@
-//! The runtime's side of a tenant's CoreDNS ([`crate::local_dns`]): which CoreDNS pods run, and
+//! The runtime's side of a tenant's CoreDNS ([`crate::dns`]): which CoreDNS pods run, and
 //! starting and stopping them as a kubelet would.
 
 use std::net::SocketAddr;
@@ -8,10 +8,10 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::{Client, ResourceExt};
 
 use super::LocalRuntime;
-use crate::Result;
-use crate::binaries::Binaries;
-use crate::local_dns::{DnsServer, is_dns_pod, launch};
-use crate::process;
+use crate::dns::{DnsServer, is_dns_pod, launch};
+use tenantplane_testenv::Binaries;
+use tenantplane_testenv::Result;
+use tenantplane_testenv::process;
 
 impl LocalRuntime {
     /// Where the CoreDNS of tenant `tenant` in host namespace `namespace` answers, while it runs.
@@ -53,7 +53,7 @@ impl LocalRuntime {
         }
         let node = pod.spec.as_ref().and_then(|s| s.node_name.as_deref());
         // On a real node the kubelet runs it, as a container of the image built for it.
-        if node.is_some_and(|n| n != crate::host_cluster::KWOK_NODE) {
+        if node.is_some_and(|n| n != tenantplane_testenv::host_cluster::KWOK_NODE) {
             return;
         }
         let scheduled = node.is_some();

@@ -6,11 +6,11 @@ use std::path::{Path, PathBuf};
 use tenantplane_controller::tenant_pki;
 
 use super::datastore::{self, Volume};
-use crate::apiserver::{ApiServerConfig, apiserver_args};
-use crate::binaries::Binaries;
-use crate::process::free_port;
-use crate::process::{self, Handle};
-use crate::{Error, Result};
+use tenantplane_testenv::Binaries;
+use tenantplane_testenv::apiserver::{ApiServerConfig, apiserver_args};
+use tenantplane_testenv::process::free_port;
+use tenantplane_testenv::process::{self, Handle};
+use tenantplane_testenv::{Error, Result};
 
 /// The file in the data folder holding the [`LaunchSpec`].
 const LAUNCH_FILE: &str = "launch.json";

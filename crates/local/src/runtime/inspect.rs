@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 
 use super::{LocalRuntime, datastore};
-use crate::process;
+use tenantplane_testenv::process;
 
 /// What its processes hold.
 impl LocalRuntime {

@@ -14,9 +14,9 @@ use kube::{Client, ResourceExt};
 use tenantplane_controller::build::layout::RUN_AS_USER;
 use tenantplane_controller::names::DATA_VOLUME;
 
-use crate::process::tail;
-use crate::process::{self, Handle};
-use crate::{Error, Result};
+use tenantplane_testenv::process::tail;
+use tenantplane_testenv::process::{self, Handle};
+use tenantplane_testenv::{Error, Result};
 
 /// The file in a data folder that names the claim it belongs to (by UID); only folders holding
 /// one are ever pruned.

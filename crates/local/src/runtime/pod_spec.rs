@@ -5,7 +5,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::Api;
 use kube::{Client, ResourceExt};
 
-use crate::{Error, Result};
+use tenantplane_testenv::{Error, Result};
 
 /// The value of variable `name` of the pod's init containers.
 pub(super) fn init_env(pod: &Pod, name: &str) -> Option<String> {
