@@ -10,6 +10,7 @@ pub const DEFAULT_POLICIES: &[&str] = &[
 /// The seed example, as shipped in `examples/`.
 pub const EXAMPLE_TENANT: &str = include_str!("../../../examples/tenantcluster-dev.yaml");
 /// The `kubernetes` distribution's example, which the dev cluster creates beside it on a real node.
+#[cfg(feature = "dev")]
 pub const EXAMPLE_KUBERNETES_TENANT: &str =
     include_str!("../../../examples/tenantcluster-kubernetes.yaml");
 

@@ -21,6 +21,11 @@ pub mod replica;
 pub mod snapshots;
 
 pub const WAIT: Duration = Duration::from_secs(90);
+/// How long a tenant's status may take to change: longer than [`WAIT`], because a tenant's first
+/// start is the heaviest step of a test (a `kubernetes` tenant starts four components on the real
+/// node) and the operator itself calls a provision normal for ten minutes. Three binaries side by
+/// side once took 90 s over it.
+pub const STATUS_WAIT: Duration = Duration::from_secs(240);
 
 /// The operator and the local runtime for one namespace; both stop when this is dropped.
 pub struct Operator {
@@ -219,7 +224,7 @@ pub async fn wait_for_status(
 ) -> TenantCluster {
     let api: Api<TenantCluster> = Api::namespaced(client.clone(), ns);
     let last = std::sync::Mutex::new(None);
-    let found = eventually(WAIT, || async {
+    let found = eventually(STATUS_WAIT, || async {
         let tc = api.get(name).await.ok()?;
         *last.lock().unwrap() = tc.status.clone();
         check(tc.status.as_ref()?).then_some(tc)
