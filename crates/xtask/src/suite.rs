@@ -278,7 +278,13 @@ pub fn main(args: &[String]) -> ExitCode {
     print_totals(&finished);
     // Read again: another run (a `make unit` meanwhile) may have kept figures of its own since.
     let mut kept = history::read(&times);
-    kept.extend(rows);
+    for f in &finished {
+        let previous = kept.get(&f.label).copied();
+        kept.insert(
+            f.label.clone(),
+            to_keep(figures(f), f.machine_busy, previous),
+        );
+    }
     let all: Vec<(String, Figures)> = kept.into_iter().collect();
     if let Err(e) = std::fs::write(&times, history::render(&all)) {
         eprintln!("xtask suite: keeping the times in {}: {e}", times.display());
@@ -309,6 +315,23 @@ fn figures(f: &Finished) -> Figures {
             0.0
         },
         inotify: f.inotify,
+    }
+}
+
+/// How busy the machine may be while a job runs for its CPU share to say what it needs.
+const SATURATED: f64 = 0.95;
+
+/// The figures to keep of a job that ran: as measured, but a CPU share measured while the
+/// machine was saturated is what the job got, not what it needs (it waited for the CPUs, its
+/// seconds grew and its share shrank), so it never lowers the share kept from an earlier run.
+/// Without this, jobs that were starved look lighter, run together next time, and starve more.
+fn to_keep(measured: Figures, busy: Option<f64>, previous: Option<Figures>) -> Figures {
+    match previous {
+        Some(p) if busy.is_some_and(|b| b >= SATURATED) && p.cpu > measured.cpu => Figures {
+            cpu: p.cpu,
+            ..measured
+        },
+        _ => measured,
     }
 }
 
@@ -643,6 +666,20 @@ mod tests {
         assert_eq!(pick(&three, &[with_inotify(50.0, 60)], LIMITS), Some(1));
         // Alone, a binary runs however many it needs.
         assert_eq!(pick(&[with_inotify(10.0, 500)], &[], LIMITS), Some(0));
+    }
+
+    #[test]
+    fn a_share_measured_on_a_saturated_machine_never_lowers_the_kept_one() {
+        let before = Some(f(380.0, 0.53));
+        // Starved: longer, and a smaller share of the machine than it needs.
+        let starved = f(532.0, 0.40);
+        assert_eq!(to_keep(starved, Some(0.99), before), f(532.0, 0.53));
+        // With CPUs to spare, the share is what the job needs, lower or higher.
+        assert_eq!(to_keep(starved, Some(0.70), before), starved);
+        assert_eq!(to_keep(f(300.0, 0.60), Some(0.99), before), f(300.0, 0.60));
+        // Nothing kept before, or the machine not read: as measured.
+        assert_eq!(to_keep(starved, Some(0.99), None), starved);
+        assert_eq!(to_keep(starved, None, before), starved);
     }
 
     #[test]

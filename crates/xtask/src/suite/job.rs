@@ -46,6 +46,8 @@ pub struct Finished {
     pub cpu_seconds: f64,
     /// The most inotify instances its processes held at once.
     pub inotify: u32,
+    /// How busy the machine's CPUs were while it ran, 1.0 for all of them.
+    pub machine_busy: Option<f64>,
     /// Exited 0.
     pub ok: bool,
     /// How it ended when not `ok`: the exit code, the signal, or why it could not start.
@@ -59,6 +61,7 @@ pub struct Finished {
 /// Run `job` with its output in `log`, and wait for it.
 pub fn run(job: &Job, log: &Path) -> Finished {
     let started = Instant::now();
+    let machine = super::Machine::now();
     let (ok, ended, cpu_seconds, inotify) = match spawn_and_wait(job, log) {
         Ok((status, cpu, inotify)) => (status == Ok(0), describe(status), cpu, inotify),
         Err(e) => (false, format!("could not run: {e}"), 0.0, 0),
@@ -69,6 +72,7 @@ pub fn run(job: &Job, log: &Path) -> Finished {
         seconds: started.elapsed().as_secs_f64(),
         cpu_seconds,
         inotify,
+        machine_busy: machine.busy_since(),
         ok,
         ended,
         counts: counts(&text),
