@@ -7,6 +7,7 @@ use tenantplane_api::conditions::{
 use tenantplane_api::{
     Phase, RestorePhase, SleepCause, SleepStatus, TenantCluster, TenantClusterStatus, TenantMode,
 };
+use tenantplane_syncer::SYNC_STARTING;
 
 /// Where a reconcile got to, and why it stopped there.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -57,6 +58,14 @@ pub enum Progress {
     },
     /// The pod is Ready but the tenant API server does not answer.
     Unreachable(String),
+    /// The tenant answers and its syncer, just started, is still reading the tenant and the host
+    /// namespace, while the tenant comes up (after a start or an upgrade): on its way.
+    SyncStarting {
+        /// The Kubernetes version the tenant API server reports.
+        version: String,
+        /// What the syncer is doing, as it says it.
+        message: String,
+    },
     /// The tenant answered but the syncer reports a failure.
     SyncFailed {
         /// The Kubernetes version the tenant API server reports.
@@ -205,6 +214,16 @@ fn verdict(
                 waiting("TenantUnreachable", &message),
             )
         }
+        Progress::SyncStarting { version, message } => (
+            Phase::Provisioning,
+            ConditionSpec::new(
+                READY,
+                false,
+                SYNC_STARTING,
+                format!("the tenant API server answers (Kubernetes {version}); {message}"),
+            ),
+            waiting(SYNC_STARTING, message),
+        ),
         Progress::SyncFailed {
             version,
             reason,
@@ -398,6 +417,13 @@ mod tests {
             (
                 Progress::NamespaceInUse { by: "first".into() },
                 Phase::Degraded,
+            ),
+            (
+                Progress::SyncStarting {
+                    version: "v1".into(),
+                    message: "reading".into(),
+                },
+                Phase::Provisioning,
             ),
             (
                 Progress::SyncFailed {

@@ -20,6 +20,9 @@ pub trait Observer: Send + Sync {
 /// What of [`MAX_TEXT_BYTES`] the first failure may take, leaving room for the count.
 const ROOM: usize = MAX_TEXT_BYTES - 40;
 
+/// The reason of a new syncer that has not read the tenant and the host namespace yet.
+pub const SYNC_STARTING: &str = "SyncStarting";
+
 /// The reason of a failing watch.
 pub const WATCH_FAILED: &str = "WatchFailed";
 
@@ -60,7 +63,7 @@ impl Health {
         }
         if !self.ready {
             return Err(Failure {
-                reason: "SyncStarting",
+                reason: SYNC_STARTING,
                 message: "the syncer is reading the tenant and the host namespace".into(),
             });
         }

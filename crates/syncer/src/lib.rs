@@ -61,7 +61,7 @@ use tokio::sync::watch;
 use tracing::{Instrument, info, warn};
 
 pub use error::Error;
-pub use health::{Failure, Health, Observer, WATCH_FAILED};
+pub use health::{Failure, Health, Observer, SYNC_STARTING, WATCH_FAILED};
 pub use key::Key;
 pub use kinds::summary;
 pub use spec::{KubeletEndpoint, SyncerSpec};

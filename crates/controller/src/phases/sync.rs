@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use tenantplane_api::TenantCluster;
-use tenantplane_syncer::SyncerSpec;
+use tenantplane_syncer::{SYNC_STARTING, SyncerSpec};
 
 use super::credentials::Kubeconfig;
 use super::provision::{ControlPlane, for_too_long, waiting, was_up};
@@ -92,17 +92,37 @@ pub(crate) async fn tenant(
             .as_ref()
             .map(|k| k.endpoint.clone()),
     };
-    Ok(match ctx.syncers.ensure(spec, watch_client).await {
+    let verdict = ctx.syncers.ensure(spec, watch_client).await;
+    Ok(synced(tc, replacing, version, verdict))
+}
+
+/// What the syncer's verdict makes of the tenant, which answers with `version`. While a change
+/// rolls out, a failure is on its way; so is, while the tenant comes up, a syncer still reading
+/// (a loaded machine makes that longer than a reconcile waits for it): the tenant reads
+/// Provisioning, not Degraded, until it has come up or that has lasted too long.
+fn synced(
+    tc: &TenantCluster,
+    replacing: bool,
+    version: String,
+    verdict: Result<String, tenantplane_syncer::Failure>,
+) -> Progress {
+    match verdict {
         Ok(summary) => Progress::Synced { version, summary },
         Err(failure) if replacing => {
             waiting(format!("{ROLLING_OUT}; syncing: {}", failure.message))
+        }
+        Err(failure) if failure.reason == SYNC_STARTING && !was_up(tc) && !for_too_long(tc) => {
+            Progress::SyncStarting {
+                version,
+                message: failure.message,
+            }
         }
         Err(failure) => Progress::SyncFailed {
             version,
             reason: failure.reason.to_string(),
             error: failure.message,
         },
-    })
+    }
 }
 
 /// The tenant API server does not answer: Degraded when the tenant had been up. While a change
@@ -201,5 +221,59 @@ mod tests {
             unreachable(&stuck, false, "refused".into()),
             Progress::ControlPlaneNotReady { stuck: true, .. }
         ));
+    }
+
+    #[test]
+    fn a_syncer_still_reading_is_on_its_way_only_while_the_tenant_comes_up() {
+        use tenantplane_syncer::Failure;
+        let starting = || {
+            Err(Failure {
+                reason: SYNC_STARTING,
+                message: "the syncer is reading".into(),
+            })
+        };
+        let now = k8s_openapi::jiff::Timestamp::now().to_string();
+        // Coming up (after an upgrade rolled out): Provisioning.
+        let coming = tenant("Provisioning", "False", "ControlPlaneNotReady", &now);
+        assert!(matches!(
+            synced(&coming, false, "v1".into(), starting()),
+            Progress::SyncStarting { .. }
+        ));
+        // Had been up, or coming up for longer than a control plane may take: a failure.
+        let up = tenant("Ready", "True", "ControlPlaneReady", &now);
+        let long_ago = tenant(
+            "Provisioning",
+            "False",
+            "ControlPlaneNotReady",
+            "2026-01-01T00:00:00Z",
+        );
+        for tc in [&up, &long_ago] {
+            assert!(matches!(
+                synced(tc, false, "v1".into(), starting()),
+                Progress::SyncFailed { ref reason, .. } if reason == SYNC_STARTING
+            ));
+        }
+        // Any other failure while coming up is a failure; while rolling out, it waits.
+        let refused = || {
+            Err(Failure {
+                reason: "SyncFailed",
+                message: "refused".into(),
+            })
+        };
+        assert!(matches!(
+            synced(&coming, false, "v1".into(), refused()),
+            Progress::SyncFailed { .. }
+        ));
+        assert!(matches!(
+            synced(&up, true, "v1".into(), refused()),
+            Progress::ControlPlaneNotReady { stuck: false, .. }
+        ));
+        assert_eq!(
+            synced(&up, false, "v1".into(), Ok("all".into())),
+            Progress::Synced {
+                version: "v1".into(),
+                summary: "all".into()
+            }
+        );
     }
 }
