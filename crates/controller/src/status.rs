@@ -58,11 +58,14 @@ pub enum Progress {
     },
     /// The pod is Ready but the tenant API server does not answer.
     Unreachable(String),
-    /// The tenant answers and its syncer, just started, is still reading the tenant and the host
-    /// namespace, while the tenant comes up (after a start or an upgrade): on its way.
+    /// The tenant answers while it comes up (after a start or an upgrade) and its syncer is still
+    /// reading the tenant and the host namespace, or its watches reconnect to the new server: on
+    /// its way.
     SyncStarting {
         /// The Kubernetes version the tenant API server reports.
         version: String,
+        /// The syncer's reason (`SyncStarting` or `WatchFailed`), for the `Synced` condition.
+        reason: String,
         /// What the syncer is doing, as it says it.
         message: String,
     },
@@ -214,7 +217,11 @@ fn verdict(
                 waiting("TenantUnreachable", &message),
             )
         }
-        Progress::SyncStarting { version, message } => (
+        Progress::SyncStarting {
+            version,
+            reason,
+            message,
+        } => (
             Phase::Provisioning,
             ConditionSpec::new(
                 READY,
@@ -222,7 +229,7 @@ fn verdict(
                 SYNC_STARTING,
                 format!("the tenant API server answers (Kubernetes {version}); {message}"),
             ),
-            waiting(SYNC_STARTING, message),
+            waiting(reason, message),
         ),
         Progress::SyncFailed {
             version,
@@ -421,6 +428,7 @@ mod tests {
             (
                 Progress::SyncStarting {
                     version: "v1".into(),
+                    reason: SYNC_STARTING.into(),
                     message: "reading".into(),
                 },
                 Phase::Provisioning,

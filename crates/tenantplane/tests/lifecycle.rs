@@ -236,7 +236,13 @@ async fn an_upgrade_reads_as_provisioning_and_the_endpoint_is_there_only_while_i
         while let Some(Ok(tc)) = watch.next().await {
             let status = tc.status.clone().unwrap_or_default();
             let phase = status.phase;
-            seen.push((phase, status.endpoint.clone()));
+            // Each condition's reason, so a failure says why the tenant read what it read.
+            let reasons: Vec<String> = status
+                .conditions
+                .iter()
+                .map(|c| format!("{}={}: {}", c.type_, c.reason, c.message))
+                .collect();
+            seen.push((phase, status.endpoint.clone(), reasons));
             left_ready |= phase != Some(Phase::Ready);
             if left_ready && phase == Some(Phase::Ready) && tc.spec.kubernetes_version == "v1.31.0"
             {
@@ -275,16 +281,16 @@ async fn an_upgrade_reads_as_provisioning_and_the_endpoint_is_there_only_while_i
     };
     assert_eq!(image(&before), "rancher/k3s:v1.30.4-k3s1");
     assert_eq!(image(&after), "rancher/k3s:v1.31.0-k3s1");
-    let phases: BTreeSet<String> = seen.iter().map(|(p, _)| format!("{p:?}")).collect();
+    let phases: BTreeSet<String> = seen.iter().map(|(p, _, _)| format!("{p:?}")).collect();
     assert!(
-        !seen.iter().any(|(p, _)| *p == Some(Phase::Degraded)),
+        !seen.iter().any(|(p, _, _)| *p == Some(Phase::Degraded)),
         "an upgrade is not Degraded: {seen:?}"
     );
     assert!(
-        seen.iter().any(|(p, _)| *p == Some(Phase::Provisioning)),
+        seen.iter().any(|(p, _, _)| *p == Some(Phase::Provisioning)),
         "it shows Provisioning while the new control plane comes up: {phases:?}"
     );
-    for (phase, ep) in &seen {
+    for (phase, ep, _) in &seen {
         match phase {
             Some(Phase::Ready) => assert_eq!(ep.as_deref(), Some(endpoint.as_str())),
             _ => assert_eq!(ep, &None, "no endpoint while {phase:?}"),

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use tenantplane_api::TenantCluster;
-use tenantplane_syncer::{SYNC_STARTING, SyncerSpec};
+use tenantplane_syncer::{SYNC_STARTING, SyncerSpec, WATCH_FAILED};
 
 use super::credentials::Kubeconfig;
 use super::provision::{ControlPlane, for_too_long, waiting, was_up};
@@ -97,8 +97,9 @@ pub(crate) async fn tenant(
 }
 
 /// What the syncer's verdict makes of the tenant, which answers with `version`. While a change
-/// rolls out, a failure is on its way; so is, while the tenant comes up, a syncer still reading
-/// (a loaded machine makes that longer than a reconcile waits for it): the tenant reads
+/// rolls out, a failure is on its way. So is, while the tenant comes up, a syncer still reading
+/// (a loaded machine makes that longer than a reconcile waits for it) or one whose watches lost
+/// the old server and reconnect after their back-off (up to 30 s): the tenant reads
 /// Provisioning, not Degraded, until it has come up or that has lasted too long.
 fn synced(
     tc: &TenantCluster,
@@ -111,9 +112,14 @@ fn synced(
         Err(failure) if replacing => {
             waiting(format!("{ROLLING_OUT}; syncing: {}", failure.message))
         }
-        Err(failure) if failure.reason == SYNC_STARTING && !was_up(tc) && !for_too_long(tc) => {
+        Err(failure)
+            if [SYNC_STARTING, WATCH_FAILED].contains(&failure.reason)
+                && !was_up(tc)
+                && !for_too_long(tc) =>
+        {
             Progress::SyncStarting {
                 version,
+                reason: failure.reason.to_string(),
                 message: failure.message,
             }
         }
@@ -253,6 +259,22 @@ mod tests {
                 Progress::SyncFailed { ref reason, .. } if reason == SYNC_STARTING
             ));
         }
+        // A watch that lost the old server and reconnects: on its way while coming up, a failure
+        // once the tenant had been up.
+        let reconnecting = || {
+            Err(Failure {
+                reason: WATCH_FAILED,
+                message: "pods: connection refused".into(),
+            })
+        };
+        assert!(matches!(
+            synced(&coming, false, "v1".into(), reconnecting()),
+            Progress::SyncStarting { ref reason, .. } if reason == WATCH_FAILED
+        ));
+        assert!(matches!(
+            synced(&up, false, "v1".into(), reconnecting()),
+            Progress::SyncFailed { ref reason, .. } if reason == WATCH_FAILED
+        ));
         // Any other failure while coming up is a failure; while rolling out, it waits.
         let refused = || {
             Err(Failure {
