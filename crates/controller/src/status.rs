@@ -7,7 +7,7 @@ use tenantplane_api::conditions::{
 use tenantplane_api::{
     Phase, RestorePhase, SleepCause, SleepStatus, TenantCluster, TenantClusterStatus, TenantMode,
 };
-use tenantplane_syncer::SYNC_STARTING;
+use tenantplane_syncer::{OBJECTS_REFUSED, SYNC_STARTING};
 
 /// Where a reconcile got to, and why it stopped there.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -82,8 +82,26 @@ pub enum Progress {
     Synced {
         /// The Kubernetes version the tenant API server reports.
         version: String,
-        /// What syncs, as the `Synced` condition's message says it.
+        /// What syncs, as the `Synced` condition's message says it; or, when `refused`, the
+        /// objects refused.
         summary: String,
+        /// Objects the tenant's users wrote were refused by the profile or the host, and nothing
+        /// else fails: theirs to fix, so the tenant stays Ready (`Synced` False says which).
+        refused: bool,
+    },
+    /// The tenant answers and syncs, but a first pod would still fail: it waits for its
+    /// `default` ServiceAccount or its DNS (see `phases::settle`). On its way, until `stuck`.
+    Settling {
+        /// The Kubernetes version the tenant API server reports.
+        version: String,
+        /// The `Synced` condition's message, as for [`Progress::Synced`].
+        summary: String,
+        /// Objects the tenant's users wrote were refused, as for [`Progress::Synced`].
+        refused: bool,
+        /// What a first pod waits for, in words.
+        waiting_for: String,
+        /// It has waited longer than a control plane may take to come up.
+        stuck: bool,
     },
     /// Asleep: the control plane scaled to zero, the syncer stopped, the pods' copies removed.
     Sleeping(SleepStatus),
@@ -103,6 +121,19 @@ fn mode_condition(tc: &TenantCluster) -> ConditionSpec {
             "ModeNotImplemented",
             format!("mode {other} is not implemented yet; this tenant runs as shared"),
         ),
+    }
+}
+
+/// The Ready reason of a tenant that answers and syncs while a first pod would still fail.
+pub const TENANT_SETTLING: &str = "TenantSettling";
+
+/// `Synced` of a tenant whose syncer runs: `summary` says what syncs, or, when `refused`, which
+/// of the tenant's users' objects were refused.
+fn synced_condition(summary: &str, refused: bool) -> ConditionSpec {
+    if refused {
+        ConditionSpec::new(SYNCED, false, OBJECTS_REFUSED, summary)
+    } else {
+        ConditionSpec::new(SYNCED, true, "SyncSucceeded", summary)
     }
 }
 
@@ -245,7 +276,11 @@ fn verdict(
             ),
             ConditionSpec::new(SYNCED, false, reason.clone(), error.clone()),
         ),
-        Progress::Synced { version, summary } => (
+        Progress::Synced {
+            version,
+            summary,
+            refused,
+        } => (
             Phase::Ready,
             ConditionSpec::new(
                 READY,
@@ -253,7 +288,34 @@ fn verdict(
                 "ControlPlaneReady",
                 format!("the tenant API server answers at {endpoint} (Kubernetes {version})"),
             ),
-            ConditionSpec::new(SYNCED, true, "SyncSucceeded", summary.clone()),
+            synced_condition(summary, *refused),
+        ),
+        Progress::Settling {
+            version,
+            summary,
+            refused,
+            waiting_for,
+            stuck,
+        } => (
+            if *stuck {
+                Phase::Degraded
+            } else {
+                Phase::Provisioning
+            },
+            ConditionSpec::new(
+                READY,
+                false,
+                TENANT_SETTLING,
+                format!(
+                    "the tenant API server answers (Kubernetes {version}); a first pod waits for {waiting_for}{}",
+                    if *stuck {
+                        ", for longer than a control plane may take to come up"
+                    } else {
+                        ""
+                    }
+                ),
+            ),
+            synced_condition(summary, *refused),
         ),
         Progress::Sleeping(sleep) => {
             let name = tc.metadata.name.as_deref().unwrap_or_default();
@@ -445,6 +507,15 @@ mod tests {
                 Progress::Synced {
                     version: "v1".into(),
                     summary: "ok".into(),
+                    refused: false,
+                },
+                Phase::Ready,
+            ),
+            (
+                Progress::Synced {
+                    version: "v1".into(),
+                    summary: "1 object refused".into(),
+                    refused: true,
                 },
                 Phase::Ready,
             ),
@@ -456,6 +527,32 @@ mod tests {
                 "{progress:?}"
             );
         }
+    }
+
+    #[test]
+    fn objects_the_tenant_refused_leave_it_ready_and_are_named_in_synced() {
+        let refused = "1 object refused, the tenant's to fix (each has a Warning Event in the tenant):\n- NotAllowed: Pod default/p: privileged";
+        let status = desired_status(
+            &tenant(),
+            &Progress::Synced {
+                version: "v1".into(),
+                summary: refused.into(),
+                refused: true,
+            },
+            EP,
+            &at(1),
+        );
+        assert_eq!(status.phase, Some(Phase::Ready));
+        assert_eq!(status.endpoint.as_deref(), Some(EP));
+        let ready = conditions::find(&status.conditions, READY).unwrap();
+        assert_eq!(
+            (ready.status.as_str(), ready.reason.as_str()),
+            ("True", "ControlPlaneReady")
+        );
+        let synced = conditions::find(&status.conditions, SYNCED).unwrap();
+        assert_eq!(synced.status, "False");
+        assert_eq!(synced.reason, OBJECTS_REFUSED);
+        assert_eq!(synced.message, refused);
     }
 
     #[test]
@@ -525,6 +622,7 @@ mod tests {
         let progress = Progress::Synced {
             version: "v1.30.4".into(),
             summary: "ok".into(),
+            refused: false,
         };
         let first = desired_status(&tc, &progress, EP, &at(1));
         tc.status = Some(first.clone());
@@ -548,6 +646,7 @@ mod tests {
             &Progress::Synced {
                 version: "v".into(),
                 summary: "ok".into(),
+                refused: false,
             },
             EP,
             &at(1),
@@ -569,6 +668,7 @@ mod tests {
         let synced = Progress::Synced {
             version: "v".into(),
             summary: "ok".into(),
+            refused: false,
         };
         let refused = |n: usize| Progress::SyncFailed {
             version: "v".into(),

@@ -26,6 +26,24 @@ pub const SYNC_STARTING: &str = "SyncStarting";
 /// The reason of a failing watch.
 pub const WATCH_FAILED: &str = "WatchFailed";
 
+/// The reason of a syncer whose only failures are objects the tenant's users wrote that the
+/// profile or the host refused: theirs to fix, each with a Warning Event on it in the tenant.
+pub const OBJECTS_REFUSED: &str = "ObjectsRefused";
+
+/// How many refused objects the verdict names, each bounded to [`REFUSAL_ROOM`].
+const REFUSALS_NAMED: usize = 3;
+
+/// What of [`MAX_TEXT_BYTES`] each named refusal may take, leaving room for the header and
+/// the count.
+const REFUSAL_ROOM: usize = 280;
+
+/// Is a failure of `reason` the tenant user's to fix (an object they wrote was refused by the
+/// profile or by the host's admission, or its host name is taken), rather than the platform's?
+/// The reasons are [`crate::Error::reason`]'s.
+pub fn refused_by_policy(reason: &str) -> bool {
+    matches!(reason, "NotAllowed" | "HostRejected" | "HostNameTaken")
+}
+
 /// Why a tenant is not (yet) fully synced.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Failure {
@@ -67,7 +85,9 @@ impl Health {
                 message: "the syncer is reading the tenant and the host namespace".into(),
             });
         }
-        if let Some((_, first)) = self.errors.iter().next() {
+        // The platform's failures first: any of them makes the verdict theirs.
+        let platform = self.errors.values().find(|f| !refused_by_policy(f.reason));
+        if let Some(first) = platform {
             // The first failure quotes a tenant object: bounded, leaving room for the count.
             let message = match self.errors.len() - 1 {
                 0 => bounded(&first.message),
@@ -82,8 +102,35 @@ impl Health {
                 message,
             });
         }
+        if !self.errors.is_empty() {
+            return Err(Failure {
+                reason: OBJECTS_REFUSED,
+                message: refusals(self.errors.values()),
+            });
+        }
         Ok(summary.to_string())
     }
+}
+
+/// `2 objects refused, the tenant's to fix (each has a Warning Event in the tenant):` and the
+/// first few, one per line with its reason, within [`MAX_TEXT_BYTES`].
+fn refusals<'a>(failures: impl ExactSizeIterator<Item = &'a Failure>) -> String {
+    let count = failures.len();
+    let noun = if count == 1 { "object" } else { "objects" };
+    let mut text = format!(
+        "{count} {noun} refused, the tenant's to fix (each has a Warning Event in the tenant):"
+    );
+    for f in failures.take(REFUSALS_NAMED) {
+        text.push_str(&format!(
+            "\n- {}: {}",
+            f.reason,
+            bounded_to(&f.message, REFUSAL_ROOM)
+        ));
+    }
+    if let Some(more) = count.checked_sub(REFUSALS_NAMED).filter(|m| *m > 0) {
+        text.push_str(&format!("\n(and {more} more)"));
+    }
+    text
 }
 
 /// The sentence `Synced` shows when all is well, naming what moves each way (`down` to the host,
@@ -128,9 +175,70 @@ mod tests {
                 },
             );
         }
+        h.errors.insert(
+            "Pod default/c".into(),
+            Failure {
+                reason: "SyncFailed",
+                message: "Pod default/c: the host timed out".into(),
+            },
+        );
         let f = h.verdict(&policy).unwrap_err();
-        assert_eq!(f.reason, "HostRejected");
-        assert_eq!(f.message, "Pod default/a: refused (and 1 more object)");
+        assert_eq!(f.reason, "SyncFailed", "the platform's failure comes first");
+        assert_eq!(
+            f.message,
+            "Pod default/c: the host timed out (and 2 more objects)"
+        );
+    }
+
+    #[test]
+    fn refusals_alone_are_the_tenants_and_the_verdict_names_the_first_few() {
+        let policy = in_sync(&["pods".into()], &[]);
+        let mut h = Health {
+            ready: true,
+            ..Default::default()
+        };
+        let refuse = |h: &mut Health, n: &str, reason: &'static str| {
+            h.errors.insert(
+                format!("Pod default/{n}"),
+                Failure {
+                    reason,
+                    message: format!("Pod default/{n}: refused"),
+                },
+            );
+        };
+        refuse(&mut h, "a", "NotAllowed");
+        let f = h.verdict(&policy).unwrap_err();
+        assert_eq!(f.reason, OBJECTS_REFUSED);
+        assert_eq!(
+            f.message,
+            "1 object refused, the tenant's to fix (each has a Warning Event in the tenant):\n- NotAllowed: Pod default/a: refused"
+        );
+        for (n, reason) in [
+            ("b", "HostRejected"),
+            ("c", "HostNameTaken"),
+            ("d", "NotAllowed"),
+        ] {
+            refuse(&mut h, n, reason);
+        }
+        let f = h.verdict(&policy).unwrap_err();
+        assert_eq!(f.reason, OBJECTS_REFUSED);
+        let lines: Vec<&str> = f.message.lines().collect();
+        assert_eq!(lines.len(), 5, "{}", f.message);
+        assert!(lines[0].starts_with("4 objects refused"));
+        assert_eq!(lines[2], "- HostRejected: Pod default/b: refused");
+        assert_eq!(lines[4], "(and 1 more)");
+        // A watch failing on top is the platform's: it names that, counting the refusals.
+        h.errors.insert(
+            "watch".into(),
+            Failure {
+                reason: WATCH_FAILED,
+                message: "pods: connection refused".into(),
+            },
+        );
+        let f = h.verdict(&policy).unwrap_err();
+        assert_eq!(f.reason, WATCH_FAILED);
+        assert_eq!(f.message, "pods: connection refused (and 4 more objects)");
+        assert!(!refused_by_policy(WATCH_FAILED) && !refused_by_policy("SyncFailed"));
     }
 
     #[test]
@@ -145,7 +253,7 @@ mod tests {
             h.errors.insert(
                 format!("Pod default/{i:02}{long}"),
                 Failure {
-                    reason: "NotAllowed",
+                    reason: "SyncFailed",
                     message: format!("Pod default/{i:02}{long}: {}", "refused; ".repeat(40_000)),
                 },
             );
@@ -159,6 +267,14 @@ mod tests {
             "{}",
             &f.message[f.message.len() - 80..]
         );
+        // Refusals alone: the first few, each cut, and the count, within the bound too.
+        for f in h.errors.values_mut() {
+            f.reason = "HostNameTaken";
+        }
+        let f = h.verdict(&policy).unwrap_err();
+        assert_eq!(f.reason, OBJECTS_REFUSED);
+        assert!(f.message.len() <= MAX_TEXT_BYTES, "{}", f.message.len());
+        assert!(f.message.ends_with("\n(and 15 more)"), "{}", f.message);
         h.errors.retain(|k, _| k.starts_with("Pod default/00"));
         assert!(h.verdict(&policy).unwrap_err().message.len() <= MAX_TEXT_BYTES);
     }

@@ -61,7 +61,9 @@ use tokio::sync::watch;
 use tracing::{Instrument, info, warn};
 
 pub use error::Error;
-pub use health::{Failure, Health, Observer, SYNC_STARTING, WATCH_FAILED};
+pub use health::{
+    Failure, Health, OBJECTS_REFUSED, Observer, SYNC_STARTING, WATCH_FAILED, refused_by_policy,
+};
 pub use key::Key;
 pub use kinds::summary;
 pub use spec::{KubeletEndpoint, SyncerSpec};

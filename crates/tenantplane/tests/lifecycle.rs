@@ -1,5 +1,5 @@
-//! The control plane's life as a real cluster needs it, on the real test control plane: the
-//! headless Service that governs the StatefulSet (and the migration of tenants made before it),
+//! The control plane's life as a real cluster needs it, on the real test control plane: Ready
+//! only once a first pod is taken, the headless Service that governs the StatefulSet (and the migration of tenants made before it),
 //! the data claim deleted with the tenant, version upgrades that read as Provisioning, and the
 //! endpoint only while the tenant answers (also when an older operator wrote it).
 
@@ -10,8 +10,9 @@ use std::collections::BTreeSet;
 use common::*;
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::StatefulSet;
-use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Service};
-use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, PropagationPolicy};
+use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, PropagationPolicy};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
 use serde_json::json;
@@ -36,6 +37,35 @@ fn owned_by(meta: &kube::api::ObjectMeta, tc: &TenantCluster) -> bool {
         .iter()
         .flatten()
         .any(|o| Some(&o.uid) == tc.metadata.uid.as_ref() && o.controller == Some(true))
+}
+
+#[tokio::test]
+async fn a_pod_applied_the_moment_the_tenant_reads_ready_is_taken() {
+    let world = TestHost::start("lc-first").await;
+    let ns = &world.ns;
+    example_ready(ns).await;
+    // No retry: a script that waits for Ready and then applies gets one try.
+    let tenant = tenant_client(&ns.client, &ns.name, "dev").await;
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "first", "namespace": "default"},
+        "spec": {"containers": [container("web")]},
+    }))
+    .unwrap();
+    let made = Api::<Pod>::namespaced(tenant.clone(), "default")
+        .create(&PostParams::default(), &pod)
+        .await;
+    assert!(made.is_ok(), "the first pod was refused: {made:?}");
+    // And its DNS has a ready endpoint: a first pod finds names.
+    let slices = Api::<EndpointSlice>::namespaced(tenant, "kube-system")
+        .list(&ListParams::default().labels("kubernetes.io/service-name=kube-dns"))
+        .await
+        .unwrap();
+    let ready = slices
+        .items
+        .iter()
+        .flat_map(|s| s.endpoints.iter().flatten())
+        .any(|e| e.conditions.as_ref().and_then(|c| c.ready).unwrap_or(true));
+    assert!(ready, "the tenant's DNS has no ready endpoint: {slices:?}");
 }
 
 #[tokio::test]

@@ -1,13 +1,15 @@
 //! The reconcile's phases, one module each, in the order the pipeline runs them: resolve the
 //! policies, isolate the namespace, keep the credentials, provision the control plane, sync the
-//! tenant; `report` says where it got to. Each takes the [`Context`](crate::context::Context)
-//! and either hands the next phase what it needs or stops with the progress to report.
+//! tenant (and `settle`: wait until it can take a first pod); `report` says where it got to.
+//! Each takes the [`Context`](crate::context::Context) and either hands the next phase what it
+//! needs or stops with the progress to report.
 
 pub(crate) mod credentials;
 pub(crate) mod isolate;
 pub(crate) mod provision;
 pub(crate) mod report;
 pub(crate) mod resolve;
+pub(crate) mod settle;
 pub(crate) mod sync;
 
 use crate::Error;

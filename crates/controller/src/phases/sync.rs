@@ -4,11 +4,12 @@
 use std::time::Duration;
 
 use tenantplane_api::TenantCluster;
-use tenantplane_syncer::{SYNC_STARTING, SyncerSpec, WATCH_FAILED};
+use tenantplane_syncer::{OBJECTS_REFUSED, SYNC_STARTING, SyncerSpec, WATCH_FAILED};
 
 use super::credentials::Kubeconfig;
 use super::provision::{ControlPlane, for_too_long, waiting, was_up};
 use super::resolve::Policies;
+use super::settle;
 use super::{Phase, stop};
 use crate::build;
 use crate::context::Context;
@@ -93,7 +94,26 @@ pub(crate) async fn tenant(
             .map(|k| k.endpoint.clone()),
     };
     let verdict = ctx.syncers.ensure(spec, watch_client).await;
-    Ok(synced(tc, replacing, version, verdict))
+    let progress = synced(tc, replacing, version, verdict);
+    // Coming up (after a start, an upgrade or a wake): Ready only once a first pod would work.
+    if let Progress::Synced {
+        version,
+        summary,
+        refused,
+    } = &progress
+        && !was_up(tc)
+        && let Some(waiting_for) =
+            settle::waiting_for(&tenant_client, &policies.sync_policy.spec).await
+    {
+        return Ok(Progress::Settling {
+            version: version.clone(),
+            summary: summary.clone(),
+            refused: *refused,
+            waiting_for,
+            stuck: for_too_long(tc),
+        });
+    }
+    Ok(progress)
 }
 
 /// What the syncer's verdict makes of the tenant, which answers with `version`. While a change
@@ -108,7 +128,18 @@ fn synced(
     verdict: Result<String, tenantplane_syncer::Failure>,
 ) -> Progress {
     match verdict {
-        Ok(summary) => Progress::Synced { version, summary },
+        Ok(summary) => Progress::Synced {
+            version,
+            summary,
+            refused: false,
+        },
+        // The tenant's users' objects refused, nothing else failing: theirs to fix, not the
+        // platform's; the tenant is Ready all the same.
+        Err(failure) if failure.reason == OBJECTS_REFUSED => Progress::Synced {
+            version,
+            summary: failure.message,
+            refused: true,
+        },
         Err(failure) if replacing => {
             waiting(format!("{ROLLING_OUT}; syncing: {}", failure.message))
         }
@@ -294,8 +325,22 @@ mod tests {
             synced(&up, false, "v1".into(), Ok("all".into())),
             Progress::Synced {
                 version: "v1".into(),
-                summary: "all".into()
+                summary: "all".into(),
+                refused: false,
             }
         );
+        // Only the tenant's users' objects refused: Ready, whether it was up or coming up.
+        let refused = || {
+            Err(Failure {
+                reason: OBJECTS_REFUSED,
+                message: "1 object refused".into(),
+            })
+        };
+        for tc in [&up, &coming] {
+            assert!(matches!(
+                synced(tc, false, "v1".into(), refused()),
+                Progress::Synced { refused: true, ref summary, .. } if summary == "1 object refused"
+            ));
+        }
     }
 }

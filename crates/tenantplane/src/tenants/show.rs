@@ -8,6 +8,7 @@ use tenantplane_api::TenantCluster;
 use tenantplane_api::conditions::{MODE_SUPPORTED, READY, SYNCED};
 use tenantplane_controller::build::kubeconfig;
 use tenantplane_controller::names;
+use tenantplane_syncer::OBJECTS_REFUSED;
 
 use super::progress::{condition, one_line};
 use super::{ListOutput, ObjectOutput, get};
@@ -76,7 +77,7 @@ pub async fn list(
                     ]);
                     if wide {
                         row.push(or_none(status.and_then(|s| s.endpoint.as_deref())));
-                        row.push(or_none(condition(tc, READY).map(|c| c.reason.as_str())));
+                        row.push(or_none(reason(tc)));
                     }
                     row
                 })
@@ -85,6 +86,18 @@ pub async fn list(
             Ok(())
         }
     }
+}
+
+/// The `-o wide` REASON: why the tenant is not Ready, or why it is not in sync though Ready
+/// (objects its users wrote were refused), or Ready's reason when all is well.
+fn reason(tc: &TenantCluster) -> Option<&str> {
+    let ready = condition(tc, READY);
+    let not = |c: &&k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition| c.status == "False";
+    ready
+        .filter(not)
+        .or_else(|| condition(tc, SYNCED).filter(not))
+        .or(ready)
+        .map(|c| c.reason.as_str())
 }
 
 /// The object as `kubectl get -o yaml` shows it: without managed fields.
@@ -213,5 +226,87 @@ fn describe(tc: &TenantCluster, admin_expiry: Option<i64>) -> String {
         &["TYPE", "STATUS", "REASON", "MESSAGE", "AGE"],
         &rows,
     ));
+    // Objects the tenant's users wrote that were refused: one per line, with its reason.
+    if let Some(synced) = conditions
+        .iter()
+        .find(|c| c.type_ == SYNCED && c.reason == OBJECTS_REFUSED)
+    {
+        let mut lines = synced.message.lines();
+        if let Some(head) = lines.next() {
+            out.push_str(&format!("\n{head}\n"));
+        }
+        for line in lines {
+            out.push_str(&format!("  {line}\n"));
+        }
+    }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A tenant with `phase` and these conditions (type, status, reason, message).
+    fn tenant(phase: &str, conditions: &[(&str, &str, &str, &str)]) -> TenantCluster {
+        let conditions: Vec<Value> = conditions
+            .iter()
+            .map(|(t, s, r, m)| {
+                json!({"type": t, "status": s, "reason": r, "message": m,
+                       "lastTransitionTime": "2026-01-01T00:00:00Z"})
+            })
+            .collect();
+        serde_json::from_value(json!({
+            "apiVersion": "tenantplane.io/v1alpha1",
+            "kind": "TenantCluster",
+            "metadata": {"name": "dev", "namespace": "team"},
+            "spec": {"kubernetesVersion": "v1.30.4"},
+            "status": {"phase": phase, "conditions": conditions},
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn the_wide_reason_says_why_a_ready_tenant_is_not_in_sync() {
+        let refused = tenant(
+            "Ready",
+            &[
+                ("Ready", "True", "ControlPlaneReady", "answers"),
+                ("Synced", "False", OBJECTS_REFUSED, "1 object refused"),
+            ],
+        );
+        assert_eq!(reason(&refused), Some(OBJECTS_REFUSED));
+        let well = tenant(
+            "Ready",
+            &[
+                ("Ready", "True", "ControlPlaneReady", "answers"),
+                ("Synced", "True", "SyncSucceeded", "in sync"),
+            ],
+        );
+        assert_eq!(reason(&well), Some("ControlPlaneReady"));
+        let down = tenant(
+            "Degraded",
+            &[
+                ("Ready", "False", "TenantUnreachable", "refused"),
+                ("Synced", "False", "TenantUnreachable", "refused"),
+            ],
+        );
+        assert_eq!(reason(&down), Some("TenantUnreachable"));
+    }
+
+    #[test]
+    fn status_lists_each_refused_object_on_its_own_line() {
+        let message = "2 objects refused, the tenant's to fix (each has a Warning Event in the tenant):\n- NotAllowed: Pod default/a: privileged\n- HostRejected: Service default/b: nodePort";
+        let tc = tenant(
+            "Ready",
+            &[
+                ("Ready", "True", "ControlPlaneReady", "answers"),
+                ("Synced", "False", OBJECTS_REFUSED, message),
+            ],
+        );
+        let text = describe(&tc, None);
+        assert!(
+            text.contains("\n2 objects refused, the tenant's to fix (each has a Warning Event in the tenant):\n  - NotAllowed: Pod default/a: privileged\n  - HostRejected: Service default/b: nodePort\n"),
+            "{text}"
+        );
+    }
 }

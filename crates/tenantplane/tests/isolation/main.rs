@@ -26,8 +26,9 @@ use k8s_openapi::api::node::v1::RuntimeClass;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::json;
-use tenantplane_api::TenantCluster;
 use tenantplane_api::conditions::SYNCED;
+use tenantplane_api::{Phase, TenantCluster};
+use tenantplane_syncer::OBJECTS_REFUSED;
 use tenantplane_syncer::naming;
 use tenantplane_testenv::{TestNamespace, eventually};
 
@@ -112,17 +113,28 @@ pub(crate) async fn told_where(
     .await
 }
 
-/// Wait until `Synced` is False with `reason` and a message containing `needle`.
+/// Wait until `Synced` is False naming a refused object with `reason` (as `ObjectsRefused`,
+/// `- reason: …`) and a message containing `needle`; a refusal is the tenant user's, so the
+/// tenant stays Ready meanwhile.
 pub(crate) async fn synced_says(host: &Client, ns: &str, reason: &str, needle: &str) {
     let api: Api<TenantCluster> = Api::namespaced(host.clone(), ns);
     let last = std::sync::Mutex::new(String::new());
     let found = eventually(WAIT, || async {
         let tc = api.get("dev").await.ok()?;
         let c = condition(&tc, SYNCED).clone();
-        *last.lock().unwrap() = format!("{} {}: {}", c.status, c.reason, c.message);
-        (c.status == "False" && c.reason == reason && c.message.contains(needle)).then_some(())
+        let phase = tc.status.as_ref().and_then(|s| s.phase);
+        *last.lock().unwrap() = format!("{phase:?}, {} {}: {}", c.status, c.reason, c.message);
+        let named = c.reason == OBJECTS_REFUSED && c.message.contains(&format!("- {reason}: "));
+        (c.status == "False" && named && c.message.contains(needle)).then_some(phase)
     })
     .await;
+    if let Some(phase) = found {
+        assert_eq!(
+            phase,
+            Some(Phase::Ready),
+            "refused objects leave the tenant Ready"
+        );
+    }
     assert!(
         found.is_some(),
         "Synced never said {reason} about {needle}; last: {}",

@@ -264,7 +264,8 @@ async fn twenty_refused_pods_rewrite_the_tenant_status_a_few_times() {
         "Pod default/refused-00: not allowed on the host: spec.hostNetwork",
     )
     .await;
-    synced_says(host, &ns.name, "NotAllowed", "(and 19 more objects)").await;
+    synced_says(host, &ns.name, "NotAllowed", "20 objects refused").await;
+    synced_says(host, &ns.name, "NotAllowed", "\n(and 17 more)").await;
     let elapsed = started.elapsed();
     counter.abort();
     let n = writes.load(Ordering::SeqCst);

@@ -25,8 +25,8 @@ use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::json;
 use tenantplane_api::conditions::SYNCED;
-use tenantplane_api::{SyncPolicy, TenantCluster};
-use tenantplane_syncer::naming;
+use tenantplane_api::{Phase, SyncPolicy, TenantCluster};
+use tenantplane_syncer::{OBJECTS_REFUSED, naming};
 use tenantplane_testenv::{TestNamespace, eventually};
 
 fn deployment(replicas: i32) -> Deployment {

@@ -59,15 +59,21 @@ async fn a_privileged_pod_never_runs_and_the_tenant_is_told_why() {
     // The TenantCluster names the pod and the reason.
     let (status, _, message) = eventually(WAIT, || async {
         let c = synced_condition(host, &ns.name, "dev").await;
-        (c.1 == "HostRejected").then_some(c)
+        (c.1 == OBJECTS_REFUSED).then_some(c)
     })
     .await
-    .expect("Synced never said HostRejected");
+    .expect("Synced never said ObjectsRefused");
     assert_eq!(status, "False");
     assert!(
-        message.starts_with("Pod kube-system/priv: the host refused it"),
+        message.contains("\n- HostRejected: Pod kube-system/priv: the host refused it"),
         "{message}"
     );
+    // The host's refusal of a tenant user's pod is theirs: the tenant stays Ready.
+    let tc = Api::<TenantCluster>::namespaced(host.clone(), &ns.name)
+        .get("dev")
+        .await
+        .unwrap();
+    assert_eq!(tc.status.and_then(|s| s.phase), Some(Phase::Ready));
     let copy = Api::<Pod>::namespaced(host.clone(), &ns.name)
         .get_opt("priv-x-kube-system-x-dev")
         .await
@@ -129,11 +135,12 @@ async fn a_pod_the_host_refuses_backs_off() {
         (2..=6).contains(&attempts),
         "{attempts} host create attempts in {window:?} (1 refused pod)"
     );
-    let (status, reason, _) = synced_condition(host, &ns.name, "dev").await;
+    let (status, reason, message) = synced_condition(host, &ns.name, "dev").await;
     assert_eq!(
         (status.as_str(), reason.as_str()),
-        ("False", "HostRejected")
+        ("False", OBJECTS_REFUSED)
     );
+    assert!(message.contains("\n- HostRejected: "), "{message}");
 }
 
 #[tokio::test]

@@ -594,7 +594,8 @@ async fn a_host_pod_with_a_copys_name_is_never_taken_over() {
     // `Synced` names the taken name; the pod is as its owner made it.
     let said = eventually(WAIT, || async {
         let (status, reason, message) = synced_condition(&host, &ns.name, "dev").await;
-        (status == "False" && reason == "HostNameTaken").then_some(message)
+        let named = reason == OBJECTS_REFUSED && message.contains("- HostNameTaken: ");
+        (status == "False" && named).then_some(message)
     })
     .await
     .expect("Synced says HostNameTaken");
