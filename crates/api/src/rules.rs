@@ -30,15 +30,28 @@ pub fn version_format() -> Rule {
 /// The oldest Kubernetes version a tenant runs.
 pub const OLDEST_VERSION: &str = "v1.30.0";
 
-/// The version is one a tenant runs: [`OLDEST_VERSION`] or newer.
+/// The newest minor version a tenant runs: the newest whose k3s releases
+/// (`build::k3s::releases`) and removed APIs (the upgrade guard's table) this operator knows.
+pub const NEWEST_MINOR: &str = "v1.36";
+
+/// The version is one a tenant runs: from [`OLDEST_VERSION`] to [`NEWEST_MINOR`]; the message
+/// names the bound that was crossed.
 pub fn version_supported() -> Rule {
     let (n0, n1) = (part("self", 0), part("self", 1));
+    let (oldest, newest) = (minor_of(OLDEST_VERSION), minor_of(NEWEST_MINOR));
     rule(
-        format!("!self.matches('{VERSION}') || ({n0} == 1 && {n1} >= 30)"),
         format!(
-            "'kubernetesVersion ' + self + ' is not one a tenant runs: the oldest is {OLDEST_VERSION} (older k3s lacks flags its control plane uses, such as --egress-selector-mode); use {OLDEST_VERSION} or newer'"
+            "!self.matches('{VERSION}') || ({n0} == 1 && {n1} >= {oldest} && {n1} <= {newest})"
+        ),
+        format!(
+            "({n0} > 1 || ({n0} == 1 && {n1} > {newest})) ? 'kubernetesVersion ' + self + ' is newer than any a tenant runs: the newest is {NEWEST_MINOR} (the newest minor whose k3s releases and removed APIs this operator knows); use a {NEWEST_MINOR} release such as {NEWEST_MINOR}.3, or an operator that knows newer ones' : 'kubernetesVersion ' + self + ' is not one a tenant runs: the oldest is {OLDEST_VERSION} (older k3s lacks flags its control plane uses, such as --egress-selector-mode); use {OLDEST_VERSION} or newer'"
         ),
     )
+}
+
+/// The minor of `v1.30` or `v1.30.0`, for a rule: `30`.
+fn minor_of(version: &str) -> &str {
+    version.split('.').nth(1).unwrap_or("0")
 }
 
 /// An image reference: no spaces, no scheme.
