@@ -231,19 +231,19 @@ mod tests {
     #[test]
     fn an_image_that_cannot_be_pulled_names_the_version() {
         let p = pod(json!({"phase": "Pending", "initContainerStatuses": [{
-            "name": "pki", "ready": false, "restartCount": 0, "image": "rancher/k3s:v1.99.0-k3s1", "imageID": "",
-            "state": {"waiting": {"reason": "ImagePullBackOff", "message": "Back-off pulling image \"rancher/k3s:v1.99.0-k3s1\""}},
+            "name": "pki", "ready": false, "restartCount": 0, "image": "rancher/k3s:v1.36.99-k3s1", "imageID": "",
+            "state": {"waiting": {"reason": "ImagePullBackOff", "message": "Back-off pulling image \"rancher/k3s:v1.36.99-k3s1\""}},
         }]}));
         let (reason, message) = failing(
             &p,
-            "rancher/k3s:v1.99.0-k3s1",
-            "v1.99.0",
+            "rancher/k3s:v1.36.99-k3s1",
+            "v1.36.99",
             pull_advice(tenantplane_api::Distribution::K3s),
         )
         .unwrap();
         assert_eq!(reason, "ImagePullFailed");
-        assert!(message.contains("cannot pull image rancher/k3s:v1.99.0-k3s1 (ImagePullBackOff: Back-off pulling image"), "{message}");
-        assert!(message.contains("kubernetesVersion v1.99.0"), "{message}");
+        assert!(message.contains("cannot pull image rancher/k3s:v1.36.99-k3s1 (ImagePullBackOff: Back-off pulling image"), "{message}");
+        assert!(message.contains("kubernetesVersion v1.36.99"), "{message}");
         assert!(message.contains("spec.controlPlane.image"), "{message}");
         // The agent's image is the operator's: its own advice, whichever the distribution.
         let p = pod(json!({"phase": "Pending", "containerStatuses": [{

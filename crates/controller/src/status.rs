@@ -102,6 +102,8 @@ pub enum Progress {
         waiting_for: String,
         /// It has waited longer than a control plane may take to come up.
         stuck: bool,
+        /// What it waits for cannot come (`waiting_for` says why): the platform's to fix.
+        blocked: bool,
     },
     /// Asleep: the control plane scaled to zero, the syncer stopped, the pods' copies removed.
     Sleeping(SleepStatus),
@@ -296,8 +298,9 @@ fn verdict(
             refused,
             waiting_for,
             stuck,
+            blocked,
         } => (
-            if *stuck {
+            if *stuck || *blocked {
                 Phase::Degraded
             } else {
                 Phase::Provisioning
@@ -308,7 +311,7 @@ fn verdict(
                 TENANT_SETTLING,
                 format!(
                     "the tenant API server answers (Kubernetes {version}); a first pod waits for {waiting_for}{}",
-                    if *stuck {
+                    if *stuck && !*blocked {
                         ", for longer than a control plane may take to come up"
                     } else {
                         ""
@@ -553,6 +556,46 @@ mod tests {
         assert_eq!(synced.status, "False");
         assert_eq!(synced.reason, OBJECTS_REFUSED);
         assert_eq!(synced.message, refused);
+    }
+
+    #[test]
+    fn a_tenant_settling_is_provisioning_until_stuck_or_blocked() {
+        let settling = |stuck: bool, blocked: bool| Progress::Settling {
+            version: "v1".into(),
+            summary: "in sync".into(),
+            refused: false,
+            waiting_for: "the tenant's DNS".into(),
+            stuck,
+            blocked,
+        };
+        for (stuck, blocked, phase) in [
+            (false, false, Phase::Provisioning),
+            (true, false, Phase::Degraded),
+            (false, true, Phase::Degraded),
+        ] {
+            let status = desired_status(&tenant(), &settling(stuck, blocked), EP, &at(1));
+            assert_eq!(
+                status.phase,
+                Some(phase),
+                "stuck {stuck}, blocked {blocked}"
+            );
+            assert_eq!(status.endpoint, None);
+            let ready = conditions::find(&status.conditions, READY).unwrap();
+            assert_eq!(ready.reason, TENANT_SETTLING);
+            assert!(
+                ready
+                    .message
+                    .contains("a first pod waits for the tenant's DNS")
+            );
+            assert_eq!(
+                ready.message.contains("for longer than"),
+                stuck && !blocked,
+                "{}",
+                ready.message
+            );
+            let synced = conditions::find(&status.conditions, SYNCED).unwrap();
+            assert_eq!(synced.status, "True");
+        }
     }
 
     #[test]

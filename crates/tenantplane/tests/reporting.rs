@@ -240,7 +240,7 @@ async fn a_control_plane_pod_that_cannot_start_says_why() {
         options(&ns.name, None),
     ));
     let mut tc = example(&ns.name);
-    tc.spec.kubernetes_version = "v1.99.0".into();
+    tc.spec.kubernetes_version = "v1.36.99".into();
     Api::<TenantCluster>::namespaced(ns.client.clone(), &ns.name)
         .create(&PostParams::default(), &tc)
         .await
@@ -248,7 +248,7 @@ async fn a_control_plane_pod_that_cannot_start_says_why() {
     let pods: Api<Pod> = Api::namespaced(ns.client.clone(), &ns.name);
     let made = eventually(WAIT, || async { pods.get_opt("dev-0").await.ok()? }).await;
     assert!(made.is_some(), "the StatefulSet makes its pod");
-    let image = "rancher/k3s:v1.99.0-k3s1";
+    let image = "rancher/k3s:v1.36.99-k3s1";
     kubelet_says(&pods, json!({"phase": "Pending", "initContainerStatuses": [{
         "name": "pki", "ready": false, "restartCount": 0, "image": image, "imageID": "",
         "state": {"waiting": {"reason": "ImagePullBackOff",
@@ -262,7 +262,7 @@ async fn a_control_plane_pod_that_cannot_start_says_why() {
         message.contains(&format!("cannot pull image {image}")),
         "{message}"
     );
-    assert!(message.contains("kubernetesVersion v1.99.0"), "{message}");
+    assert!(message.contains("kubernetesVersion v1.36.99"), "{message}");
     assert!(
         message.contains("not found"),
         "the kubelet's words: {message}"

@@ -4,7 +4,7 @@
 //! only then, the first time and after each upgrade or wake, so a script that waits for Ready
 //! and then applies does not fail.
 
-use k8s_openapi::api::core::v1::ServiceAccount;
+use k8s_openapi::api::core::v1::{Pod, ServiceAccount};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::{Api, ListParams};
 use tenantplane_api::SyncPolicySpec;
@@ -13,14 +13,27 @@ use tenantplane_syncer::addons::{DNS_NAMESPACE, DNS_SERVICE};
 /// The namespace and the ServiceAccount a first pod uses.
 const DEFAULT: &str = "default";
 
-/// What a first pod still waits for in the tenant, in words; `None` when nothing.
-pub(crate) async fn waiting_for(tenant: &kube::Client, policy: &SyncPolicySpec) -> Option<String> {
+/// What a first pod still waits for in the tenant.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Unsettled {
+    /// On its way: what it waits for, in words.
+    Waiting(String),
+    /// It cannot come: the tenant's DNS pod is refused (the IsolationProfile, or the host's
+    /// admission, stops it), which is the platform's to fix. What it waits for, and why not.
+    Blocked(String),
+}
+
+/// What a first pod still waits for in the tenant; `None` when nothing.
+pub(crate) async fn waiting_for(
+    tenant: &kube::Client,
+    policy: &SyncPolicySpec,
+) -> Option<Unsettled> {
     let accounts: Api<ServiceAccount> = Api::namespaced(tenant.clone(), DEFAULT);
     let account = "the ServiceAccount default/default, which the tenant's controller manager makes";
     match accounts.get_opt(DEFAULT).await {
         Ok(Some(_)) => {}
-        Ok(None) => return Some(account.to_string()),
-        Err(e) => return Some(format!("{account} (reading it: {e})")),
+        Ok(None) => return Some(Unsettled::Waiting(account.to_string())),
+        Err(e) => return Some(Unsettled::Waiting(format!("{account} (reading it: {e})"))),
     }
     if !runs_dns(policy) {
         return None;
@@ -32,9 +45,44 @@ pub(crate) async fn waiting_for(tenant: &kube::Client, policy: &SyncPolicySpec) 
     );
     match slices.list(&ListParams::default().labels(&selector)).await {
         Ok(list) if dns_ready(&list.items) => None,
-        Ok(_) => Some(dns),
-        Err(e) => Some(format!("{dns} (reading its EndpointSlices: {e})")),
+        Ok(_) => {
+            let pods: Api<Pod> = Api::namespaced(tenant.clone(), DNS_NAMESPACE);
+            let dns_pods = pods
+                .list(&ListParams::default().labels(&format!("k8s-app={DNS_SERVICE}")))
+                .await
+                .map(|l| l.items)
+                .unwrap_or_default();
+            Some(match refused(&dns_pods) {
+                Some(why) => Unsettled::Blocked(format!("{dns}, which cannot come: {why}")),
+                None => Unsettled::Waiting(dns),
+            })
+        }
+        Err(e) => Some(Unsettled::Waiting(format!(
+            "{dns} (reading its EndpointSlices: {e})"
+        ))),
     }
+}
+
+/// Why the first of these DNS pods that the syncer or the host refused does not run: its
+/// `PodScheduled` condition, as the syncer wrote it.
+fn refused(pods: &[Pod]) -> Option<String> {
+    pods.iter().find_map(|p| {
+        let c = p
+            .status
+            .as_ref()?
+            .conditions
+            .as_ref()?
+            .iter()
+            .find(|c| c.type_ == "PodScheduled" && c.status == "False")?;
+        let reason = c.reason.as_deref()?;
+        ["NotAllowed", "HostRejected"].contains(&reason).then(|| {
+            format!(
+                "pod {DNS_NAMESPACE}/{} is refused ({reason}: {})",
+                p.metadata.name.as_deref().unwrap_or_default(),
+                c.message.as_deref().unwrap_or_default()
+            )
+        })
+    })
 }
 
 /// Does the tenant's DNS run on the host? Its pod syncs only when every pod does; a policy
@@ -81,6 +129,24 @@ mod tests {
         assert!(!dns_ready(&[slice(&[Some(false)])]), "its pod is not Ready");
         assert!(dns_ready(&[slice(&[Some(false)]), slice(&[Some(true)])]));
         assert!(dns_ready(&[slice(&[None])]), "no condition reads as ready");
+    }
+
+    #[test]
+    fn a_refused_dns_pod_is_named_with_why() {
+        let pod = |reason: &str| -> Pod {
+            serde_json::from_value(json!({
+                "metadata": {"name": "coredns-1", "namespace": "kube-system"},
+                "status": {"conditions": [{"type": "PodScheduled", "status": "False",
+                    "reason": reason, "message": "image from docker.io"}]}
+            }))
+            .unwrap()
+        };
+        assert_eq!(
+            refused(&[pod("NotAllowed")]).as_deref(),
+            Some("pod kube-system/coredns-1 is refused (NotAllowed: image from docker.io)")
+        );
+        assert_eq!(refused(&[pod("Unschedulable")]), None, "on its way");
+        assert_eq!(refused(&[]), None);
     }
 
     #[test]

@@ -9,7 +9,7 @@ use tenantplane_syncer::{OBJECTS_REFUSED, SYNC_STARTING, SyncerSpec, WATCH_FAILE
 use super::credentials::Kubeconfig;
 use super::provision::{ControlPlane, for_too_long, waiting, was_up};
 use super::resolve::Policies;
-use super::settle;
+use super::settle::{self, Unsettled};
 use super::{Phase, stop};
 use crate::build;
 use crate::context::Context;
@@ -102,15 +102,20 @@ pub(crate) async fn tenant(
         refused,
     } = &progress
         && !was_up(tc)
-        && let Some(waiting_for) =
+        && let Some(unsettled) =
             settle::waiting_for(&tenant_client, &policies.sync_policy.spec).await
     {
+        let (waiting_for, blocked) = match unsettled {
+            Unsettled::Waiting(what) => (what, false),
+            Unsettled::Blocked(what) => (what, true),
+        };
         return Ok(Progress::Settling {
             version: version.clone(),
             summary: summary.clone(),
             refused: *refused,
             waiting_for,
             stuck: for_too_long(tc),
+            blocked,
         });
     }
     Ok(progress)

@@ -870,9 +870,10 @@ async fn redteam_only_the_tenants_dns_may_ask_the_hosts() {
 /// platform whose nodes hold such credentials lists the registries tenants may use.
 #[tokio::test]
 async fn redteam_images_come_only_from_registries_the_profile_lists() {
-    // The registry of the tests' own image (`container`), and no other.
+    // The registry of the tests' own image (`container`), and the tenant DNS's (which the
+    // profile must list too, or the tenant never settles), and no other.
     let world = TenantSetup::seed()
-        .allow(json!({"imageRegistries": ["registry.example"]}))
+        .allow(json!({"imageRegistries": ["registry.example", "docker.io"]}))
         .start("rt-image")
         .await;
     let (ns, host, tenant) = (&world.ns, &world.host, &world.tenant);
