@@ -250,6 +250,7 @@ async fn run(
                 node_selector: spec.profile.node_selector.clone(),
                 tolerations: spec.profile.tolerations.clone(),
                 allow: spec.profile.allow.clone(),
+                default_limits: spec.profile.limit_range.default.clone(),
                 kubelet: spec.kubelet.clone(),
             },
             policy: policy.clone(),

@@ -29,6 +29,9 @@ pub struct Translator {
     pub tolerations: Vec<Toleration>,
     /// What tenant objects may ask of the host (the IsolationProfile's `allow`).
     pub allow: tenantplane_api::Allowances,
+    /// The limits the host's LimitRange gives a container that sets none (the IsolationProfile's
+    /// `limitRange.default`): a request above one is refused with what to set.
+    pub default_limits: BTreeMap<String, tenantplane_api::QuantityString>,
     /// What virtual Nodes name as their kubelet.
     pub kubelet: Option<crate::spec::KubeletEndpoint>,
 }
@@ -129,6 +132,7 @@ pub(crate) mod tests {
             node_selector: BTreeMap::from([("pool".to_string(), "tenants".to_string())]),
             tolerations: vec![],
             allow: Default::default(),
+            default_limits: BTreeMap::new(),
             kubelet: None,
         }
     }

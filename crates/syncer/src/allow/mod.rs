@@ -36,7 +36,8 @@ pub use placement::{
 pub use pod_fields::{Decision, FIELDS as POD_FIELDS};
 pub use pods::pod_refusals;
 pub use resources::{
-    ALWAYS_ALLOWED as ALWAYS_ALLOWED_RESOURCES, DISK, bound_disk, resource_refusals,
+    ALWAYS_ALLOWED as ALWAYS_ALLOWED_RESOURCES, DISK, bound_disk, default_limit_refusals,
+    resource_refusals,
 };
 use values::listed;
 pub use values::{pattern_opens, points_elsewhere};

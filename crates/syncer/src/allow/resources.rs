@@ -80,6 +80,46 @@ pub fn resource_refusals(allow: &Allowances, spec: &PodSpec) -> Vec<String> {
     out
 }
 
+/// Why a container would be refused by the host's LimitRange, which gives a container without a
+/// limit the profile's `limitRange.default` as its limit: its request is above that default.
+/// Said here, naming the default and the field to set, because the tenant cannot see the host's
+/// LimitRange and the host's own words ("must be less than or equal to cpu limit of 500m") name
+/// a limit the tenant never set.
+pub fn default_limit_refusals(
+    defaults: &BTreeMap<String, QuantityString>,
+    spec: &PodSpec,
+) -> Vec<String> {
+    let mut out = Vec::new();
+    for c in spec
+        .init_containers
+        .iter()
+        .flatten()
+        .chain(spec.containers.iter())
+    {
+        let r = c.resources.as_ref();
+        let requests = r.and_then(|r| r.requests.as_ref());
+        let limits = r.and_then(|r| r.limits.as_ref());
+        for (name, default) in defaults {
+            if limits.is_some_and(|l| l.contains_key(name)) {
+                continue;
+            }
+            let Some(asked) = requests.and_then(|m| m.get(name)) else {
+                continue;
+            };
+            let above = Quantity::parse(&asked.0)
+                .zip(Quantity::parse(&default.0))
+                .is_some_and(|(asked, default)| asked.exceeds(default));
+            if above {
+                out.push(format!(
+                    "container {:?} requests {name} {} and sets no {name} limit: on this host a container without one gets the IsolationProfile's default limit of {name} {} (its limitRange.default), and a request may not be above its limit; set resources.limits.{name} to at least {}",
+                    c.name, asked.0, default.0, asked.0
+                ));
+            }
+        }
+    }
+    out
+}
+
 /// Why quantity `asked` is more than the profile's `cap` (named `field`), or cannot be compared
 /// with it; `None` when it is within.
 fn over_cap(asked: &str, cap: &QuantityString, field: &str) -> Option<String> {
@@ -164,6 +204,33 @@ mod tests {
             "volumes": [{"name": "scratch", "emptyDir": {"sizeLimit": "1Ti"}},
                         {"name": "small", "emptyDir": {"sizeLimit": "1Gi"}}]
         }))
+    }
+
+    #[test]
+    fn a_request_above_the_default_limit_it_does_not_set_is_refused_with_what_to_set() {
+        let defaults: BTreeMap<String, QuantityString> = [
+            ("cpu".into(), "500m".into()),
+            ("memory".into(), "512Mi".into()),
+        ]
+        .into();
+        let pod = spec(json!({
+            "initContainers": [{"name": "init", "resources": {"requests": {"memory": "1Gi"}}}],
+            "containers": [
+                {"name": "big", "resources": {"requests": {"cpu": "8"}}},
+                {"name": "limited", "resources": {"requests": {"cpu": "8"}, "limits": {"cpu": "8"}}},
+                {"name": "small", "resources": {"requests": {"cpu": "500m", "memory": "64Mi"}}},
+                {"name": "none"}
+            ]
+        }));
+        let refused = default_limit_refusals(&defaults, &pod);
+        assert_eq!(
+            refused,
+            [
+                "container \"init\" requests memory 1Gi and sets no memory limit: on this host a container without one gets the IsolationProfile's default limit of memory 512Mi (its limitRange.default), and a request may not be above its limit; set resources.limits.memory to at least 1Gi",
+                "container \"big\" requests cpu 8 and sets no cpu limit: on this host a container without one gets the IsolationProfile's default limit of cpu 500m (its limitRange.default), and a request may not be above its limit; set resources.limits.cpu to at least 8",
+            ]
+        );
+        assert!(default_limit_refusals(&BTreeMap::new(), &pod).is_empty());
     }
 
     #[test]

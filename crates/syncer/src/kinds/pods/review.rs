@@ -97,6 +97,7 @@ pub fn review(tr: &Translator, pod: &Pod) -> Review {
     dropped.extend(allow::topology(&tr.allow, &mut copy));
     dropped.extend(allow::bound_durations(&tr.allow.durations, &mut copy));
     let mut refused = allow::pod_refusals(&tr.allow, spec);
+    refused.extend(allow::default_limit_refusals(&tr.default_limits, spec));
     let tokens = super::tokens::token_sources(pod).len();
     if tokens > MAX_TOKENS {
         refused.push(format!(
