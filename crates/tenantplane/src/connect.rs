@@ -133,6 +133,35 @@ async fn prepare(client: &kube::Client, o: &ConnectOptions) -> anyhow::Result<Re
     })
 }
 
+/// A client of tenant `name`'s API server, reached as `connect` reaches it (a forward through
+/// the host API server to a Ready control-plane pod, on a free loopback port), for as long as
+/// the returned guard lives. For the commands that look inside the tenant while they wait.
+pub async fn tenant_client(
+    client: &kube::Client,
+    ns: &str,
+    name: &str,
+) -> anyhow::Result<(kube::Client, tokio::sync::oneshot::Sender<()>)> {
+    let target = Arc::new(Target::new(client, ns, name));
+    let pod = target.resolve().await?;
+    target.remember(Some(pod));
+    let listener = bind(None).await?;
+    let port = listener.local_addr()?.port();
+    let stored = kubeconfig_cmd::stored(client, ns, name).await?;
+    let text = through_local_port(&stored, port, &default_context_name(ns, name))?;
+    let kubeconfig = kube::config::Kubeconfig::from_yaml(&text)
+        .with_context(|| format!("reading TenantCluster {name}'s kubeconfig"))?;
+    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+        .await
+        .with_context(|| format!("reading TenantCluster {name}'s kubeconfig"))?;
+    let tenant = kube::Client::try_from(config)
+        .with_context(|| format!("a client of TenantCluster {name}"))?;
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(forward::serve(listener, target, async move {
+        let _ = stopped.await;
+    }));
+    Ok((tenant, stop))
+}
+
 /// Where the kubeconfig went: a file of its own, or merged into the user's (with the current
 /// context it had).
 enum Wrote {

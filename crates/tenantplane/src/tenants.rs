@@ -10,6 +10,7 @@ mod create;
 mod delete;
 mod progress;
 mod restore;
+mod settled;
 mod show;
 mod sleep;
 

@@ -39,7 +39,7 @@ impl WaitArgs {
 pub enum UserCommand {
     /// Create a TenantCluster (the example's settings unless flags say otherwise).
     #[command(
-        after_help = "With --wait: a line each time the phase or the Ready/Synced reason changes; exit 0 once Ready, 1 when it stays Degraded for 20s (with the condition's message) or on --timeout."
+        after_help = "With --wait: a line each time the phase or the Ready/Synced reason changes; exit 0 once Ready; exit 1 at once on a failure waiting will not fix (the namespace is another tenant's, a policy is missing, the PKI or the Service range is wrong), deleting the TenantCluster it made unless --keep; exit 1 when it stays Degraded for 20s (with the condition's message) or on --timeout."
     )]
     Create {
         /// The TenantCluster's name.
@@ -62,6 +62,13 @@ pub enum UserCommand {
         /// unless --version says otherwise).
         #[arg(long, value_name = "SNAPSHOT")]
         from_snapshot: Option<String>,
+        /// Create the namespace when it does not exist.
+        #[arg(long)]
+        create_namespace: bool,
+        /// With --wait: keep the TenantCluster when it fails for a reason waiting will not fix
+        /// (by default it is deleted, so the same command can be run again once fixed).
+        #[arg(long, requires = "wait")]
+        keep: bool,
         #[command(flatten)]
         wait: WaitArgs,
     },
@@ -258,6 +265,8 @@ pub async fn run_user(host: &HostArgs, command: UserCommand) -> anyhow::Result<(
             sync_policy,
             distribution,
             from_snapshot,
+            create_namespace,
+            keep,
             wait,
         } => {
             let options = tenants::CreateOptions {
@@ -267,6 +276,8 @@ pub async fn run_user(host: &HostArgs, command: UserCommand) -> anyhow::Result<(
                 sync_policy,
                 distribution,
                 from_snapshot,
+                create_namespace,
+                keep,
             };
             tenants::create(&client, &ns(namespace), &options, wait.wait()).await
         }

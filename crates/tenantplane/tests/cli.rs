@@ -408,6 +408,37 @@ contexts:
         .await
         .unwrap();
     assert!(gone.is_none());
+    // And settled: none of its pods or claims is left, Terminating or not.
+    for selector in [
+        "tenantplane.io/tenant=dev",
+        "tenantplane.io/synced-from=dev",
+    ] {
+        let params = kube::api::ListParams::default().labels(selector);
+        let pods = Api::<k8s_openapi::api::core::v1::Pod>::namespaced(ns.client.clone(), n)
+            .list(&params)
+            .await
+            .unwrap();
+        let claims = Api::<k8s_openapi::api::core::v1::PersistentVolumeClaim>::namespaced(
+            ns.client.clone(),
+            n,
+        )
+        .list(&params)
+        .await
+        .unwrap();
+        let left: Vec<String> = pods
+            .iter()
+            .map(|p| p.metadata.name.clone().unwrap_or_default())
+            .chain(
+                claims
+                    .iter()
+                    .map(|c| c.metadata.name.clone().unwrap_or_default()),
+            )
+            .collect();
+        assert!(
+            left.is_empty(),
+            "delete --wait returned with {left:?} left ({selector})"
+        );
+    }
 }
 
 #[tokio::test]
@@ -485,35 +516,83 @@ async fn errors_say_what_to_do_and_exit_1() {
 }
 
 #[tokio::test]
-async fn create_wait_gives_up_on_a_tenant_that_stays_degraded() {
+async fn create_wait_exits_at_once_on_a_failure_waiting_will_not_fix_and_cleans_up() {
     let world = TestHost::start("cli-degraded").await;
     let ns = &world.ns;
     let n = ns.name.as_str();
+    let tenants: Api<TenantCluster> = Api::namespaced(ns.client.clone(), n);
+    let create = |keep: bool| {
+        let mut args = vec![
+            "create",
+            "dev",
+            "-n",
+            n,
+            "--isolation-profile",
+            "missing-profile",
+            "--wait",
+        ];
+        if keep {
+            args.push("--keep");
+        }
+        let args: Vec<String> = args.into_iter().map(String::from).collect();
+        async move {
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            tp(&args).await
+        }
+    };
     let started = Instant::now();
-    let create = tp(&[
-        "create",
-        "dev",
-        "-n",
-        n,
-        "--isolation-profile",
-        "missing-profile",
-        "--wait",
-    ])
-    .await;
+    let failed = create(false).await;
+    let took = started.elapsed();
     failed_with(
-        &create,
+        &failed,
         &format!(
-            "TenantCluster dev in namespace {n} stayed Degraded for 20s: IsolationProfileNotFound: IsolationProfile \"missing-profile\" not found"
+            "TenantCluster dev in namespace {n} is Degraded for a reason waiting will not fix: IsolationProfileNotFound: IsolationProfile \"missing-profile\" not found"
         ),
     );
     assert!(
-        create
+        failed
             .stdout
             .contains("Degraded: Ready False (IsolationProfileNotFound)"),
-        "{create:?}"
+        "{failed:?}"
     );
+    failed_with(
+        &failed,
+        &format!("TenantCluster dev in namespace {n} is deleted (add --keep to keep it)"),
+    );
+    eprintln!("create --wait gave up on a missing profile after {took:?}");
+    // The object it made is gone (its finalizer taken off by the operator), so the same
+    // command can run again once the profile exists.
+    let gone = tenantplane_testenv::eventually(Duration::from_secs(60), || async {
+        tenants.get_opt("dev").await.ok()?.is_none().then_some(())
+    })
+    .await;
     assert!(
-        started.elapsed() < Duration::from_secs(120),
-        "gives up after the grace, long before the 5m timeout"
+        gone.is_some(),
+        "the TenantCluster create made is still there"
     );
+    // With --keep it stays.
+    let kept = create(true).await;
+    failed_with(&kept, "IsolationProfileNotFound");
+    assert!(!kept.stderr.contains("is deleted"), "{kept:?}");
+    assert!(tenants.get_opt("dev").await.unwrap().is_some());
+}
+
+#[tokio::test]
+async fn create_makes_the_namespace_when_asked() {
+    let world = TestHost::start("cli-newns").await;
+    let n = format!("{}-made", world.ns.name);
+    let without = tp(&["create", "dev", "-n", &n]).await;
+    failed_with(&without, "add --create-namespace");
+    let with = tp(&["create", "dev", "-n", &n, "--create-namespace"]).await;
+    ok(&with);
+    assert!(
+        with.stdout.contains(&format!("namespace {n} created")),
+        "{with:?}"
+    );
+    let tenants: Api<TenantCluster> = Api::namespaced(world.ns.client.clone(), &n);
+    assert!(tenants.get_opt("dev").await.unwrap().is_some());
+    // Leave the shared host as found: the tenant, then its namespace.
+    ok(&tp(&["delete", "dev", "-n", &n, "--wait"]).await);
+    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(world.ns.client.clone());
+    namespaces.delete(&n, &Default::default()).await.unwrap();
 }

@@ -4,14 +4,16 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use futures::StreamExt;
+use k8s_openapi::api::core::v1::Namespace;
 use kube::Client;
 use kube::ResourceExt;
 use kube::api::{Api, PostParams};
+use tenantplane_api::conditions::READY;
 use tenantplane_api::{Distribution, Phase, PolicyRef, TenantCluster};
 
 use super::progress::{
-    explaining_condition, fatal_watch_error, last_word, phase_of, progress_key, progress_line,
-    reason_and_message, watch_one,
+    condition, explaining_condition, fatal_watch_error, last_word, phase_of, progress_key,
+    progress_line, reason_and_message, watch_one,
 };
 use crate::format::show_duration;
 use crate::host::{explain, program};
@@ -31,7 +33,27 @@ pub struct CreateOptions {
     pub distribution: Option<String>,
     /// Build it from this TenantSnapshot (in the same namespace).
     pub from_snapshot: Option<String>,
+    /// Create the namespace when it does not exist (`--create-namespace`).
+    pub create_namespace: bool,
+    /// Keep the TenantCluster when `--wait` meets a failure waiting will not fix (`--keep`).
+    pub keep: bool,
 }
+
+/// The Ready reasons of a failure waiting will not fix: someone must change something (another
+/// tenant holds the namespace, a policy is missing, the PKI Secret or the Service range is
+/// wrong). `create --wait` exits at once on one.
+pub const PERMANENT: &[&str] = &[
+    "NamespaceInUse",
+    "IsolationProfileNotFound",
+    "SyncPolicyNotFound",
+    "PKIInvalid",
+    "ServiceCIDRMismatch",
+];
+
+/// `wait_for_phase` met a failure waiting will not fix ([`PERMANENT`]).
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct Permanent(String);
 
 /// The TenantCluster `create` submits.
 pub fn new_tenant(options: &CreateOptions, namespace: &str) -> anyhow::Result<TenantCluster> {
@@ -97,6 +119,9 @@ pub async fn create(
         }
     }
     let what = format!("TenantCluster {name} in namespace {namespace}");
+    if options.create_namespace {
+        ensure_namespace(client, namespace).await?;
+    }
     let created = match api.create(&PostParams::default(), &tc).await {
         Ok(created) => created,
         Err(kube::Error::Api(status)) if status.code == 409 => bail!(
@@ -111,7 +136,7 @@ pub async fn create(
                     .is_some_and(|d| d.kind == "namespaces") =>
         {
             bail!(
-                "namespace {namespace} not found; create it first (`kubectl create namespace {namespace}`) or pick another with -n"
+                "namespace {namespace} not found; add --create-namespace, create it first (`kubectl create namespace {namespace}`) or pick another with -n"
             )
         }
         Err(kube::Error::Api(status)) if status.code == 422 || status.code == 400 => {
@@ -128,7 +153,36 @@ pub async fn create(
             );
             Ok(())
         }
-        Some(timeout) => wait_ready(api, &created, timeout, started).await,
+        Some(timeout) => match wait_ready(api.clone(), &created, timeout, started).await {
+            Err(e) if e.is::<Permanent>() && !options.keep => {
+                let deleted = match api.delete(name, &Default::default()).await {
+                    Ok(_) => format!("{what} is deleted (add --keep to keep it)"),
+                    Err(d) => format!("deleting {what} failed too: {}", explain(d, &what)),
+                };
+                bail!("{e}\n{deleted}")
+            }
+            done => done,
+        },
+    }
+}
+
+/// Create namespace `name` unless it exists (`--create-namespace`).
+async fn ensure_namespace(client: &Client, name: &str) -> anyhow::Result<()> {
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    let namespace = Namespace {
+        metadata: kube::api::ObjectMeta {
+            name: Some(name.to_string()),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    match namespaces.create(&PostParams::default(), &namespace).await {
+        Ok(_) => {
+            println!("namespace {name} created");
+            Ok(())
+        }
+        Err(kube::Error::Api(status)) if status.code == 409 => Ok(()),
+        Err(e) => Err(explain(e, &format!("namespace {name}"))),
     }
 }
 
@@ -231,6 +285,15 @@ pub(super) async fn wait_for_phase(
         }
         let phase = phase_of(&tc);
         if phase == Some(Phase::Degraded) {
+            if let Some(ready) =
+                condition(&tc, READY).filter(|c| PERMANENT.contains(&c.reason.as_str()))
+            {
+                bail!(Permanent(format!(
+                    "TenantCluster {name} in namespace {namespace} is Degraded for a reason waiting will not fix: {}; see `{} status {name} -n {namespace}`",
+                    reason_and_message(ready),
+                    program()
+                )));
+            }
             degraded_since.get_or_insert_with(tokio::time::Instant::now);
         } else {
             degraded_since = None;
@@ -256,6 +319,8 @@ mod tests {
             sync_policy: None,
             distribution: None,
             from_snapshot: None,
+            create_namespace: false,
+            keep: false,
         };
         let tc = new_tenant(&options, "team-web").unwrap();
         assert_eq!(tc.name_any(), "web");
@@ -282,6 +347,8 @@ mod tests {
             sync_policy: Some("minimal".into()),
             distribution: Some("kubernetes".into()),
             from_snapshot: None,
+            create_namespace: false,
+            keep: false,
         };
         let tc = new_tenant(&options, "team-web").unwrap();
         assert_eq!(tc.spec.control_plane.distribution, Distribution::Kubernetes);

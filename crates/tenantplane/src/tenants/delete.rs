@@ -1,4 +1,5 @@
-//! `delete`, and `--wait` until the operator has cleaned up.
+//! `delete`, and `--wait` until the operator has cleaned up and the tenant's pods and claims have
+//! left its namespace.
 
 use std::time::Duration;
 
@@ -9,6 +10,7 @@ use kube::{Client, ResourceExt};
 use tenantplane_api::TenantCluster;
 
 use super::progress::{fatal_watch_error, watch_one};
+use super::settled::{self, Leaving};
 use crate::format::show_duration;
 use crate::host::{explain, is_not_found, tenant_not_found};
 
@@ -61,10 +63,22 @@ pub async fn delete(
                 }
             }
             Some(Ok(Some(tc))) if tc.uid() == uid => latest = tc,
-            Some(Ok(_)) => {
-                println!("{what} deleted after {}s", started.elapsed().as_secs());
-                return Ok(());
-            }
+            Some(Ok(_)) => break,
         }
     }
+    // Gone from the API; its pods and claims go after it.
+    settled::until_left(
+        client,
+        namespace,
+        name,
+        Leaving::PodsAndClaims,
+        deadline,
+        started,
+    )
+    .await?;
+    println!(
+        "{what} deleted after {}s, with its pods and claims",
+        started.elapsed().as_secs()
+    );
+    Ok(())
 }

@@ -12,6 +12,7 @@ use tenantplane_api::{Phase, RestorePhase, SnapshotPhase, TenantCluster, TenantS
 
 use super::get;
 use super::progress::phase_of;
+use super::settled;
 use crate::host::{explain, program};
 
 /// What `restore` is asked.
@@ -216,8 +217,11 @@ async fn follow(
                 restore.and_then(|r| r.message).unwrap_or_default()
             ),
             Some(RestorePhase::Completed) if phase == Some(Phase::Ready) => {
+                // The tenant shows its pods as the snapshot had them; their copies follow.
+                let deadline = started + timeout;
+                settled::until_running_again(client, &namespace, &name, deadline, started).await?;
                 println!(
-                    "TenantCluster {name} in namespace {namespace} is restored and Ready after {}s",
+                    "TenantCluster {name} in namespace {namespace} is restored and Ready after {}s, its pods running on the host",
                     started.elapsed().as_secs()
                 );
                 return Ok(());

@@ -13,6 +13,7 @@ use tenantplane_api::{Phase, TenantCluster};
 use super::create::wait_for_phase;
 use super::get;
 use super::progress::phase_of;
+use super::settled::{self, Leaving};
 use crate::host::{explain, program};
 
 /// Put tenant `name` to sleep; with `wait`, until it is Sleeping.
@@ -50,8 +51,11 @@ pub async fn sleep(
         }
         Some(timeout) => {
             wait_for_phase(api, &patched, Phase::Sleeping, timeout, started).await?;
+            // Sleeping once its control plane is scaled down; its pods leave after that.
+            let deadline = started + timeout;
+            settled::until_left(client, namespace, name, Leaving::Pods, deadline, started).await?;
             println!(
-                "TenantCluster {name} in namespace {namespace} is Sleeping after {}s",
+                "TenantCluster {name} in namespace {namespace} is Sleeping after {}s, no pod of it left",
                 started.elapsed().as_secs()
             );
             Ok(())
@@ -80,8 +84,11 @@ pub async fn wake(
         None => Ok(()),
         Some(timeout) => {
             let tc = wait_for_phase(api, &patched, Phase::Ready, timeout, started).await?;
+            // Ready once it answers; its pods' copies are made again after that.
+            let deadline = started + timeout;
+            settled::until_running_again(client, namespace, name, deadline, started).await?;
             println!(
-                "TenantCluster {} in namespace {namespace} is Ready after {}s",
+                "TenantCluster {} in namespace {namespace} is Ready after {}s, its pods running on the host",
                 tc.name_any(),
                 started.elapsed().as_secs()
             );
