@@ -230,7 +230,7 @@ impl Elector {
             Ok(written) => {
                 self.observe(&written);
                 if taking_over {
-                    info!(lease = %self.settings.name, namespace = %self.settings.namespace, previous = ?spec.holder_identity, "took over the leader Lease");
+                    info!(lease = %self.settings.name, namespace = %self.settings.namespace, previous = %spec.holder_identity.as_deref().unwrap_or("none"), "took over the leader Lease");
                 }
                 Ok(Attempt::Held)
             }
@@ -291,7 +291,7 @@ impl Elector {
                     }
                 }
                 Err(e) => {
-                    warn!(lease = %self.settings.name, namespace = %self.settings.namespace, error = %e, "reading the leader Lease failed; retrying");
+                    warn!(lease = %self.settings.name, namespace = %self.settings.namespace, error = %crate::error_chain(&e), "reading the leader Lease failed; retrying");
                 }
             }
             tokio::time::sleep(self.settings.retry_period).await;
@@ -315,7 +315,7 @@ impl Elector {
                     };
                 }
                 Err(e) => {
-                    warn!(lease = %self.settings.name, error = %e, "renewing the leader Lease failed; retrying");
+                    warn!(lease = %self.settings.name, namespace = %self.settings.namespace, error = %crate::error_chain(&e), "renewing the leader Lease failed; retrying");
                 }
             }
         }
@@ -378,7 +378,7 @@ pub async fn run_elected(
     match outcome {
         Ok(()) => {
             if let Err(e) = elector.release().await {
-                warn!(error = %e, "releasing the leader Lease failed; a standby takes over when it expires");
+                warn!(lease = %elector.settings().name, namespace = %elector.settings().namespace, error = %crate::error_chain(&e), "releasing the leader Lease failed; a standby takes over when it expires");
             }
             Ok(())
         }

@@ -55,7 +55,7 @@ pub(crate) fn error_policy(tc: Arc<TenantCluster>, error: &Error, ctx: Arc<Conte
         Err(_) => 1,
     };
     let after = retry_after(failures);
-    warn!(tenant = %tc.name_any(), namespace = ?tc.namespace(), category = error.category(), error = %error, failures, retry_in_s = after.as_secs(), "reconcile error; retrying");
+    warn!(tenant = %tc.name_any(), namespace = %tc.namespace().unwrap_or_default(), category = error.category(), error = %crate::error_chain(error), failures, retry_in_s = after.as_secs(), "reconcile error; retrying");
     Action::requeue(after)
 }
 
@@ -350,7 +350,7 @@ async fn cleanup(tc: &TenantCluster, ctx: &Context) -> Result<Action, Error> {
             .map(|o| o.name.as_str())
             .filter(|n| *n != tenant)
             .collect();
-        info!(tenant = %tenant, namespace = %ns, others = ?others, "tenant deleted; the namespace labels stay for the other TenantClusters in it");
+        info!(tenant = %tenant, namespace = %ns, others = %others.join(", "), "tenant deleted; the namespace labels stay for the other TenantClusters in it");
         return Ok(Action::await_change());
     }
     let namespaces: Api<Namespace> = Api::all(ctx.client.clone());

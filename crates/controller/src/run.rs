@@ -109,7 +109,18 @@ pub async fn run(
         .run(reconcile, error_policy, context)
         .for_each(|result| async move {
             if let Err(e) = result {
-                warn!(error = %e, "reconcile failed");
+                // The tenant, where the failure is one tenant's (not a watch's).
+                use kube::runtime::controller::Error as Failed;
+                let tenant = match &e {
+                    Failed::ReconcilerFailed(_, o) | Failed::ObjectNotFound(o) => Some(o),
+                    _ => None,
+                };
+                warn!(
+                    tenant = %tenant.map_or("none", |o| o.name.as_str()),
+                    namespace = %tenant.and_then(|o| o.namespace.as_deref()).unwrap_or("none"),
+                    error = %crate::error_chain(&e),
+                    "reconcile failed"
+                );
             }
         })
         .await;

@@ -196,9 +196,66 @@ pub async fn bind(
     })
 }
 
+/// The log target kube-client's HTTP layer logs every failed request under, at ERROR (`failed
+/// with error client error (Connect)`, `failed with status 503 …`; see `on_failure` in
+/// kube-client's `client/builder.rs`): it names neither the tenant nor the call, and each of
+/// those failures comes back to the operator as an error that it reports itself, with the
+/// tenant, in status and in its own log lines.
+pub const KUBE_CLIENT_HTTP_TARGET: &str = "kube_client::client::builder";
+
+/// A log filter (`EnvFilter` syntax) with kube-client's HTTP failure lines turned off: `off`,
+/// not `warn`, as they are logged at ERROR, which `warn` still lets through. That target logs
+/// nothing else above DEBUG. A filter that names the target itself, or a prefix of it (`kube`,
+/// `kube_client=debug`, `kube_client::client::builder=error`), is explicit and used as given;
+/// any other (`info`, `debug`, `tenantplane_controller=trace`) gets the directive first, where
+/// it wins over a bare level as the more specific directive.
+pub fn log_filter(filter: &str) -> String {
+    let names_it = filter.split(',').map(str::trim).any(|directive| {
+        let target = directive.split(['[', '=']).next().unwrap_or_default();
+        let bare_level = !directive.contains(['[', '='])
+            && target
+                .parse::<tracing::level_filters::LevelFilter>()
+                .is_ok();
+        !target.is_empty() && !bare_level && KUBE_CLIENT_HTTP_TARGET.starts_with(target)
+    });
+    if names_it {
+        filter.to_string()
+    } else {
+        format!("{KUBE_CLIENT_HTTP_TARGET}=off,{filter}")
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn kube_clients_http_failure_lines_are_off_unless_the_filter_names_them() {
+        let quiet = "kube_client::client::builder=off";
+        for filter in [
+            "info",
+            "warn",
+            "debug",
+            "info,tenantplane_controller=debug",
+            "",
+        ] {
+            assert_eq!(log_filter(filter), format!("{quiet},{filter}"), "{filter}");
+        }
+        for filter in [
+            "kube_client::client::builder=error",
+            "info,kube_client=debug",
+            "kube=trace",
+            "warn, kube_client::client[HTTP]=debug",
+            "kube_client",
+        ] {
+            assert_eq!(log_filter(filter), filter, "{filter}");
+        }
+        // Another of kube's targets is not this one.
+        assert_eq!(
+            log_filter("kube_runtime=debug"),
+            format!("{quiet},kube_runtime=debug")
+        );
+    }
 
     #[test]
     fn readiness_follows_the_role() {

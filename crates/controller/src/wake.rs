@@ -195,7 +195,7 @@ async fn serve(listener: TcpListener, target: Arc<DoorTarget>) {
                 tokio::spawn(hold(socket, peer, target.clone(), asked.clone()));
             }
             Err(e) => {
-                warn!(error = %e, "wake door: accepting a connection failed");
+                warn!(namespace = %target.namespace, tenant = %target.tenant, error = %e, "wake door: accepting a connection failed");
                 tokio::time::sleep(Duration::from_millis(200)).await;
             }
         }
@@ -219,7 +219,7 @@ async fn hold(
         })
         .await;
     if let Err(e) = woken {
-        warn!(namespace = %ns, tenant = %tenant, %peer, error = %e, "wake door: asking for a wake failed");
+        warn!(namespace = %ns, tenant = %tenant, %peer, error = %crate::error_chain(&e), "wake door: asking for a wake failed");
         let why = format!(
             "tenant {tenant} in namespace {ns} is asleep, and asking it to wake failed: {e}"
         );

@@ -118,6 +118,44 @@ impl Error {
 /// The syncer's results, failing with [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
+/// An error and its causes as a log line says them, outermost first, joined by `: `: kube's API
+/// errors as the API server's message, reason and code (their `Display` ends in a Rust debug dump
+/// of the `Status`), also where a wrapper prints such a cause inside its own text, and a cause the
+/// text before already says left out. The same as `tenantplane_client::error_chain`, which the
+/// syncer does not depend on.
+pub fn log_text(error: &(dyn std::error::Error + 'static)) -> String {
+    fn status(s: &kube::core::Status) -> String {
+        format!("{} ({}, {})", s.message, s.reason, s.code)
+    }
+    fn clean(e: &(dyn std::error::Error + 'static)) -> Option<String> {
+        match e.downcast_ref::<kube::Error>() {
+            Some(kube::Error::Api(s)) => Some(status(s)),
+            Some(other) => Some(other.to_string()),
+            None => e
+                .downcast_ref::<Box<kube::core::Status>>()
+                .map(|s| status(s))
+                .or_else(|| e.downcast_ref::<kube::core::Status>().map(status)),
+        }
+    }
+    let links: Vec<&(dyn std::error::Error + 'static)> =
+        std::iter::successors(Some(error), |e| e.source()).collect();
+    let mut parts: Vec<String> = Vec::new();
+    for (i, link) in links.iter().enumerate() {
+        let text = clean(*link).unwrap_or_else(|| {
+            links[i + 1..]
+                .iter()
+                .fold(link.to_string(), |text, cause| match clean(*cause) {
+                    Some(said) => text.replace(&cause.to_string(), &said),
+                    None => text,
+                })
+        });
+        if !text.is_empty() && !parts.iter().any(|said| said.contains(&text)) {
+            parts.push(text);
+        }
+    }
+    parts.join(": ")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -137,5 +175,28 @@ mod tests {
         assert!(taken.first_retry() > Duration::from_secs(1));
         let passing = Error::TokenRequestFailed("default/default".into());
         assert!(passing.first_retry() < Duration::from_secs(1));
+    }
+
+    #[test]
+    fn log_text_says_the_api_servers_words_without_a_debug_dump() {
+        let not_found = || {
+            kube::Error::Api(Box::new(
+                kube::core::Status::failure(r#"pods "web" not found"#, "NotFound").with_code(404),
+            ))
+        };
+        let want = r#"pods "web" not found (NotFound, 404)"#;
+        // The syncer's own error, whose text is its kube cause's (debug dump and all).
+        let e = Error::Api(not_found());
+        assert!(e.to_string().contains("Status {"), "{e}");
+        assert_eq!(log_text(&e), want);
+        // A wrapper that prints its cause inside its own text, as a watch's error does.
+        let e = kube::runtime::watcher::Error::InitialListFailed(not_found());
+        assert_eq!(
+            log_text(&e),
+            format!("failed to perform initial object list: {want}")
+        );
+        // Errors without a kube cause read as their Display.
+        let e = Error::NotAllowed("hostPort 80".into());
+        assert_eq!(log_text(&e), "not allowed on the host: hostPort 80");
     }
 }

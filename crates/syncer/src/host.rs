@@ -390,7 +390,7 @@ impl HostWatches {
                         shared.on_event(event);
                     }
                     Err(e) => {
-                        debug!(error = %e, watch = %what, "host watch error; it lists again");
+                        debug!(error = %crate::error::log_text(&e), watch = %what, "host watch error; it lists again");
                         shared.set_failing(Some(format!("the {what} fails (retrying): {e}")));
                     }
                 }

@@ -248,7 +248,11 @@ impl Syncers {
                 count,
                 "syncers stopped, each after finishing the objects in hand"
             ),
-            Err(_) => warn!(count, "syncers still busy after {grace:?}; stopping them"),
+            Err(_) => warn!(
+                count,
+                "syncers still busy after {}s; stopping them",
+                grace.as_secs_f64()
+            ),
         }
         // Dropping aborts any still running.
     }
@@ -326,7 +330,7 @@ where
         Ok(_) => Ok(()),
         Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
         Err(e) => {
-            warn!(error = %e, "deleting synced objects failed");
+            warn!(namespace = %namespace, kind = %K::kind(&()), error = %crate::error::log_text(&e), "deleting synced objects failed");
             Err(e)
         }
     }

@@ -13,7 +13,7 @@ use kube::core::Selector;
 use kube::runtime::events::{self, Recorder};
 use tenantplane_api::SyncPolicySpec;
 use tokio::sync::watch;
-use tracing::{debug, warn};
+use tracing::{Instrument, debug, warn};
 
 use crate::backoff;
 use crate::health::Failure;
@@ -55,15 +55,19 @@ pub(crate) async fn supervise(
     loop {
         // The engine runs in its own task so that a panic is caught here; the guard stops it
         // when this task is aborted (the syncer stopped or replaced).
-        let mut engine = AbortOnDrop(tokio::spawn(run(
-            spec.clone(),
-            tenant.clone(),
-            host.clone(),
-            watches.clone(),
-            reporter.clone(),
-            stop.clone(),
-            retries,
-        )));
+        let mut engine = AbortOnDrop(tokio::spawn(
+            run(
+                spec.clone(),
+                tenant.clone(),
+                host.clone(),
+                watches.clone(),
+                reporter.clone(),
+                stop.clone(),
+                retries,
+            )
+            // A spawned task leaves the caller's span behind: this keeps the tenant on its lines.
+            .in_current_span(),
+        ));
         let why = match (&mut engine.0).await {
             Ok(Ok(())) => return,
             // Stopping: whatever ended it, do not start again.
@@ -74,7 +78,7 @@ pub(crate) async fn supervise(
         };
         failures = failures.saturating_add(1);
         let wait = backoff::delay(failures, RESTART_FIRST, RESTART_MAX);
-        warn!(tenant = %spec.tenant, namespace = %spec.host_namespace, error = %why, "syncer stopped; restarting after {wait:?}");
+        warn!(tenant = %spec.tenant, namespace = %spec.host_namespace, error = %crate::error::log_text(&why), "syncer stopped; restarting after {}s", wait.as_secs_f64());
         reporter.health.send_modify(|h| {
             h.crashed = Some(why.to_string());
             h.ready = false;
@@ -135,14 +139,14 @@ impl Engine {
                 if e.waits_for_change() {
                     // Looked at again when the object or the profile changes, not on a clock.
                     cx.queue.forget(key);
-                    debug!(key = %description, error = %e, "sync refused; waiting for a change");
+                    debug!(tenant = %tenant, namespace = %ns, key = %description, error = %crate::error::log_text(&e), "sync refused; waiting for a change");
                 } else {
                     let delay = cx.queue.retry_up_to(
                         key.clone(),
                         e.first_retry_in(&self.retries),
                         self.retries.max,
                     );
-                    debug!(key = %description, error = %e, "sync failed; retrying in {delay:?}");
+                    debug!(tenant = %tenant, namespace = %ns, key = %description, error = %crate::error::log_text(&e), "sync failed; retrying in {}ms", delay.as_millis());
                 }
                 cx.reporter.set_error(
                     &description,

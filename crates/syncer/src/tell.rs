@@ -108,7 +108,7 @@ where
         secondary: None,
     };
     if let Err(e) = cx.recorder.publish(&event, &obj.object_ref(&())).await {
-        warn!(error = %e, "publishing an event in the tenant failed");
+        warn!(tenant = %cx.tr.name(), namespace = %cx.tr.host_namespace, reason, error = %crate::error::log_text(&e), "publishing an event in the tenant failed");
         if let Some(said) = cx
             .told
             .lock()

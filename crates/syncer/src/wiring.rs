@@ -99,7 +99,7 @@ impl Setup<'_> {
                         }
                     }
                     Err(e) => {
-                        debug!(error = %e, watch = %what, "sync watch error; it lists again");
+                        debug!(error = %crate::error::log_text(&e), watch = %what, "sync watch error; it lists again");
                         failing = true;
                         reporter.watch_failing(
                             &what,

@@ -331,9 +331,17 @@ spec:
 fn init_logging(path: &Path) -> anyhow::Result<()> {
     let file =
         std::fs::File::create(path).with_context(|| format!("creating {}", path.display()))?;
+    // As the operator's: kube-client's own line for each failed request, which names no tenant,
+    // is off unless RUST_LOG names its target (see `telemetry::log_filter`).
+    let filter = |text: &str| {
+        tracing_subscriber::EnvFilter::try_new(tenantplane_controller::telemetry::log_filter(text))
+    };
     let _ = tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+            std::env::var("RUST_LOG")
+                .ok()
+                .and_then(|text| filter(&text).ok())
+                .unwrap_or_else(|| filter("info").unwrap_or_else(|_| "info".into())),
         )
         .with_ansi(false)
         .with_writer(std::sync::Mutex::new(file))

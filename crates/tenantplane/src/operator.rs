@@ -176,7 +176,11 @@ impl OperatorArgs {
 
 /// Logs to stdout in the chosen format, at the chosen level.
 pub fn init_logging(args: &OperatorArgs) -> anyhow::Result<()> {
-    let filter = tracing_subscriber::EnvFilter::try_new(&args.log_level).with_context(|| {
+    // kube-client's own ERROR line for each failed request (`failed with error client error
+    // (Connect)`) names no tenant; the operator reports those failures itself, with the tenant.
+    // Off unless the filter names kube-client's target (see `telemetry::log_filter`).
+    let directives = telemetry::log_filter(&args.log_level);
+    let filter = tracing_subscriber::EnvFilter::try_new(&directives).with_context(|| {
         format!(
             "--log-level {:?} is not a level (error, warn, info, debug, trace) or a filter such as info,tenantplane_controller=debug",
             args.log_level

@@ -198,7 +198,7 @@ pub async fn bind(
     Ok(async move {
         tokio::spawn(secrets.for_each(|event| async move {
             if let Err(e) = event {
-                warn!("kubelet endpoint: watching the tenants' PKI Secrets: {e}");
+                warn!(error = %crate::error_chain(&e), "kubelet endpoint: watching the tenants' PKI Secrets failed");
             }
         }));
         let renewing = serving.clone();
@@ -206,7 +206,7 @@ pub async fn bind(
             loop {
                 tokio::time::sleep(tls::SERVING_RENEWAL).await;
                 if let Err(e) = renewing.renew() {
-                    warn!("kubelet endpoint: {e}; the current certificate keeps serving");
+                    warn!(error = %e, "kubelet endpoint: renewing the serving certificate failed; the current certificate keeps serving");
                 }
             }
         });
@@ -214,7 +214,7 @@ pub async fn bind(
             let (tcp, peer) = match listener.accept().await {
                 Ok(c) => c,
                 Err(e) => {
-                    warn!("kubelet endpoint: accepting a connection: {e}");
+                    warn!(error = %e, "kubelet endpoint: accepting a connection failed");
                     tokio::time::sleep(std::time::Duration::from_millis(100)).await;
                     continue;
                 }
@@ -237,7 +237,7 @@ async fn serve_connection(
     let stream = match acceptor.accept(tcp).await {
         Ok(s) => s,
         Err(e) => {
-            warn!(%peer, "kubelet endpoint: refused a connection: {e}");
+            warn!(%peer, error = %e, "kubelet endpoint: refused a connection");
             return;
         }
     };
@@ -257,7 +257,7 @@ async fn serve_connection(
     let who = match tenants.identify(&cert, now) {
         Ok(w) => w,
         Err(e) => {
-            warn!(%peer, "kubelet endpoint: refused a connection: {e}");
+            warn!(%peer, error = %e, "kubelet endpoint: refused a connection");
             return;
         }
     };

@@ -133,7 +133,10 @@ pub async fn handle(
     if let Some(tenant_side) = tenant_side
         && status == StatusCode::SWITCHING_PROTOCOLS
     {
-        let label = format!("{} of {what} (tenant {})", route.action, tenant.name);
+        let label = format!(
+            "{} of {what} (tenant {} in namespace {})",
+            route.action, tenant.name, who.namespace
+        );
         return Ok(spliced(tenant_side, answer, label));
     }
     // Logs, and refusals of streams: the host's answer as it is, streamed.
@@ -196,7 +199,7 @@ fn spliced(
         let (tenant_io, host_io) = match tokio::join!(tenant_side, hyper::upgrade::on(answer)) {
             (Ok(t), Ok(h)) => (t, h),
             (Err(e), _) | (_, Err(e)) => {
-                warn!("{label}: the stream did not open: {e}");
+                warn!(error = %e, "{label}: the stream did not open");
                 return;
             }
         };

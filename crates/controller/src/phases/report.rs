@@ -49,7 +49,7 @@ pub(crate) async fn report_failure(
         }
         let progress = Progress::ApplyFailed(e.to_string());
         if let Err(report_error) = report(ctx, tc, &progress).await {
-            warn!(error = %report_error, "reporting a failed reconcile in status failed too");
+            warn!(tenant = %tc.name_any(), namespace = %tc.namespace().unwrap_or_default(), error = %crate::error_chain(&report_error), "reporting a failed reconcile in status failed too");
         }
     }
 }
@@ -89,7 +89,7 @@ pub(crate) async fn publish(
         secondary: None,
     };
     if let Err(e) = ctx.recorder.publish(&event, &tc.object_ref(&())).await {
-        warn!(error = %e, "publishing an event failed");
+        warn!(tenant = %tc.name_any(), namespace = %tc.namespace().unwrap_or_default(), reason, error = %crate::error_chain(&e), "publishing an event on the TenantCluster failed");
     }
 }
 

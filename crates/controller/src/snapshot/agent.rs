@@ -173,12 +173,12 @@ pub async fn run(options: AgentOptions) -> Result<(), StartError> {
         copying: Arc::new(Mutex::new(())),
         restored,
     });
-    info!(listen = %agent.options.listen, restore = ?agent.options.restore, "snapshot agent serving");
+    info!(listen = %agent.options.listen, restore = %agent.options.restore.as_deref().unwrap_or("none"), "snapshot agent serving");
     tokio::spawn(async move {
         loop {
             tokio::time::sleep(tls::SERVING_RENEWAL).await;
             if let Err(e) = serving.renew() {
-                warn!("{e}; the current certificate keeps serving");
+                warn!(error = %e, "snapshot agent: renewing the serving certificate failed; the current certificate keeps serving");
             }
         }
     });
@@ -188,7 +188,7 @@ pub async fn run(options: AgentOptions) -> Result<(), StartError> {
                 let (tcp, peer) = match accepted {
                     Ok(c) => c,
                     Err(e) => {
-                        warn!("accepting a connection: {e}");
+                        warn!(error = %e, "snapshot agent: accepting a connection failed");
                         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
                         continue;
                     }
@@ -237,7 +237,7 @@ async fn serve_connection(
     let stream = match acceptor.accept(tcp).await {
         Ok(s) => s,
         Err(e) => {
-            warn!(%peer, "refused a connection: {e}");
+            warn!(%peer, error = %e, "snapshot agent: refused a connection");
             return;
         }
     };

@@ -85,7 +85,7 @@ pub async fn run(
                 continue;
             }
             if let Err(e) = tick(&client, &tc, &schedule).await {
-                warn!(tenant = %tc.name_any(), namespace = ?tc.namespace(), "snapshot schedule: {e}");
+                warn!(tenant = %tc.name_any(), namespace = %tc.namespace().unwrap_or_default(), error = %crate::error_chain(&e), "snapshot schedule: taking or pruning the scheduled snapshots failed");
             }
         }
     }

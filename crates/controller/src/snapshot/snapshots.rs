@@ -74,8 +74,14 @@ pub async fn run(
         .graceful_shutdown_on(shutdown)
         .run(
             reconcile,
-            |_, e: &super::Error, _| {
-                warn!("TenantSnapshot: {e}");
+            |snap: Arc<TenantSnapshot>, e: &super::Error, _| {
+                warn!(
+                    tenant = %snap.spec.tenant_cluster_ref.name,
+                    namespace = %snap.namespace().unwrap_or_default(),
+                    snapshot = %snap.name_any(),
+                    error = %crate::error_chain(e),
+                    "taking or deleting the TenantSnapshot failed; retrying in 15s"
+                );
                 Action::requeue(Duration::from_secs(15))
             },
             ctx,
@@ -261,7 +267,13 @@ async fn copy_and_record(
         }
     };
     if let Err(e) = write_status(&ctx.client, &snap, &final_status).await {
-        warn!("TenantSnapshot {}: {e}", snap.name_any());
+        warn!(
+            tenant = %tenant.name_any(),
+            namespace = %tenant.namespace().unwrap_or_default(),
+            snapshot = %snap.name_any(),
+            error = %crate::error_chain(&e),
+            "writing the TenantSnapshot's final status failed"
+        );
     }
     mark_running(&ctx, &snap.uid().unwrap_or_default(), false);
 }
@@ -481,7 +493,14 @@ async fn publish(ctx: &Ctx, snap: &TenantSnapshot, type_: EventType, reason: &st
         secondary: None,
     };
     if let Err(e) = ctx.recorder.publish(&event, &snap.object_ref(&())).await {
-        warn!(error = %e, "publishing an event failed");
+        warn!(
+            tenant = %snap.spec.tenant_cluster_ref.name,
+            namespace = %snap.namespace().unwrap_or_default(),
+            snapshot = %snap.name_any(),
+            reason,
+            error = %crate::error_chain(&e),
+            "publishing an event on the TenantSnapshot failed"
+        );
     }
 }
 

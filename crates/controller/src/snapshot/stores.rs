@@ -55,8 +55,13 @@ pub async fn run(
         .graceful_shutdown_on(shutdown)
         .run(
             reconcile,
-            |_, e: &super::Error, _| {
-                warn!("SnapshotStore: {e}");
+            |store: Arc<SnapshotStore>, e: &super::Error, _| {
+                warn!(
+                    store = %store.name_any(),
+                    error = %crate::error_chain(e),
+                    "checking the SnapshotStore failed; checking again in {}s",
+                    RECHECK_FAILING.as_secs()
+                );
                 Action::requeue(RECHECK_FAILING)
             },
             ctx,
@@ -111,7 +116,9 @@ async fn reconcile(store: Arc<SnapshotStore>, ctx: Arc<Ctx>) -> Result<Action, s
     if was != is {
         match &verdict {
             Ok(_) => info!(store = %name, "SnapshotStore is available"),
-            Err(e) => warn!(store = %name, "SnapshotStore is not available: {e}"),
+            Err(e) => {
+                warn!(store = %name, error = %crate::error_chain(e), "SnapshotStore is not available");
+            }
         }
     }
     Ok(Action::requeue(next))

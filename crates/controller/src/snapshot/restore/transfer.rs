@@ -148,7 +148,7 @@ pub(super) fn start_transfer(
                     break;
                 }
                 Err(e) => {
-                    tracing::warn!(%snapshot, attempt, "sending the snapshot failed: {e}");
+                    tracing::warn!(tenant = %key.1, namespace = %key.0, %snapshot, attempt, error = %crate::error_chain(&e), "restore: sending the snapshot to the pod failed");
                     // An answer lost on the way (the pod put it in place, then went on).
                     if let Ok(RestoreState::Restored(sha)) =
                         agent_client::restore_state(&address, &pki, &id).await
@@ -173,7 +173,7 @@ pub(super) fn start_transfer(
                 // The pod goes on with the data it had (none, for a new tenant, whose status
                 // says the control plane waits: its init container is not released).
                 if let Err(e) = agent_client::abandon(&address, &pki, &why).await {
-                    tracing::warn!("giving the restore up: {e}");
+                    tracing::warn!(tenant = %key.1, namespace = %key.0, %snapshot, error = %crate::error_chain(&e), "restore: telling the pod to give the restore up failed");
                 }
                 Outcome::Abandoned(why)
             }

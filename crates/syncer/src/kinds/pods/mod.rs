@@ -520,7 +520,7 @@ async fn mark_unschedulable(cx: &Tenant, t: &Pod, reason: &str, message: &str) {
         )
         .await
     {
-        warn!(error = %e, "marking a rejected tenant pod failed");
+        warn!(tenant = %cx.tr.name(), namespace = %cx.tr.host_namespace, pod = %format!("{}/{}", t.namespace().unwrap_or_default(), t.name_any()), reason, error = %crate::error::log_text(&e), "marking a rejected tenant pod unschedulable failed");
     }
 }
 
