@@ -484,7 +484,7 @@ async fn errors_say_what_to_do_and_exit_1() {
     );
     failed_with(
         &tp(&["create", "dev", "-n", &format!("{n}-missing")]).await,
-        &format!("namespace {n}-missing not found; create it first"),
+        &format!("namespace {n}-missing not found; add --create-namespace, create it first"),
     );
 
     // Created, then the same name again; --wait without an operator runs out of time.

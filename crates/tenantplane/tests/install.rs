@@ -198,6 +198,42 @@ fn helm_lint_accepts_the_chart() {
 }
 
 #[test]
+fn the_charts_schema_refuses_values_that_would_render_a_broken_install() {
+    // Each refused by the values schema, naming the value, before anything renders.
+    for (set, says) in [
+        ("replicas=-1", "replicas"),
+        ("replicas=0", "replicas"),
+        ("logFormat=xml", "logFormat"),
+        ("image.pullPolicy=Sometimes", "pullPolicy"),
+        ("serviceCIDR=ten-dot-96", "serviceCIDR"),
+        ("replica=2", "replica"),
+    ] {
+        let out = helm(&["template", "tenantplane", "charts/tenantplane", "--set", set]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "--set {set} rendered");
+        assert!(
+            stderr.contains("values don't meet the specifications of the schema")
+                && stderr.contains(says),
+            "--set {set}: {stderr}"
+        );
+    }
+    // What values.yaml documents is accepted: a filter for the log level, a CIDR, one replica.
+    for set in [
+        "logLevel=info\\,tenantplane_controller=debug",
+        "serviceCIDR=10.96.0.0/12",
+        "replicas=1",
+        "logFormat=text",
+    ] {
+        let out = helm(&["template", "tenantplane", "charts/tenantplane", "--set", set]);
+        assert!(
+            out.status.success(),
+            "--set {set}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+#[test]
 fn the_chart_can_leave_out_the_policies() {
     let out = helm(&[
         "template",
