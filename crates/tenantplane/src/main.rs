@@ -13,6 +13,7 @@ mod operator;
 mod snapshots;
 mod tenants;
 mod user;
+mod version_cmd;
 
 use std::path::PathBuf;
 use std::process::ExitCode;

@@ -84,6 +84,14 @@ pub enum UserCommand {
         #[arg(short, long, value_enum)]
         output: Option<tenants::ListOutput>,
     },
+    /// Print this client's version, the operator's and, for a named TenantCluster, the version
+    /// it asks for and the one its API server reports.
+    Version {
+        /// A TenantCluster whose versions to show too.
+        name: Option<String>,
+        #[command(flatten)]
+        namespace: NamespaceArg,
+    },
     /// Show a TenantCluster's phase, endpoint, admin certificate expiry and conditions.
     Status {
         /// The TenantCluster's name.
@@ -288,6 +296,11 @@ pub async fn run_user(host: &HostArgs, command: UserCommand) -> anyhow::Result<(
         } => {
             let namespace = (!all_namespaces).then(|| ns(namespace));
             tenants::list(&client, namespace.as_deref(), output).await
+        }
+        UserCommand::Version { name, namespace } => {
+            let namespace = ns(namespace);
+            let tenant = name.as_deref().map(|n| (namespace.as_str(), n));
+            crate::version_cmd::run(&client, tenant).await
         }
         UserCommand::Status {
             name,

@@ -13,7 +13,7 @@ use serde_json::Value;
 use tenantplane_api::TenantCluster;
 use tenantplane_testenv::{install_crds_and_policies, namespace, shared};
 
-use common::{TestHost, example};
+use common::{TestHost, example, tenant_client};
 
 /// Longest any one command may take (`create --wait` included).
 const COMMAND_LIMIT: Duration = Duration::from_secs(240);
@@ -176,6 +176,36 @@ async fn a_tenant_user_creates_lists_inspects_connects_to_and_deletes_a_tenant()
         .await
         .unwrap();
     assert_eq!(tc.spec, example(n).spec);
+
+    // version: this client's, the operator's (none as a Deployment here), and the tenant's as
+    // asked and as its API server reports it, through a forward as `connect` makes.
+    let version = tp(&["version", "dev", "-n", n]).await;
+    ok(&version);
+    let lines: Vec<&str> = version.stdout.lines().collect();
+    assert_eq!(
+        lines[0],
+        format!("Client:   tenantplane {}", env!("CARGO_PKG_VERSION")),
+        "{version:?}"
+    );
+    assert!(lines[1].starts_with("Operator: "), "{version:?}");
+    let reported = tenant_client(&ns.client, n, "dev")
+        .await
+        .apiserver_version()
+        .await
+        .unwrap()
+        .git_version;
+    assert_eq!(
+        lines[2],
+        format!("Tenant:   {n}/dev asks for v1.30.4 (k3s); its API server reports {reported}"),
+        "{version:?}"
+    );
+    // The test world's tenants run the local runtime's build, not the one they ask for.
+    if !reported.starts_with("v1.30.4") {
+        assert!(
+            lines[3].starts_with("Note:     the tenant API server reports"),
+            "{version:?}"
+        );
+    }
 
     // list -n: the table, without NAMESPACE.
     let list = tp(&["list", "-n", n]).await;

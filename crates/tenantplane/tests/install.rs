@@ -208,7 +208,13 @@ fn the_charts_schema_refuses_values_that_would_render_a_broken_install() {
         ("serviceCIDR=ten-dot-96", "serviceCIDR"),
         ("replica=2", "replica"),
     ] {
-        let out = helm(&["template", "tenantplane", "charts/tenantplane", "--set", set]);
+        let out = helm(&[
+            "template",
+            "tenantplane",
+            "charts/tenantplane",
+            "--set",
+            set,
+        ]);
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success(), "--set {set} rendered");
         assert!(
@@ -224,7 +230,13 @@ fn the_charts_schema_refuses_values_that_would_render_a_broken_install() {
         "replicas=1",
         "logFormat=text",
     ] {
-        let out = helm(&["template", "tenantplane", "charts/tenantplane", "--set", set]);
+        let out = helm(&[
+            "template",
+            "tenantplane",
+            "charts/tenantplane",
+            "--set",
+            set,
+        ]);
         assert!(
             out.status.success(),
             "--set {set}: {}",
