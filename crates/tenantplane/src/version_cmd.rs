@@ -12,14 +12,14 @@ use crate::host::explain;
 /// The label every object of the operator's install carries (deploy/ and the chart).
 const OPERATOR_SELECTOR: &str = "app.kubernetes.io/name=tenantplane";
 
-/// The operator's Deployments, each as `namespace/name: image`; what went wrong in words when
-/// they cannot be listed (a tenant user may list Deployments in no namespace but their own).
-async fn operators(client: &Client) -> Result<Vec<String>, String> {
+/// The operator's Deployments, each as `namespace/name: image`; an error saying what went wrong
+/// when they cannot be listed (a tenant user may list Deployments in no namespace but their own).
+async fn operators(client: &Client) -> anyhow::Result<Vec<String>> {
     let deployments: Api<Deployment> = Api::all(client.clone());
     let list = deployments
         .list(&ListParams::default().labels(OPERATOR_SELECTOR))
         .await
-        .map_err(|e| explain(e, "the operator's Deployments").to_string())?;
+        .map_err(|e| explain(e, "the operator's Deployments"))?;
     Ok(list
         .items
         .iter()
@@ -59,7 +59,7 @@ pub async fn run(client: &Client, tenant: Option<(&str, &str)>) -> anyhow::Resul
             "Operator: no Deployment labelled {OPERATOR_SELECTOR} (the dev cluster runs the operator in its own process)"
         ),
         Ok(found) => println!("Operator: {}", found.join(", ")),
-        Err(why) => println!("Operator: unknown ({why})"),
+        Err(why) => println!("Operator: unknown ({why:#})"),
     }
     let Some((namespace, name)) = tenant else {
         return Ok(());

@@ -197,6 +197,17 @@ fn helm_lint_accepts_the_chart() {
     );
 }
 
+/// `helm template` of the chart with one `--set`.
+fn template_with(set: &str) -> std::process::Output {
+    helm(&[
+        "template",
+        "tenantplane",
+        "charts/tenantplane",
+        "--set",
+        set,
+    ])
+}
+
 #[test]
 fn the_charts_schema_refuses_values_that_would_render_a_broken_install() {
     // Each refused by the values schema, naming the value, before anything renders.
@@ -208,13 +219,7 @@ fn the_charts_schema_refuses_values_that_would_render_a_broken_install() {
         ("serviceCIDR=ten-dot-96", "serviceCIDR"),
         ("replica=2", "replica"),
     ] {
-        let out = helm(&[
-            "template",
-            "tenantplane",
-            "charts/tenantplane",
-            "--set",
-            set,
-        ]);
+        let out = template_with(set);
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success(), "--set {set} rendered");
         assert!(
@@ -230,13 +235,7 @@ fn the_charts_schema_refuses_values_that_would_render_a_broken_install() {
         "replicas=1",
         "logFormat=text",
     ] {
-        let out = helm(&[
-            "template",
-            "tenantplane",
-            "charts/tenantplane",
-            "--set",
-            set,
-        ]);
+        let out = template_with(set);
         assert!(
             out.status.success(),
             "--set {set}: {}",
@@ -247,13 +246,7 @@ fn the_charts_schema_refuses_values_that_would_render_a_broken_install() {
 
 #[test]
 fn the_chart_can_leave_out_the_policies() {
-    let out = helm(&[
-        "template",
-        "tenantplane",
-        "charts/tenantplane",
-        "--set",
-        "installPolicies=false",
-    ]);
+    let out = template_with("installPolicies=false");
     assert!(out.status.success());
     let kinds: Vec<String> = documents(&String::from_utf8_lossy(&out.stdout), "helm template")
         .iter()
