@@ -14,7 +14,7 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Client, ResourceExt};
 use tenantplane_api::{IsolationProfile, SyncPolicy, TenantCluster};
 use tenantplane_syncer::Syncers;
-use tracing::warn;
+use tracing::{debug, warn};
 
 use crate::cache;
 use crate::context::Context;
@@ -109,18 +109,7 @@ pub async fn run(
         .run(reconcile, error_policy, context)
         .for_each(|result| async move {
             if let Err(e) = result {
-                // The tenant, where the failure is one tenant's (not a watch's).
-                use kube::runtime::controller::Error as Failed;
-                let tenant = match &e {
-                    Failed::ReconcilerFailed(_, o) | Failed::ObjectNotFound(o) => Some(o),
-                    _ => None,
-                };
-                warn!(
-                    tenant = %tenant.map_or("none", |o| o.name.as_str()),
-                    namespace = %tenant.and_then(|o| o.namespace.as_deref()).unwrap_or("none"),
-                    error = %crate::error_chain(&e),
-                    "reconcile failed"
-                );
+                log_failure(&e);
             }
         })
         .await;
@@ -128,6 +117,31 @@ pub async fn run(
     syncers.shutdown(SYNCER_GRACE).await;
     for controller in snapshot_controllers {
         let _ = controller.await;
+    }
+}
+
+/// Log a reconcile that failed, naming its tenant where the failure is one tenant's. A trigger
+/// for a tenant the cache no longer holds (deleted while a change to what it owned was queued)
+/// is no failure: it is said at debug, not as a warning.
+fn log_failure<E1, E2>(e: &kube::runtime::controller::Error<E1, E2>)
+where
+    E1: std::error::Error + 'static,
+    E2: std::error::Error + 'static,
+{
+    use kube::runtime::controller::Error as Failed;
+    match e {
+        Failed::ObjectNotFound(o) => debug!(
+            tenant = %o.name,
+            namespace = %o.namespace.as_deref().unwrap_or("none"),
+            "a change was queued for a tenant that is gone; nothing to reconcile"
+        ),
+        Failed::ReconcilerFailed(_, o) => warn!(
+            tenant = %o.name,
+            namespace = %o.namespace.as_deref().unwrap_or("none"),
+            error = %crate::error_chain(e),
+            "reconcile failed"
+        ),
+        _ => warn!(error = %crate::error_chain(e), "the tenants' watch failed"),
     }
 }
 

@@ -323,21 +323,31 @@ pub async fn next_line(lines: &mut Lines<BufReader<ChildStdout>>, what: &str) ->
 /// `kubernetes.default.svc`, through the resolver's search list, to the API server's TLS port,
 /// which answers plain HTTP with 400. (`timeout`, not wget's `-T`: Debian's static busybox 1.35
 /// wget crashes with SIGSEGV when given `-T`.)
+/// busybox's resolver says `bad address` when an answer is lost (a UDP query timing out on a
+/// loaded machine): that one is asked again, a few times; any other failure fails at once.
 pub async fn reaches_the_tenant_api(kubeconfig: &Path, pod: &str) {
-    let said = kubectl(
-        kubeconfig,
-        &[
-            "exec",
-            pod,
-            "--",
-            "timeout",
-            "10",
-            "wget",
-            "-qO-",
-            "http://kubernetes.default.svc:443/",
-        ],
-        "",
-    )
-    .await;
+    let mut said = (0, String::new(), String::new());
+    for attempt in 1..=5 {
+        said = kubectl(
+            kubeconfig,
+            &[
+                "exec",
+                pod,
+                "--",
+                "timeout",
+                "10",
+                "wget",
+                "-qO-",
+                "http://kubernetes.default.svc:443/",
+            ],
+            "",
+        )
+        .await;
+        if !said.2.contains("bad address") {
+            break;
+        }
+        eprintln!("attempt {attempt}: the resolver lost an answer ({said:?}); asking again");
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
     assert!(said.2.contains("400 Bad Request"), "{said:?}");
 }
