@@ -203,6 +203,12 @@ pub async fn bind(
 /// tenant, in status and in its own log lines.
 pub const KUBE_CLIENT_HTTP_TARGET: &str = "kube_client::client::builder";
 
+/// What the operator's filter quiets of kube-client's own lines by default: the HTTP failure
+/// lines above (off), and its client module's warnings (`eof in poll: Custom { kind: … }`, a
+/// watch stream ending, which its watcher resumes and the operator reports when it does not),
+/// which print Rust debug structures; errors still pass.
+pub const KUBE_CLIENT_QUIET: &str = "kube_client::client::builder=off,kube_client::client=error";
+
 /// A log filter (`EnvFilter` syntax) with kube-client's HTTP failure lines turned off: `off`,
 /// not `warn`, as they are logged at ERROR, which `warn` still lets through. That target logs
 /// nothing else above DEBUG. A filter that names the target itself, or a prefix of it (`kube`,
@@ -221,7 +227,7 @@ pub fn log_filter(filter: &str) -> String {
     if names_it {
         filter.to_string()
     } else {
-        format!("{KUBE_CLIENT_HTTP_TARGET}=off,{filter}")
+        format!("{KUBE_CLIENT_QUIET},{filter}")
     }
 }
 
@@ -231,7 +237,7 @@ mod tests {
 
     #[test]
     fn kube_clients_http_failure_lines_are_off_unless_the_filter_names_them() {
-        let quiet = "kube_client::client::builder=off";
+        let quiet = "kube_client::client::builder=off,kube_client::client=error";
         for filter in [
             "info",
             "warn",
